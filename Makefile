@@ -1,0 +1,51 @@
+# strictq — two set-up commands: `make run` and `make test`. Everything else is installed here.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# Python 3.12: on PATH if it really runs (pyenv shims may exist without the version), else pyenv's.
+PYTHON312 := $(shell \
+  if python3.12 -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then command -v python3.12; \
+  else ls -d $$(pyenv root 2>/dev/null || echo $$HOME/.pyenv)/versions/3.12*/bin/python3.12 2>/dev/null | sort -V | tail -n 1; fi)
+VENV := .venv
+PY := $(VENV)/bin/python
+# The stamp names the pyproject.toml hash: a second run with the same file installs nothing.
+STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+
+HOST ?= 127.0.0.1
+PORT ?= 8470
+DATA_DIR ?= var/queue
+
+.PHONY: help run test bench lint venv clean
+
+help:
+	@echo "make run    set up .venv (Python 3.12) and start the queue server on $(HOST):$(PORT)"
+	@echo "make test   set up .venv and run the whole test suite"
+	@echo "make bench  run the benchmarks and write docs/benchmarks.md"
+	@echo "make lint   ruff on everything, mypy on queue_core"
+
+$(STAMP): pyproject.toml
+	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found (neither python3.12 on PATH nor pyenv versions/3.12*)" >&2; exit 1; }
+	@test -x $(PY) || $(PYTHON312) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/strictq queue-server --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+bench: $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
+	$(PY) -m bench.run $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,41 @@
+"""The sans-I/O strict-queue state machine: no clocks, sockets, threads or randomness (ruff enforces it)."""
+
+from .attributes import QueueAttributes
+from .core import QueueCore, SendRequest, Snapshot, parse_receipt
+from .errors import (
+    AlreadyExists,
+    InvalidArgument,
+    InvalidReceipt,
+    LimitExceeded,
+    NotFound,
+    NotInFlight,
+    QueueError,
+    QueueNotFound,
+    StaleClaim,
+    TooLarge,
+)
+from .records import AckOutcome, Delivery, MoveStatus, PeekItem, QueueMetrics, SendResult
+
+__all__ = [
+    "AckOutcome",
+    "AlreadyExists",
+    "Delivery",
+    "InvalidArgument",
+    "InvalidReceipt",
+    "LimitExceeded",
+    "MoveStatus",
+    "NotFound",
+    "NotInFlight",
+    "PeekItem",
+    "QueueAttributes",
+    "QueueCore",
+    "QueueError",
+    "QueueMetrics",
+    "QueueNotFound",
+    "SendRequest",
+    "SendResult",
+    "Snapshot",
+    "StaleClaim",
+    "TooLarge",
+    "parse_receipt",
+]

@@ -1,0 +1,790 @@
+"""The strict queue as a pure state machine: operations and an explicit `now` in, results and effects out.
+
+No clocks, sockets or sleeping in here (enforced by ruff's banned-api rule for this package). The shell
+calls `handle_timer(now)` at `next_deadline()` and drains `effects` after every call, in order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .attributes import QueueAttributes, validate_queue_name
+from .effects import (
+    ClaimRow,
+    ClaimsChanged,
+    DedupSaved,
+    Effect,
+    FloorRaised,
+    MessageInserted,
+    MessagesClaimed,
+    MessagesDeleted,
+    MessagesMoved,
+    QueueDropped,
+    QueuePurged,
+    QueueSaved,
+)
+from .errors import (
+    AlreadyExists,
+    InvalidArgument,
+    InvalidReceipt,
+    NotInFlight,
+    QueueError,
+    QueueNotFound,
+    StaleClaim,
+    TooLarge,
+)
+from .groups import DEFAULT_PARTITIONS, auto_group, partition_of, validate_group, validate_message_id
+from .queue import QueueState, tiebreak
+from .records import (
+    KEY_SHIFT,
+    AckOutcome,
+    Delivery,
+    GroupState,
+    Message,
+    MoveStatus,
+    PeekItem,
+    QueueMetrics,
+    SendResult,
+    format_receipt,
+    message_id_for,
+)
+
+TOKEN_SHIFT = 32  # token = epoch << 32 | counter; the epoch is bumped durably at every start
+MAX_RECEIVE_LIMIT = 1000
+MAX_CLAIM_TTL = 12 * 3600.0
+MOVE_CHUNK = 2000  # messages moved per timer call, so a big move never stalls the shell
+RenewMode = Literal["extend", "set"]
+
+
+@dataclass(slots=True)
+class SendRequest:
+    body: bytes
+    group: str | None = None
+    dedup_id: str | None = None
+    message_id: str | None = None
+    delay: float | None = None
+    content_type: str = ""
+    extra: bytes = b""
+
+
+MessageRow = tuple[int, int, str, str, float, int, float, int, float, str, "str | None", "bytes | None"]
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Everything the store kept, for a restart. Message rows must come in key order."""
+
+    queues: list[tuple[int, str, dict[str, Any], float]] = field(default_factory=list)
+    # (key, qid, message id, group, available_at, receive_count, first_receive_at, token, claim_expires,
+    #  claim_worker, origin, content digest)
+    messages: Iterable[MessageRow] = ()
+    # (qid, dedup key, message id, seq, group, expires)
+    dedup: list[tuple[int, str, str, int, str, float]] = field(default_factory=list)
+    key_high_water: int = 0
+
+
+def parse_receipt(receipt: object) -> tuple[str, int]:
+    """A receipt handle is `<token hex>.<message id>`: it names the claim, so a stale one is detectable."""
+    if not isinstance(receipt, str) or "." not in receipt or len(receipt) > 160:
+        raise InvalidReceipt("receipt handle is not one this queue issued", receipt=str(receipt)[:160])
+    token_hex, message_id = receipt.split(".", 1)
+    try:
+        token = int(token_hex, 16)
+    except ValueError:
+        raise InvalidReceipt("receipt handle is not one this queue issued", receipt=receipt) from None
+    return message_id, token
+
+
+class QueueCore:
+    def __init__(self, epoch: int = 1, partitions: int = DEFAULT_PARTITIONS) -> None:
+        if epoch < 1:
+            raise ValueError("epoch must be >= 1")
+        self.epoch = epoch
+        self.partitions = partitions
+        self.queues: dict[str, QueueState] = {}
+        self.effects: list[Effect] = []
+        self._next_qid = 1
+        self._token_counter = 0
+        self._last_key = 0
+        self._round_robin = 0
+        # (expires, tiebreak, group, token): claims to expire; stale entries are skipped.
+        self._claims: list[tuple[float, int, GroupState, int]] = []
+        # (available_at, tiebreak, message): delayed messages.
+        self._delays: list[tuple[float, int, Message]] = []
+        # (deadline, tiebreak, group): retention of each group's head.
+        self._retention: list[tuple[float, int, GroupState]] = []
+        self.moves: dict[str, MoveStatus] = {}
+        self._move_counter = 0
+
+    # ----------------------------------------------------------------------------------------- effects
+    def drain_effects(self) -> list[Effect]:
+        effects, self.effects = self.effects, []
+        return effects
+
+    # ------------------------------------------------------------------------------------------ queues
+    def create_queue(
+        self, name: str, now: float, attributes: dict[str, Any] | None = None, *, exist_ok: bool = True
+    ) -> QueueState:
+        validate_queue_name(name)
+        attrs = QueueAttributes.from_dict(attributes or {})
+        existing = self.queues.get(name)
+        if existing is not None:
+            if not exist_ok:
+                raise AlreadyExists(f"queue {name!r} exists", queue=name)
+            return existing
+        queue = QueueState(self._next_qid, name, attrs, now)
+        self._next_qid += 1
+        self.queues[name] = queue
+        self.effects.append(QueueSaved(queue.qid, name, attrs.to_dict(), now))
+        return queue
+
+    def set_attributes(self, name: str, changes: dict[str, Any], now: float) -> QueueAttributes:
+        queue = self.queue(name)
+        queue.attributes = queue.attributes.updated(changes)
+        self.effects.append(QueueSaved(queue.qid, name, queue.attributes.to_dict(), queue.created_at))
+        if "retention" in changes:
+            for group in queue.groups.values():
+                self._push_retention(group)
+        return queue.attributes
+
+    def delete_queue(self, name: str, now: float) -> None:
+        queue = self.queue(name)
+        del self.queues[name]
+        queue.groups.clear()
+        queue.by_id.clear()
+        self.effects.append(QueueDropped(queue.qid))
+
+    def queue(self, name: str) -> QueueState:
+        queue = self.queues.get(name)
+        if queue is None:
+            raise QueueNotFound(f"queue {name!r} does not exist", queue=name)
+        return queue
+
+    def list_queues(self, prefix: str = "") -> list[str]:
+        return sorted(name for name in self.queues if name.startswith(prefix))
+
+    # -------------------------------------------------------------------------------------------- send
+    def send(
+        self, queue_name: str, requests: Sequence[SendRequest], now: float, *, create: bool = False
+    ) -> list[SendResult | QueueError]:
+        """Accept a batch; each entry succeeds or fails on its own (bad entries never sink good ones)."""
+        self.handle_timer(now)
+        if create and queue_name not in self.queues:
+            self.create_queue(queue_name, now)
+        queue = self.queue(queue_name)
+        queue.expire_dedup(now)
+        results: list[SendResult | QueueError] = []
+        for request in requests:
+            try:
+                results.append(self._send_one(queue, request, now))
+            except QueueError as exc:
+                results.append(exc)
+        return results
+
+    def _send_one(self, queue: QueueState, request: SendRequest, now: float) -> SendResult:
+        attrs = queue.attributes
+        body = request.body
+        if len(body) > attrs.max_message_size:
+            raise TooLarge(
+                f"message of {len(body)} bytes exceeds the queue's limit of {attrs.max_message_size}",
+                size=len(body),
+                limit=attrs.max_message_size,
+            )
+        group_name = None if request.group is None else validate_group(request.group)
+        delay = attrs.delay if request.delay is None else float(request.delay)
+        if not 0 <= delay <= 900:
+            raise InvalidArgument("delay must be between 0 and 900 seconds", field="delay")
+        if request.message_id is not None:
+            validate_message_id(request.message_id)
+            existing = queue.by_id.get(request.message_id)
+            if existing is not None:  # idempotent by caller-supplied id (replay, redrive)
+                return self._result(existing, duplicate=True)
+        dedup_key = self._dedup_key(queue, group_name, request)
+        if dedup_key is not None:
+            seen = queue.dedup.get(dedup_key)
+            if seen is not None and seen[3] > now:
+                return SendResult(seen[0], seen[2], seen[1], partition_of(seen[2], self.partitions), True)
+
+        key = self._new_key(now)
+        message_id = request.message_id or message_id_for(key)
+        if group_name is None:
+            self._round_robin = (self._round_robin + 1) % self.partitions
+            group_name = auto_group(self._round_robin, message_id)
+        group, created = queue.group(group_name, partition_of(group_name, self.partitions))
+        available_at = now + delay if delay > 0 else 0.0
+        message = Message(key, message_id, group, available_at)
+        queue.insert(message)
+        queue.sent += 1
+        if created:
+            self._push_retention(group)
+        if available_at:
+            heapq.heappush(self._delays, (available_at, next(tiebreak), message))
+        elif len(group.messages) == 1:
+            queue.push_ready(group)
+        digest = None
+        if attrs.kind == "dedup":
+            digest = hashlib.blake2b(body, digest_size=16).digest()
+            queue.index_content(message, digest)
+        self.effects.append(
+            MessageInserted(
+                queue.qid,
+                key,
+                message_id,
+                group_name,
+                body,
+                request.content_type,
+                request.extra,
+                available_at,
+                digest,
+            )
+        )
+        if dedup_key is not None and attrs.dedup_window > 0:
+            expires = now + attrs.dedup_window
+            queue.dedup[dedup_key] = (message_id, key, group_name, expires)
+            queue.dedup_order.append((expires, dedup_key))
+            self.effects.append(DedupSaved(queue.qid, dedup_key, message_id, key, group_name, expires))
+        return self._result(message)
+
+    def _dedup_key(self, queue: QueueState, group: str | None, request: SendRequest) -> str | None:
+        dedup_id = request.dedup_id
+        if dedup_id is None and queue.attributes.content_based_dedup:
+            dedup_id = hashlib.sha256(request.body).hexdigest()
+        if dedup_id is None:
+            return None
+        if not isinstance(dedup_id, str) or not 0 < len(dedup_id) <= 128:
+            raise InvalidArgument("dedup_id must be 1-128 characters", field="dedup_id")
+        if queue.attributes.dedup_scope == "group" and group is not None:
+            return f"{group}\x00{dedup_id}"
+        return dedup_id
+
+    def _result(self, message: Message, duplicate: bool = False) -> SendResult:
+        group = message.group
+        return SendResult(message.id, group.name, message.seq, group.partition, duplicate)
+
+    def _new_key(self, now: float) -> int:
+        key = max(self._last_key + 1, int(now * 1000) << KEY_SHIFT)
+        self._last_key = key
+        return key
+
+    def _new_token(self) -> int:
+        self._token_counter += 1
+        if self._token_counter >= 1 << TOKEN_SHIFT:
+            raise QueueError("fencing-token counter exhausted for this epoch; restart the server")
+        return (self.epoch << TOKEN_SHIFT) | self._token_counter
+
+    # ----------------------------------------------------------------------------------------- receive
+    def receive(
+        self, queue_name: str, limit: int, ttl: float | None, worker: str, now: float
+    ) -> list[Delivery]:
+        """SQS FIFO delivery: oldest available group first, as many of its messages as fit, repeat."""
+        self.handle_timer(now)
+        queue = self.queue(queue_name)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_RECEIVE_LIMIT:
+            raise InvalidArgument(f"limit must be an integer from 1 to {MAX_RECEIVE_LIMIT}", field="limit")
+        ttl = queue.attributes.visibility_timeout if ttl is None else float(ttl)
+        if not 0 <= ttl <= MAX_CLAIM_TTL:
+            raise InvalidArgument(f"ttl must be between 0 and {MAX_CLAIM_TTL:.0f} seconds", field="ttl")
+        deliveries: list[Delivery] = []
+        claims: list[ClaimRow] = []
+        expires = now + ttl
+        while len(deliveries) < limit:
+            group = queue.pop_ready()
+            if group is None:
+                break
+            token = self._new_token()
+            group.floor = token
+            group.claim_worker = worker
+            for message in group.messages:
+                if len(deliveries) >= limit or message.available_at:
+                    break
+                message.token = token
+                message.claim_expires = expires
+                message.receive_count += 1
+                if not message.first_receive_at:
+                    message.first_receive_at = now
+                    queue.age_of_first_attempt = now - message.sent_at
+                group.claimed.append(message)
+                deliveries.append(self._delivery(message))
+                claims.append(
+                    ClaimRow(message.key, token, expires, message.receive_count, message.first_receive_at)
+                )
+            queue.in_flight += len(group.claimed)
+            heapq.heappush(self._claims, (expires, next(tiebreak), group, token))
+            self.effects.append(FloorRaised(queue.name, group.name, token))
+            if queue.content_of:
+                self._collapse_duplicates(queue, group.claimed)
+        if claims:
+            queue.received += len(claims)
+            self.effects.append(MessagesClaimed(tuple(claims), worker))
+        return deliveries
+
+    def _delivery(self, message: Message) -> Delivery:
+        return Delivery(
+            message.key,
+            message.id,
+            message.group.name,
+            message.seq,
+            message.token,
+            format_receipt(message.token, message.id),
+            message.receive_count,
+            message.sent_at,
+            message.first_receive_at,
+            message.claim_expires,
+            message.origin,
+        )
+
+    def _collapse_duplicates(self, queue: QueueState, delivered: list[Message]) -> None:
+        """Dedup queues (EmoDB DedupQueueService): identical messages waiting at poll time become one."""
+        doomed: list[Message] = []
+        for message in delivered:
+            digest = queue.content_of.get(message.key)
+            if digest is None:
+                continue
+            doomed.extend(
+                m for m in queue.content_index.get(digest, ()) if m is not message and not m.claim_expires
+            )
+        if doomed:
+            self._delete(queue, doomed)
+
+    # ------------------------------------------------------------------------------- ack, renew, release
+    def ack(self, queue_name: str, items: Sequence[tuple[str, int | None]], now: float) -> list[AckOutcome]:
+        """Delete messages. With a token, only the newest claim's holder may delete (fencing)."""
+        self.handle_timer(now)
+        queue = self.queue(queue_name)
+        outcomes: list[AckOutcome] = []
+        doomed: list[Message] = []
+        doomed_ids: set[str] = set()
+        for message_id, token in items:
+            message = queue.by_id.get(message_id)
+            if message is None or message_id in doomed_ids:
+                outcomes.append(AckOutcome(message_id, "gone", "no such message (already deleted?)"))
+                continue
+            stale = self._stale(message, token)
+            if stale is not None:
+                outcomes.append(stale)
+                continue
+            doomed.append(message)
+            doomed_ids.add(message_id)
+            outcomes.append(AckOutcome(message_id, "ok"))
+        if doomed:
+            self._delete(queue, doomed)
+        return outcomes
+
+    def _stale(self, message: Message, token: int | None) -> AckOutcome | None:
+        if token is None or (token == message.token and token == message.group.floor):
+            return None
+        error = StaleClaim(
+            "claim superseded: the group was claimed again with a newer fencing token",
+            token=token,
+            floor=message.group.floor,
+        )
+        return AckOutcome(message.id, error.code, error.message)
+
+    def renew(
+        self,
+        queue_name: str,
+        items: Sequence[tuple[str, int | None]],
+        ttl: float,
+        now: float,
+        mode: RenewMode = "extend",
+    ) -> list[AckOutcome]:
+        """EmoDB renew (`extend`: never shortens, recreates an expired claim nobody superseded) or SQS
+        ChangeMessageVisibility (`set`: from now, may shorten, only while in flight). ttl 0 releases."""
+        self.handle_timer(now)
+        queue = self.queue(queue_name)
+        ttl = float(ttl)
+        if not 0 <= ttl <= MAX_CLAIM_TTL:
+            raise InvalidArgument(f"ttl must be between 0 and {MAX_CLAIM_TTL:.0f} seconds", field="ttl")
+        outcomes: list[AckOutcome] = []
+        changes: list[tuple[int, float]] = []
+        released: list[Message] = []
+        for message_id, token in items:
+            message = queue.by_id.get(message_id)
+            if message is None:
+                outcomes.append(AckOutcome(message_id, "gone", "no such message (already deleted?)"))
+                continue
+            stale = self._stale(message, token)
+            if stale is not None:
+                outcomes.append(stale)
+                continue
+            group = message.group
+            if not message.claim_expires:
+                if ttl == 0:
+                    outcomes.append(AckOutcome(message_id, "ok"))
+                    continue
+                if mode == "set" or not message.token or message.token != group.floor:
+                    error = NotInFlight("message is not in flight", message_id=message_id)
+                    outcomes.append(AckOutcome(message_id, error.code, error.message))
+                    continue
+                message.claim_expires = now + ttl  # recreate the expired claim, same token
+                group.claimed.append(message)
+                queue.in_flight += 1
+            elif ttl == 0:
+                released.append(message)
+                outcomes.append(AckOutcome(message_id, "ok"))
+                continue
+            elif mode == "extend":
+                message.claim_expires = max(message.claim_expires, now + ttl)
+            else:
+                message.claim_expires = now + ttl
+            heapq.heappush(self._claims, (message.claim_expires, next(tiebreak), group, group.floor))
+            changes.append((message.key, message.claim_expires))
+            outcomes.append(AckOutcome(message_id, "ok"))
+        for message in released:
+            changes.append((message.key, now))
+            self._unclaim(queue, message)
+        if changes:
+            self.effects.append(ClaimsChanged(tuple(changes)))
+        return outcomes
+
+    def release(
+        self, queue_name: str, items: Sequence[tuple[str, int | None]], now: float
+    ) -> list[AckOutcome]:
+        return self.renew(queue_name, items, 0.0, now, mode="set")
+
+    def unclaim_all(self, queue_name: str, now: float) -> int:
+        self.handle_timer(now)
+        queue = self.queue(queue_name)
+        claimed = [m for g in list(queue.groups.values()) for m in g.claimed]
+        for message in claimed:
+            self._unclaim(queue, message)
+        if claimed:
+            self.effects.append(ClaimsChanged(tuple((m.key, now) for m in claimed)))
+        return len(claimed)
+
+    def _unclaim(self, queue: QueueState, message: Message) -> None:
+        """End a message's claim (expiry or release); dead-letter it at max receive count."""
+        group = message.group
+        message.claim_expires = 0.0
+        group.claimed.remove(message)
+        queue.in_flight -= 1
+        attrs = queue.attributes
+        dlq = self.queues.get(attrs.dead_letter_queue) if attrs.dead_letter_queue else None
+        if attrs.max_receive_count and message.receive_count >= attrs.max_receive_count and dlq is not None:
+            self._move(queue, dlq, [message], origin=queue.name)
+            queue.dead_lettered += 1
+        if not group.claimed:
+            self._claim_ended(queue, group)
+
+    def _claim_ended(self, queue: QueueState, group: GroupState) -> None:
+        queue.push_ready(group)
+        for move in self.moves.values():
+            if move.state == "running" and move.source == queue.name:
+                move.pending_groups.append(group.name)
+
+    def _delete(self, queue: QueueState, messages: list[Message]) -> None:
+        ended: list[GroupState] = []
+        for message in messages:
+            if queue.remove(message):
+                ended.append(message.group)
+            elif not message.group.claimed and message.group.messages:
+                queue.push_ready(message.group)  # head changed on an idle group (retention, dedup)
+        queue.deleted += len(messages)
+        for group in ended:
+            self._claim_ended(queue, group)
+        self.effects.append(MessagesDeleted(tuple(m.key for m in messages)))
+
+    # ------------------------------------------------------------------------------------------- moves
+    def _move(
+        self, source: QueueState, target: QueueState, messages: list[Message], origin: str | None
+    ) -> None:
+        """Move idle messages to another queue, keeping group, sequence and id (DLQ, redrive, _move)."""
+        moved: list[Message] = []
+        for message in messages:
+            if message.id in target.by_id:
+                continue  # the target already holds this id (an earlier redrive): keep it where it is
+            source.remove(message)
+            group, created = target.group(message.group.name, message.group.partition)
+            group.floor = max(group.floor, message.token)
+            message.group = group
+            message.origin = origin if origin is not None else message.origin
+            target.insert(message)
+            if created or group.messages[0] is message:
+                self._push_retention(group)
+            if not group.claimed:
+                target.push_ready(group)
+            moved.append(message)
+        if moved:
+            self.effects.append(MessagesMoved(tuple(m.key for m in moved), target.qid, origin))
+
+    def start_move(self, source: str, destination: str, now: float) -> MoveStatus:
+        """EmoDB `_move`: asynchronously move every message present now, group by group, in order."""
+        src = self.queue(source)
+        if source == destination:
+            raise InvalidArgument("cannot move a queue onto itself", field="to")
+        if destination not in self.queues:
+            self.create_queue(destination, now)
+        self._move_counter += 1
+        move = MoveStatus(
+            id=f"mv-{self.epoch:x}-{self._move_counter}",
+            source=source,
+            destination=destination,
+            remaining=len(src.by_id),
+            started_at=now,
+            limit_key=self._last_key,
+            pending_groups=list(src.groups),
+        )
+        self.moves[move.id] = move
+        return move
+
+    def move_status(self, move_id: str) -> MoveStatus:
+        move = self.moves.get(move_id)
+        if move is None:
+            raise InvalidArgument(f"no move {move_id!r}", field="reference")
+        return move
+
+    def _step_moves(self, now: float) -> None:
+        for move in self.moves.values():
+            if move.state != "running" or not move.pending_groups:
+                continue
+            src = self.queues.get(move.source)
+            dst = self.queues.get(move.destination)
+            if src is None or dst is None:
+                move.state, move.error, move.finished_at = "failed", "queue deleted during the move", now
+                continue
+            budget = MOVE_CHUNK
+            while move.pending_groups and budget > 0:
+                name = move.pending_groups.pop()
+                group = src.groups.get(name)
+                if group is None:
+                    continue
+                if group.claimed:  # in flight: moved when its claim ends (_claim_ended re-adds it)
+                    continue
+                batch = _prefix(group.messages, move.limit_key + 1)
+                self._move(src, dst, batch, origin=None)
+                move.moved += len(batch)
+                move.remaining = max(0, move.remaining - len(batch))
+                budget -= max(1, len(batch))
+            if not move.pending_groups:
+                left = sum(1 for m in src.by_id.values() if m.key <= move.limit_key)
+                move.remaining = left
+                if left == 0:
+                    move.state, move.finished_at = "done", now
+
+    # ----------------------------------------------------------------------------------- inspection
+    def peek(self, queue_name: str, limit: int, now: float) -> list[PeekItem]:
+        """Messages in receipt order within groups, ignoring claims (EmoDB peek: a debugging view)."""
+        self.handle_timer(now)
+        queue = self.queue(queue_name)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_RECEIVE_LIMIT:
+            raise InvalidArgument(f"limit must be an integer from 1 to {MAX_RECEIVE_LIMIT}", field="limit")
+        items: list[Message] = []
+        for group in queue.groups.values():
+            for message in group.messages:
+                items.append(message)
+                if len(items) >= limit:
+                    break
+            if len(items) >= limit:
+                break
+        items.sort(key=lambda m: m.key)
+        return [
+            PeekItem(m.key, m.id, m.group.name, m.seq, m.sent_at, m.receive_count, bool(m.claim_expires))
+            for m in items
+        ]
+
+    def metrics(self, queue_name: str, now: float) -> QueueMetrics:
+        self.handle_timer(now)
+        queue = self.queue(queue_name)
+        oldest = queue.oldest_sent_key()
+        total = len(queue.by_id)
+        return QueueMetrics(
+            name=queue.name,
+            visible=total - queue.in_flight - queue.delayed,
+            in_flight=queue.in_flight,
+            delayed=queue.delayed,
+            total=total,
+            groups=len(queue.groups),
+            oldest_age=0.0 if oldest is None else max(0.0, now - (oldest >> KEY_SHIFT) / 1000.0),
+            age_of_first_attempt=queue.age_of_first_attempt,
+            sent=queue.sent,
+            received=queue.received,
+            deleted=queue.deleted,
+            dead_lettered=queue.dead_lettered,
+        )
+
+    def group_metrics(self, queue_name: str, group_name: str, now: float) -> dict[str, Any]:
+        self.handle_timer(now)
+        queue = self.queue(queue_name)
+        group = queue.groups.get(group_name)
+        if group is None:
+            return {
+                "group": group_name,
+                "visible": 0,
+                "in_flight": 0,
+                "delayed": 0,
+                "oldest_age": 0.0,
+                "floor": 0,
+                "partition": partition_of(group_name, self.partitions),
+                "worker": "",
+            }
+        delayed = sum(1 for m in group.messages if m.available_at)
+        return {
+            "group": group_name,
+            "visible": len(group.messages) - len(group.claimed) - delayed,
+            "in_flight": len(group.claimed),
+            "delayed": delayed,
+            "oldest_age": max(0.0, now - group.messages[0].sent_at) if group.messages else 0.0,
+            "floor": group.floor,
+            "partition": group.partition,
+            "worker": group.claim_worker if group.claimed else "",
+        }
+
+    def floor(self, queue_name: str, group_name: str) -> int:
+        group = self.queue(queue_name).groups.get(group_name)
+        return 0 if group is None else group.floor
+
+    def purge(self, queue_name: str, now: float) -> int:
+        self.handle_timer(now)
+        queue = self.queue(queue_name)
+        count = len(queue.by_id)
+        queue.groups.clear()
+        queue.by_id.clear()
+        queue.ready.clear()
+        queue.content_index.clear()
+        queue.content_of.clear()
+        queue.in_flight = queue.delayed = 0
+        queue.deleted += count
+        self.effects.append(QueuePurged(queue.qid))
+        return count
+
+    # ------------------------------------------------------------------------------------------- time
+    def next_deadline(self) -> float | None:
+        """When the shell must call `handle_timer` next (None: nothing scheduled)."""
+        self._prune()
+        if any(m.state == "running" and m.pending_groups for m in self.moves.values()):
+            return 0.0
+        candidates = [heap[0][0] for heap in (self._claims, self._delays, self._retention) if heap]
+        return min(candidates) if candidates else None
+
+    def _prune(self) -> None:
+        claims = self._claims
+        while claims:
+            _, _, group, token = claims[0]
+            if group.claimed and group.floor == token:
+                break
+            heapq.heappop(claims)
+        delays = self._delays
+        while delays and delays[0][2].available_at != delays[0][0]:
+            heapq.heappop(delays)
+
+    def handle_timer(self, now: float) -> None:
+        """Expire claims, end delays, drop messages past retention and advance moves, up to `now`."""
+        claims = self._claims
+        while claims and claims[0][0] <= now:
+            _, _, group, token = heapq.heappop(claims)
+            if not group.claimed or group.floor != token:
+                continue
+            queue: QueueState = group.queue
+            for message in [m for m in group.claimed if m.claim_expires <= now]:
+                self._unclaim(queue, message)
+        delays = self._delays
+        while delays and delays[0][0] <= now:
+            at, _, message = heapq.heappop(delays)
+            if message.available_at != at:
+                continue
+            message.available_at = 0.0
+            group = message.group
+            group.queue.delayed -= 1
+            group.queue.push_ready(group)
+        retention = self._retention
+        while retention and retention[0][0] <= now:
+            _, _, group = heapq.heappop(retention)
+            queue = group.queue
+            if queue.groups.get(group.name) is not group or self.queues.get(queue.name) is not queue:
+                continue
+            limit = now - queue.attributes.retention
+            expired = _prefix(group.messages, (int(limit * 1000) + 1) << KEY_SHIFT)
+            if expired:
+                self._delete(queue, expired)
+            if group.messages:
+                self._push_retention(group)
+        if self.moves:
+            self._step_moves(now)
+
+    def _push_retention(self, group: GroupState) -> None:
+        if group.messages:
+            deadline = group.messages[0].sent_at + group.queue.attributes.retention
+            heapq.heappush(self._retention, (deadline, next(tiebreak), group))
+
+    # ---------------------------------------------------------------------------------------- restore
+    def restore(self, snapshot: Snapshot, now: float) -> None:
+        """Rebuild from the store after a restart; claims keep their expiry, tokens stay monotonic."""
+        by_qid: dict[int, QueueState] = {}
+        for qid, name, attributes, created_at in snapshot.queues:
+            queue = QueueState(qid, name, QueueAttributes.from_dict(attributes), created_at)
+            self.queues[name] = queue
+            by_qid[qid] = queue
+            self._next_qid = max(self._next_qid, qid + 1)
+        last_key = snapshot.key_high_water
+        for row in snapshot.messages:
+            (
+                key,
+                qid,
+                message_id,
+                group_name,
+                available_at,
+                receive_count,
+                first_at,
+                token,
+                expires,
+                worker,
+                origin,
+                digest,
+            ) = row
+            queue = by_qid[qid]
+            group, _ = queue.group(group_name, partition_of(group_name, self.partitions))
+            message = Message(key, message_id, group, available_at if available_at > now else 0.0)
+            message.receive_count = receive_count
+            message.first_receive_at = first_at
+            message.token = token
+            message.origin = origin
+            queue.insert(message)
+            if digest is not None:
+                queue.index_content(message, digest)
+            if token > group.floor:
+                group.floor = token
+            if expires > now:
+                message.claim_expires = expires
+                group.claimed.append(message)
+                group.claim_worker = worker
+                queue.in_flight += 1
+            if message.available_at:
+                heapq.heappush(self._delays, (message.available_at, next(tiebreak), message))
+            last_key = max(last_key, key)
+        self._last_key = last_key
+        for queue in self.queues.values():
+            for group in queue.groups.values():
+                # A claim row whose token is not the group's newest belongs to a superseded claim.
+                for message in [m for m in group.claimed if m.token != group.floor]:
+                    message.claim_expires = 0.0
+                    group.claimed.remove(message)
+                    queue.in_flight -= 1
+                if group.claimed:
+                    expires = min(m.claim_expires for m in group.claimed)
+                    heapq.heappush(self._claims, (expires, next(tiebreak), group, group.floor))
+                else:
+                    queue.push_ready(group)
+                self._push_retention(group)
+        for qid, dedup_key, message_id, seq, group_name, expires in snapshot.dedup:
+            owner = by_qid.get(qid)
+            if owner is None or expires <= now:
+                continue
+            owner.dedup[dedup_key] = (message_id, seq, group_name, expires)
+            owner.dedup_order.append((expires, dedup_key))
+        for queue in self.queues.values():
+            queue.dedup_order = type(queue.dedup_order)(sorted(queue.dedup_order))
+
+
+def _prefix(messages: deque[Message], below_key: int) -> list[Message]:
+    """The leading messages with a key below `below_key` (a group is in key order)."""
+    out: list[Message] = []
+    for message in messages:
+        if message.key >= below_key:
+            break
+        out.append(message)
+    return out

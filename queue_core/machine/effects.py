@@ -1,0 +1,120 @@
+"""Effects: what the state machine asks its shell to make durable or publish, in order.
+
+The store applies them in the order drained; a response that depends on one is sent only after the
+commit that contains it, so acknowledged means durable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSaved:
+    qid: int
+    name: str
+    attributes: dict[str, Any]
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDropped:
+    qid: int
+
+
+@dataclass(frozen=True, slots=True)
+class MessageInserted:
+    qid: int
+    key: int
+    message_id: str
+    group: str
+    body: bytes
+    content_type: str
+    extra: bytes  # opaque to the core: face-specific attributes (e.g. SQS MessageAttributes)
+    available_at: float
+    digest: bytes | None  # content hash, kept for dedup queues only
+
+
+@dataclass(frozen=True, slots=True)
+class DedupSaved:
+    qid: int
+    dedup_key: str
+    message_id: str
+    seq: int
+    group: str
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRow:
+    key: int
+    token: int
+    expires: float
+    receive_count: int
+    first_receive_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class MessagesClaimed:
+    claims: tuple[ClaimRow, ...]
+    worker: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimsChanged:
+    """Renew or release: new claim expiry per key (a past time means released)."""
+
+    changes: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MessagesDeleted:
+    keys: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MessagesMoved:
+    keys: tuple[int, ...]
+    qid: int
+    origin: str | None  # set when dead-lettered: the queue it came from
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePurged:
+    qid: int
+
+
+@dataclass(frozen=True, slots=True)
+class FloorRaised:
+    """A group's valid fencing token rose; the egress proxy refuses calls tagged with anything older."""
+
+    queue: str
+    group: str
+    token: int
+
+
+Effect = (
+    QueueSaved
+    | QueueDropped
+    | MessageInserted
+    | DedupSaved
+    | MessagesClaimed
+    | ClaimsChanged
+    | MessagesDeleted
+    | MessagesMoved
+    | QueuePurged
+    | FloorRaised
+)
+
+DURABLE_EFFECTS = (
+    QueueSaved,
+    QueueDropped,
+    MessageInserted,
+    DedupSaved,
+    MessagesClaimed,
+    ClaimsChanged,
+    MessagesDeleted,
+    MessagesMoved,
+    QueuePurged,
+)

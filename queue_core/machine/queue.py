@@ -1,0 +1,126 @@
+"""Per-queue state: groups, the id index, the ready heap and counters. Mutated only by `QueueCore`."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+
+from .attributes import QueueAttributes
+from .records import GroupState, Message
+
+# One tie-breaker for every heap in the machine, so equal keys never compare the objects behind them.
+tiebreak = itertools.count()
+
+
+class QueueState:
+    """All messages of one queue, indexed for O(log groups) receive regardless of backlog depth."""
+
+    def __init__(self, qid: int, name: str, attributes: QueueAttributes, created_at: float) -> None:
+        self.qid = qid
+        self.name = name
+        self.attributes = attributes
+        self.created_at = created_at
+        self.groups: dict[str, GroupState] = {}
+        self.by_id: dict[str, Message] = {}
+        # Groups that can be claimed now, keyed by their head's receipt key (SQS FIFO rule 1: oldest first).
+        # Entries are lazy: validated when popped, so a group is pushed whenever it may have become ready.
+        self.ready: list[tuple[int, int, GroupState]] = []
+        self.in_flight = 0
+        self.delayed = 0
+        self.dedup: dict[str, tuple[str, int, str, float]] = {}  # key -> (message id, seq, group, expires)
+        self.dedup_order: deque[tuple[float, str]] = deque()
+        # Dedup-queue kind only: content hash -> messages with that content, for collapse at poll time.
+        self.content_index: dict[bytes, list[Message]] = {}
+        self.content_of: dict[int, bytes] = {}
+        self.sent = 0
+        self.received = 0
+        self.deleted = 0
+        self.dead_lettered = 0
+        self.age_of_first_attempt = 0.0
+
+    def push_ready(self, group: GroupState) -> None:
+        if group.head_available():
+            heapq.heappush(self.ready, (group.messages[0].key, next(tiebreak), group))
+
+    def pop_ready(self) -> GroupState | None:
+        """The group whose available head is the oldest, skipping stale entries."""
+        while self.ready:
+            key, _, group = heapq.heappop(self.ready)
+            if (
+                group.head_available()
+                and group.messages[0].key == key
+                and self.groups.get(group.name) is group
+            ):
+                return group
+        return None
+
+    def group(self, name: str, partition: int) -> tuple[GroupState, bool]:
+        group = self.groups.get(name)
+        if group is not None:
+            return group, False
+        group = GroupState(name, self, partition)
+        self.groups[name] = group
+        return group, True
+
+    def insert(self, message: Message) -> None:
+        """Put a message into its group in receipt-key order (appends in the common case)."""
+        group = message.group
+        messages = group.messages
+        if not messages or messages[-1].key < message.key:
+            messages.append(message)
+        else:  # moved or redriven: older than messages already there, so find its place
+            index = len(messages)
+            while index > 0 and messages[index - 1].key > message.key:
+                index -= 1
+            messages.insert(index, message)
+        self.by_id[message.id] = message
+        if message.available_at:
+            self.delayed += 1
+
+    def remove(self, message: Message) -> bool:
+        """Take a message out entirely; True when its group's claim became empty because of it."""
+        group = message.group
+        group.messages.remove(message)
+        del self.by_id[message.id]
+        if message.available_at:
+            self.delayed -= 1
+            message.available_at = 0.0
+        claim_ended = False
+        if message.claim_expires:
+            message.claim_expires = 0.0
+            group.claimed.remove(message)
+            self.in_flight -= 1
+            claim_ended = not group.claimed
+        if self.content_of:
+            self._unindex_content(message)
+        if not group.messages and self.groups.get(group.name) is group:
+            del self.groups[group.name]
+        return claim_ended
+
+    def index_content(self, message: Message, digest: bytes) -> None:
+        self.content_of[message.key] = digest
+        self.content_index.setdefault(digest, []).append(message)
+
+    def _unindex_content(self, message: Message) -> None:
+        digest = self.content_of.pop(message.key, None)
+        if digest is None:
+            return
+        same = self.content_index.get(digest)
+        if same is not None:
+            same.remove(message)
+            if not same:
+                del self.content_index[digest]
+
+    def expire_dedup(self, now: float) -> None:
+        order = self.dedup_order
+        while order and order[0][0] <= now:
+            expires, key = order.popleft()
+            entry = self.dedup.get(key)
+            if entry is not None and entry[3] == expires:
+                del self.dedup[key]
+
+    def oldest_sent_key(self) -> int | None:
+        """Receipt key of the oldest message (O(groups): for metrics, not hot paths)."""
+        heads = [g.messages[0].key for g in self.groups.values() if g.messages]
+        return min(heads) if heads else None
