@@ -1,0 +1,223 @@
+"""A small asyncio client for the queue server's internal API (tests, benchmarks, CLI, worker SDK)."""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+import orjson
+
+
+class QueueClientError(Exception):
+    """The server refused a request; `code` is the server's stable error code."""
+
+    def __init__(self, status: int, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details or {}
+
+
+DEFAULT_URL = "http://127.0.0.1:8470"
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """The design note's client environment: STRICTQ_URL, STRICTQ_CA_FILE, STRICTQ_API_KEY, ..."""
+
+    url: str = DEFAULT_URL
+    ca_file: str | None = None
+    api_key: str | None = None
+    worker_id: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> ClientConfig:
+        env = os.environ if environ is None else environ
+        return cls(
+            url=env.get("STRICTQ_URL", DEFAULT_URL),
+            ca_file=env.get("STRICTQ_CA_FILE") or None,
+            api_key=env.get("STRICTQ_API_KEY") or None,
+            worker_id=env.get("STRICTQ_WORKER_ID") or None,
+        )
+
+
+class QueueClient:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        config: ClientConfig | None = None,
+        session: aiohttp.ClientSession | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        self.config = config or ClientConfig.from_env()
+        self.url = (url or self.config.url).rstrip("/")
+        self._own_session = session is None
+        self._session = session
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+
+    async def __aenter__(self) -> QueueClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None and self._own_session:
+            await self._session.close()
+        self._session = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            ssl_context: ssl.SSLContext | bool = True
+            if self.config.ca_file:
+                ssl_context = ssl.create_default_context(cafile=self.config.ca_file)
+            headers = {"X-BV-API-Key": self.config.api_key} if self.config.api_key else {}
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=ssl_context, limit=0),
+                timeout=self._timeout,
+                headers=headers,
+                json_serialize=lambda obj: orjson.dumps(obj).decode(),
+            )
+        return self._session
+
+    async def request(
+        self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
+    ) -> Any:
+        data = None if body is None else orjson.dumps(body)
+        headers = {"Content-Type": "application/json"} if data is not None else None
+        async with self._get_session().request(
+            method, self.url + path, data=data, params=params, headers=headers
+        ) as response:
+            raw = await response.read()
+            try:
+                payload = orjson.loads(raw) if raw else {}
+            except orjson.JSONDecodeError:
+                payload = {"error": {"code": "bad_response", "message": raw[:200].decode(errors="replace")}}
+            if response.status >= 400:
+                error = payload.get("error", {}) if isinstance(payload, dict) else {}
+                raise QueueClientError(
+                    response.status,
+                    error.get("code", "http_error"),
+                    error.get("message", response.reason or ""),
+                    error.get("details"),
+                )
+            return payload
+
+    # ----------------------------------------------------------------------------------- queues
+    async def create_queue(self, queue: str, **attributes: Any) -> dict[str, Any]:
+        result: dict[str, Any] = await self.request("PUT", f"/v1/queues/{queue}", {"attributes": attributes})
+        return result
+
+    async def queue_info(self, queue: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self.request("GET", f"/v1/queues/{queue}")
+        return result
+
+    async def set_attributes(self, queue: str, **attributes: Any) -> dict[str, Any]:
+        result: dict[str, Any] = await self.request(
+            "PATCH", f"/v1/queues/{queue}", {"attributes": attributes}
+        )
+        return result
+
+    async def delete_queue(self, queue: str) -> None:
+        await self.request("DELETE", f"/v1/queues/{queue}")
+
+    async def list_queues(self, prefix: str = "") -> list[str]:
+        result = await self.request("GET", "/v1/queues", params={"prefix": prefix} if prefix else None)
+        return list(result["queues"])
+
+    # --------------------------------------------------------------------------------- messages
+    async def send(
+        self, queue: str, messages: Sequence[dict[str, Any]], *, create: bool = True
+    ) -> list[dict[str, Any]]:
+        """Send a batch of {"body"|"json"|"body_b64", "group"?, "dedup_id"?, "id"?, "delay"?} entries."""
+        result = await self.request(
+            "POST", f"/v1/queues/{queue}/send", {"messages": list(messages), "create": create}
+        )
+        return list(result["results"])
+
+    async def send_one(
+        self, queue: str, body: str, group: str | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        entry: dict[str, Any] = {"body": body, **fields}
+        if group is not None:
+            entry["group"] = group
+        (result,) = await self.send(queue, [entry])
+        if "error" in result:
+            error = result["error"]
+            raise QueueClientError(400, error["code"], error["message"], error.get("details"))
+        return result
+
+    async def receive(
+        self, queue: str, limit: int = 10, ttl: float | None = None, worker: str = "", wait: float = 0.0
+    ) -> list[dict[str, Any]]:
+        body: dict[str, Any] = {"limit": limit, "worker": worker or self.config.worker_id or "", "wait": wait}
+        if ttl is not None:
+            body["ttl"] = ttl
+        result = await self.request("POST", f"/v1/queues/{queue}/receive", body)
+        return list(result["messages"])
+
+    async def ack(self, queue: str, receipts: Sequence[str]) -> list[dict[str, Any]]:
+        result = await self.request("POST", f"/v1/queues/{queue}/ack", {"receipts": list(receipts)})
+        return list(result["results"])
+
+    async def ack_ids(self, queue: str, ids: Sequence[str], token: int | None = None) -> list[dict[str, Any]]:
+        result = await self.request("POST", f"/v1/queues/{queue}/ack", {"ids": list(ids), "token": token})
+        return list(result["results"])
+
+    async def renew(
+        self, queue: str, receipts: Sequence[str], ttl: float, mode: str = "extend"
+    ) -> list[dict[str, Any]]:
+        result = await self.request(
+            "POST", f"/v1/queues/{queue}/renew", {"receipts": list(receipts), "ttl": ttl, "mode": mode}
+        )
+        return list(result["results"])
+
+    async def release(self, queue: str, receipts: Sequence[str]) -> list[dict[str, Any]]:
+        result = await self.request("POST", f"/v1/queues/{queue}/release", {"receipts": list(receipts)})
+        return list(result["results"])
+
+    async def unclaim_all(self, queue: str) -> int:
+        return int((await self.request("POST", f"/v1/queues/{queue}/unclaimall"))["released"])
+
+    async def purge(self, queue: str) -> int:
+        return int((await self.request("POST", f"/v1/queues/{queue}/purge"))["purged"])
+
+    async def peek(self, queue: str, limit: int = 10) -> list[dict[str, Any]]:
+        result = await self.request("GET", f"/v1/queues/{queue}/peek", params={"limit": limit})
+        return list(result["messages"])
+
+    async def size(self, queue: str) -> int:
+        return int((await self.request("GET", f"/v1/queues/{queue}/size"))["size"])
+
+    async def claim_count(self, queue: str) -> int:
+        return int((await self.request("GET", f"/v1/queues/{queue}/claimcount"))["claimcount"])
+
+    async def group(self, queue: str, group: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self.request(
+            "GET", f"/v1/queues/{queue}/group", params={"name": group}
+        )
+        return result
+
+    async def start_move(self, source: str, destination: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self.request("POST", "/v1/moves", {"from": source, "to": destination})
+        return result
+
+    async def move_status(self, move_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self.request("GET", f"/v1/moves/{move_id}")
+        return result
+
+    async def ready(self) -> bool:
+        try:
+            await self.request("GET", "/readyz")
+        except (QueueClientError, aiohttp.ClientError):
+            return False
+        return True

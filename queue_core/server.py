@@ -1,0 +1,483 @@
+"""`strictq queue-server`: the core behind an internal HTTP API (aiohttp + orjson) for the gateway and tools.
+
+Errors map to HTTP in `error_response`, the one place for this face. Bad input gets a 4xx JSON body
+`{"error": {"code", "message", "details"}}`; nothing already accepted is lost and the server keeps going.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from .machine import (
+    AckOutcome,
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    NotInFlight,
+    PeekItem,
+    QueueError,
+    SendRequest,
+    SendResult,
+    StaleClaim,
+    TooLarge,
+    parse_receipt,
+)
+from .service import QueueService, Received
+from .store import StoreError
+
+log = logging.getLogger("strictq.server")
+MAX_REQUEST_BYTES = 8 * 1024 * 1024  # ten 1 MiB messages in JSON, with room for escaping
+MAX_BATCH = 1000
+SERVICE_KEY = web.AppKey("service", QueueService)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+# -------------------------------------------------------------------------------- errors, one place
+STATUS_BY_ERROR: list[tuple[type[QueueError], int]] = [
+    (NotFound, 404),
+    (StaleClaim, 409),
+    (NotInFlight, 409),
+    (AlreadyExists, 409),
+    (TooLarge, 413),
+    (InvalidArgument, 400),
+    (QueueError, 400),
+]
+
+
+def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if details:
+        error["details"] = details
+    return {"error": error}
+
+
+def json_response(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def error_response(exc: BaseException) -> web.Response:
+    if isinstance(exc, QueueError):
+        status = next(code for cls, code in STATUS_BY_ERROR if isinstance(exc, cls))
+        return json_response({"error": exc.to_dict()}, status)
+    if isinstance(exc, StoreError):
+        return json_response(error_body("store_unavailable", str(exc)), 503)
+    if isinstance(exc, web.HTTPException):
+        code = {413: "request_too_large", 404: "no_such_route", 405: "method_not_allowed"}.get(
+            exc.status, "http_error"
+        )
+        return json_response(error_body(code, exc.reason or "error"), exc.status)
+    log.exception("unexpected error", exc_info=exc)
+    return json_response(error_body("internal", "internal error; see the server log"), 500)
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except (QueueError, StoreError, web.HTTPException) as exc:
+        return error_response(exc)
+    except Exception as exc:
+        return error_response(exc)
+
+
+# ------------------------------------------------------------------------------------ input parsing
+async def read_json(request: web.Request) -> Any:
+    raw = await request.read()
+    if not raw:
+        return {}
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgument(f"request body is not valid JSON: {exc}") from None
+
+
+async def read_object(request: web.Request) -> dict[str, Any]:
+    data = await read_json(request)
+    if not isinstance(data, dict):
+        raise InvalidArgument("request body must be a JSON object")
+    return data
+
+
+def number(data: dict[str, Any], name: str, default: float | None) -> float | None:
+    value = data.get(name, default)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise InvalidArgument(f"{name} must be a number", field=name) from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgument(f"{name} must be a number", field=name)
+    return float(value)
+
+
+def integer(data: dict[str, Any] | Any, name: str, default: int) -> int:
+    value = data.get(name, default)
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{name} must be an integer", field=name)
+    return value
+
+
+def send_request(entry: Any) -> SendRequest:
+    if not isinstance(entry, dict):
+        raise InvalidArgument("each message must be a JSON object")
+    content_type = entry.get("content_type", "text/plain")
+    if "json" in entry:
+        body = orjson.dumps(entry["json"])
+        content_type = entry.get("content_type", "application/json")
+    elif "body_b64" in entry:
+        try:
+            body = base64.b64decode(entry["body_b64"], validate=True)
+        except (binascii.Error, TypeError, ValueError):
+            raise InvalidArgument("body_b64 is not valid base64", field="body_b64") from None
+        content_type = entry.get("content_type", "application/octet-stream")
+    elif isinstance(entry.get("body"), str):
+        body = entry["body"].encode()
+    else:
+        raise InvalidArgument("a message needs 'body' (text), 'body_b64' or 'json'", field="body")
+    attributes = entry.get("attributes")
+    if attributes is not None and not isinstance(attributes, dict):
+        raise InvalidArgument("attributes must be a JSON object", field="attributes")
+    delay = number(entry, "delay", None)
+    for name in ("group", "dedup_id", "id", "content_type"):
+        if name in entry and entry[name] is not None and not isinstance(entry[name], str):
+            raise InvalidArgument(f"{name} must be a string", field=name)
+    return SendRequest(
+        body=body,
+        group=entry.get("group"),
+        dedup_id=entry.get("dedup_id"),
+        message_id=entry.get("id"),
+        delay=delay,
+        content_type=content_type,
+        extra=orjson.dumps(attributes) if attributes else b"",
+    )
+
+
+def claim_items(data: dict[str, Any]) -> list[tuple[str, int | None]]:
+    """`receipts` (they carry the fencing token) or `ids` with an optional shared `token`."""
+    items: list[tuple[str, int | None]]
+    if "receipts" in data:
+        receipts = data["receipts"]
+        if not isinstance(receipts, list) or not receipts:
+            raise InvalidArgument("receipts must be a non-empty list", field="receipts")
+        items = [parse_receipt(r) for r in receipts]
+    elif "ids" in data:
+        ids = data["ids"]
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+            raise InvalidArgument("ids must be a non-empty list of strings", field="ids")
+        token = data.get("token")
+        if token is not None and (isinstance(token, bool) or not isinstance(token, int)):
+            raise InvalidArgument("token must be an integer", field="token")
+        items = [(i, token) for i in ids]
+    else:
+        raise InvalidArgument("give 'receipts' or 'ids'", field="receipts")
+    if len(items) > MAX_BATCH:
+        raise InvalidArgument(f"at most {MAX_BATCH} items per request", field="receipts")
+    return items
+
+
+# ---------------------------------------------------------------------------------------- output
+def body_fields(body: bytes, content_type: str, extra: bytes) -> dict[str, Any]:
+    out: dict[str, Any] = {"content_type": content_type}
+    try:
+        out["body"] = body.decode()
+    except UnicodeDecodeError:
+        out["body_b64"] = base64.b64encode(body).decode()
+    if extra:
+        out["attributes"] = orjson.loads(extra)
+    return out
+
+
+def received_json(item: Received) -> dict[str, Any]:
+    d = item.delivery
+    return {
+        "id": d.message_id,
+        "group": d.group,
+        "seq": d.seq,
+        "token": d.token,
+        "receipt": d.receipt,
+        "receive_count": d.receive_count,
+        "sent_at": d.sent_at,
+        "first_receive_at": d.first_receive_at,
+        "claim_expires": d.claim_expires,
+        "origin": d.origin,
+        **body_fields(item.body, item.content_type, item.extra),
+    }
+
+
+def peek_json(item: PeekItem, body: bytes, content_type: str, extra: bytes) -> dict[str, Any]:
+    return {
+        "id": item.message_id,
+        "group": item.group,
+        "seq": item.seq,
+        "sent_at": item.sent_at,
+        "receive_count": item.receive_count,
+        "claimed": item.claimed,
+        **body_fields(body, content_type, extra),
+    }
+
+
+def send_result_json(result: SendResult | QueueError) -> dict[str, Any]:
+    if isinstance(result, QueueError):
+        return {"error": result.to_dict()}
+    return {
+        "id": result.message_id,
+        "group": result.group,
+        "seq": result.seq,
+        "partition": result.partition,
+        "duplicate": result.duplicate,
+    }
+
+
+def outcomes_json(outcomes: list[AckOutcome]) -> dict[str, Any]:
+    return {
+        "results": [
+            {"id": o.message_id, "status": o.status, **({"message": o.message} if o.message else {})}
+            for o in outcomes
+        ]
+    }
+
+
+# -------------------------------------------------------------------------------------- handlers
+def service_of(request: web.Request) -> QueueService:
+    return request.app[SERVICE_KEY]
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    service = service_of(request)
+    if service.healthy:
+        return json_response({"ready": True})
+    return json_response({"ready": False, **error_body("not_ready", "store not open or failed")}, 503)
+
+
+async def list_queues(request: web.Request) -> web.Response:
+    return json_response({"queues": service_of(request).list_queues(request.query.get("prefix", ""))})
+
+
+async def put_queue(request: web.Request) -> web.Response:
+    data = await read_object(request)
+    attributes = data.get("attributes", {})
+    if not isinstance(attributes, dict):
+        raise InvalidArgument("attributes must be a JSON object", field="attributes")
+    name = request.match_info["queue"]
+    result = await service_of(request).create_queue(name, attributes)
+    return json_response({"queue": name, "attributes": result.to_dict()})
+
+
+async def get_queue(request: web.Request) -> web.Response:
+    service = service_of(request)
+    name = request.match_info["queue"]
+    attributes = service.attributes(name)
+    return json_response(
+        {"queue": name, "attributes": attributes.to_dict(), "metrics": service.metrics(name).to_dict()}
+    )
+
+
+async def patch_queue(request: web.Request) -> web.Response:
+    data = await read_object(request)
+    changes = data.get("attributes")
+    if not isinstance(changes, dict):
+        raise InvalidArgument("attributes must be a JSON object", field="attributes")
+    name = request.match_info["queue"]
+    attributes = await service_of(request).set_attributes(name, changes)
+    return json_response({"queue": name, "attributes": attributes.to_dict()})
+
+
+async def delete_queue(request: web.Request) -> web.Response:
+    await service_of(request).delete_queue(request.match_info["queue"])
+    return json_response({"deleted": True})
+
+
+async def send(request: web.Request) -> web.Response:
+    data = await read_object(request)
+    entries = data.get("messages")
+    if not isinstance(entries, list) or not entries:
+        raise InvalidArgument("messages must be a non-empty list", field="messages")
+    if len(entries) > MAX_BATCH:
+        raise InvalidArgument(f"at most {MAX_BATCH} messages per request", field="messages")
+    requests: list[SendRequest | QueueError] = []
+    for entry in entries:
+        try:
+            requests.append(send_request(entry))
+        except QueueError as exc:
+            requests.append(exc)
+    good = [r for r in requests if isinstance(r, SendRequest)]
+    results = iter(
+        await service_of(request).send(request.match_info["queue"], good, create=bool(data.get("create")))
+    )
+    merged = [r if isinstance(r, QueueError) else next(results) for r in requests]
+    return json_response({"results": [send_result_json(r) for r in merged]})
+
+
+async def receive(request: web.Request) -> web.Response:
+    data = await read_object(request)
+    worker = data.get("worker", "")
+    if not isinstance(worker, str) or len(worker) > 128:
+        raise InvalidArgument("worker must be a string of at most 128 characters", field="worker")
+    received = await service_of(request).receive(
+        request.match_info["queue"],
+        limit=integer(data, "limit", 10),
+        ttl=number(data, "ttl", None),
+        worker=worker,
+        wait=number(data, "wait", 0.0) or 0.0,
+    )
+    return json_response({"messages": [received_json(r) for r in received]})
+
+
+async def ack(request: web.Request) -> web.Response:
+    items = claim_items(await read_object(request))
+    return json_response(outcomes_json(await service_of(request).ack(request.match_info["queue"], items)))
+
+
+async def renew(request: web.Request) -> web.Response:
+    data = await read_object(request)
+    items = claim_items(data)
+    ttl = number(data, "ttl", 30.0)
+    assert ttl is not None
+    mode = data.get("mode", "extend")
+    if mode not in ("extend", "set"):
+        raise InvalidArgument("mode must be 'extend' or 'set'", field="mode")
+    outcomes = await service_of(request).renew(request.match_info["queue"], items, ttl, mode)
+    return json_response(outcomes_json(outcomes))
+
+
+async def release(request: web.Request) -> web.Response:
+    items = claim_items(await read_object(request))
+    return json_response(outcomes_json(await service_of(request).release(request.match_info["queue"], items)))
+
+
+async def unclaim_all(request: web.Request) -> web.Response:
+    return json_response({"released": await service_of(request).unclaim_all(request.match_info["queue"])})
+
+
+async def purge(request: web.Request) -> web.Response:
+    return json_response({"purged": await service_of(request).purge(request.match_info["queue"])})
+
+
+async def peek(request: web.Request) -> web.Response:
+    limit = integer(request.query, "limit", 10)
+    items = await service_of(request).peek(request.match_info["queue"], limit)
+    return json_response({"messages": [peek_json(*item) for item in items]})
+
+
+async def size(request: web.Request) -> web.Response:
+    # Counts are kept exactly in O(1), so EmoDB's `limit` (exact up to, estimate beyond) is always exact.
+    integer(request.query, "limit", 0)
+    metrics = service_of(request).metrics(request.match_info["queue"])
+    return json_response({"size": metrics.total, "exact": True})
+
+
+async def claimcount(request: web.Request) -> web.Response:
+    metrics = service_of(request).metrics(request.match_info["queue"])
+    return json_response({"claimcount": metrics.in_flight})
+
+
+async def group_info(request: web.Request) -> web.Response:
+    # The group rides in the query: group ids may hold '/', '?' or '#', which a path segment cannot.
+    name = request.query.get("name")
+    if not name:
+        raise InvalidArgument("give the group as ?name=", field="name")
+    return json_response(service_of(request).group_metrics(request.match_info["queue"], name))
+
+
+async def start_move(request: web.Request) -> web.Response:
+    data = await read_object(request)
+    source, destination = data.get("from"), data.get("to")
+    if not isinstance(source, str) or not isinstance(destination, str):
+        raise InvalidArgument("give 'from' and 'to' queue names", field="from")
+    move = await service_of(request).start_move(source, destination)
+    return json_response(move.to_dict())
+
+
+async def move_status(request: web.Request) -> web.Response:
+    return json_response(service_of(request).move_status(request.match_info["move"]).to_dict())
+
+
+def make_app(service: QueueService) -> web.Application:
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[errors_as_json])
+    app[SERVICE_KEY] = service
+    q = "/v1/queues/{queue}"
+    app.add_routes(
+        [
+            web.get("/healthz", healthz),
+            web.get("/readyz", readyz),
+            web.get("/v1/queues", list_queues),
+            web.put(q, put_queue),
+            web.get(q, get_queue),
+            web.patch(q, patch_queue),
+            web.delete(q, delete_queue),
+            web.post(q + "/send", send),
+            web.post(q + "/receive", receive),
+            web.post(q + "/ack", ack),
+            web.post(q + "/renew", renew),
+            web.post(q + "/release", release),
+            web.post(q + "/unclaimall", unclaim_all),
+            web.post(q + "/purge", purge),
+            web.get(q + "/peek", peek),
+            web.get(q + "/size", size),
+            web.get(q + "/claimcount", claimcount),
+            web.get(q + "/group", group_info),
+            web.post("/v1/moves", start_move),
+            web.get("/v1/moves/{move}", move_status),
+        ]
+    )
+    return app
+
+
+# ------------------------------------------------------------------------------------- the process
+async def serve(host: str, port: int, data_dir: Path, partitions: int) -> None:
+    service = QueueService(data_dir, partitions=partitions)
+    await service.start()
+    runner = web.AppRunner(make_app(service), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    bound_host, bound_port = runner.addresses[0][:2]
+    url = f"http://{_url_host(bound_host)}:{bound_port}"
+    print(f"strictq: listening on {url}", flush=True)
+    print(
+        f"strictq: try  STRICTQ_URL={url} strictq send orders --group customer-1 '{{\"order\": 1}}'",
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        print("strictq: stopping", file=sys.stderr, flush=True)
+        await runner.cleanup()
+        await service.close()
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def run(host: str, port: int, data_dir: Path, partitions: int) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+
+        uvloop.run(serve(host, port, data_dir, partitions))
+    except ImportError:  # uvloop is pinned, but the server still runs on plain asyncio without it
+        asyncio.run(serve(host, port, data_dir, partitions))

@@ -1,0 +1,327 @@
+"""The asyncio shell around the state machine: clock, timers, durability, bodies and long polling.
+
+Every API face (the internal HTTP API now, the gateway in-process later) calls this class; it is the
+only place that feeds `now` into the core and the only place that waits for the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .durability import DurableLog
+from .machine import (
+    AckOutcome,
+    AlreadyExists,
+    Delivery,
+    InvalidArgument,
+    MoveStatus,
+    PeekItem,
+    QueueAttributes,
+    QueueCore,
+    QueueError,
+    QueueMetrics,
+    SendRequest,
+    SendResult,
+)
+from .machine.core import RenewMode
+from .machine.effects import Effect, FloorRaised, MessageInserted, MessagesDeleted
+from .machine.groups import DEFAULT_PARTITIONS
+from .store import SqliteStore
+
+log = logging.getLogger("strictq.queue")
+T = TypeVar("T")
+BODY_CACHE_BYTES = 64 * 1024 * 1024
+MAX_WAIT = 20.0
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A delivered message with its body joined back in from the cache or the store."""
+
+    delivery: Delivery
+    body: bytes
+    content_type: str
+    extra: bytes
+
+
+class BodyCache:
+    """Bodies of recent sends, so most receives never read the store; bounded in bytes.
+
+    Entries not yet committed are never evicted: the reader connection could not see them yet.
+    """
+
+    def __init__(self, max_bytes: int = BODY_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._entries: dict[int, tuple[bytes, str, bytes]] = {}
+        self._committed_key = 0
+
+    def put(self, key: int, value: tuple[bytes, str, bytes]) -> None:
+        self._entries[key] = value
+        self.bytes += len(value[0]) + len(value[2])
+        if self.bytes > self.max_bytes:
+            self._evict()
+
+    def drop(self, keys: Iterable[int]) -> None:
+        for key in keys:
+            value = self._entries.pop(key, None)
+            if value is not None:
+                self.bytes -= len(value[0]) + len(value[2])
+
+    def committed(self, key: int) -> None:
+        self._committed_key = max(self._committed_key, key)
+        if self.bytes > self.max_bytes:
+            self._evict()
+
+    def get(self, key: int) -> tuple[bytes, str, bytes] | None:
+        return self._entries.get(key)
+
+    def _evict(self) -> None:
+        entries = self._entries
+        while self.bytes > self.max_bytes and entries:
+            key = next(iter(entries))
+            if key > self._committed_key:
+                return
+            value = entries.pop(key)
+            self.bytes -= len(value[0]) + len(value[2])
+
+
+class QueueService:
+    def __init__(
+        self,
+        data_dir: str | Path,
+        *,
+        partitions: int = DEFAULT_PARTITIONS,
+        clock: Callable[[], float] = time.time,
+        body_cache_bytes: int = BODY_CACHE_BYTES,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.partitions = partitions
+        self.clock = clock
+        self.core = QueueCore(partitions=partitions)
+        self.cache = BodyCache(body_cache_bytes)
+        self.ready = False
+        self.restore_seconds = 0.0
+        self.floor_listeners: list[Callable[[FloorRaised], None]] = []
+        self._store = SqliteStore(self.data_dir / "queue.sqlite3")
+        self._reader: SqliteStore | None = None
+        self._log: DurableLog | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._waiters: dict[str, asyncio.Event] = {}
+
+    # ------------------------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        started = time.perf_counter()
+        now = self.clock()
+        epoch, snapshot = self._store.open(now)
+        self.core = QueueCore(epoch=epoch, partitions=self.partitions)
+        self.core.restore(snapshot, now)
+        self._reader = self._store.reader()
+        self._log = DurableLog(self._store, asyncio.get_running_loop(), on_commit=self.cache.committed)
+        self.restore_seconds = time.perf_counter() - started
+        self.ready = True
+        self._reschedule()
+        log.info(
+            "store open: epoch %d, %d queues, restored in %.2fs",
+            epoch,
+            len(self.core.queues),
+            self.restore_seconds,
+        )
+
+    async def close(self) -> None:
+        self.ready = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for event in self._waiters.values():
+            event.set()
+        if self._log is not None:
+            await asyncio.to_thread(self._log.close)
+        if self._reader is not None:
+            self._reader.close()
+        self._store.close()
+
+    @property
+    def healthy(self) -> bool:
+        return self.ready and self._log is not None and self._log.failed is None
+
+    # ---------------------------------------------------------------------------------- plumbing
+    def _apply(
+        self, operation: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> tuple[T, asyncio.Future[None]]:
+        """Run one core operation at `now`, hand its effects to the store, re-arm the timer."""
+        result = operation(*args, now=self.clock(), **kwargs)
+        return result, self._submit(self.core.drain_effects())
+
+    def _submit(self, effects: list[Effect]) -> asyncio.Future[None]:
+        assert self._log is not None, "service not started"
+        for effect in effects:
+            if isinstance(effect, MessageInserted):
+                self.cache.put(effect.key, (effect.body, effect.content_type, effect.extra))
+            elif isinstance(effect, MessagesDeleted):
+                self.cache.drop(effect.keys)
+            elif isinstance(effect, FloorRaised):
+                for listener in self.floor_listeners:
+                    listener(effect)
+        future = self._log.submit(effects)
+        self._reschedule()
+        return future
+
+    @staticmethod
+    async def _durable(future: asyncio.Future[None]) -> None:
+        await asyncio.shield(future)  # a client hanging up must not cancel the commit others share
+
+    def _reschedule(self) -> None:
+        deadline = self.core.next_deadline()
+        if deadline is None or (self._timer is not None and self._timer_at <= deadline):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(max(0.0, deadline - self.clock()), self._on_timer)
+        self._timer_at = deadline
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.core.handle_timer(self.clock())
+        self._submit(self.core.drain_effects())
+        for name in list(self._waiters):
+            self._notify(name)
+
+    def _notify(self, queue: str) -> None:
+        event = self._waiters.pop(queue, None)
+        if event is not None:
+            event.set()
+
+    # ------------------------------------------------------------------------------------ queues
+    async def create_queue(self, name: str, attributes: dict[str, Any] | None = None) -> QueueAttributes:
+        existed = name in self.core.queues
+        state, future = self._apply(self.core.create_queue, name, attributes=attributes)
+        if existed and attributes:
+            # Re-creating with different attributes is a conflict, as in SQS; same ones are a no-op.
+            wanted = QueueAttributes.from_dict(attributes)
+            if wanted != state.attributes:
+                raise AlreadyExists(f"queue {name!r} exists with different attributes", queue=name)
+        await self._durable(future)
+        return state.attributes
+
+    async def set_attributes(self, name: str, changes: dict[str, Any]) -> QueueAttributes:
+        attributes, future = self._apply(self.core.set_attributes, name, changes)
+        await self._durable(future)
+        return attributes
+
+    async def delete_queue(self, name: str) -> None:
+        _, future = self._apply(self.core.delete_queue, name)
+        self._notify(name)
+        await self._durable(future)
+
+    def list_queues(self, prefix: str = "") -> list[str]:
+        return self.core.list_queues(prefix)
+
+    def attributes(self, name: str) -> QueueAttributes:
+        return self.core.queue(name).attributes
+
+    def metrics(self, name: str) -> QueueMetrics:
+        return self.core.metrics(name, self.clock())
+
+    def group_metrics(self, name: str, group: str) -> dict[str, Any]:
+        return self.core.group_metrics(name, group, self.clock())
+
+    # -------------------------------------------------------------------------------- messages
+    async def send(
+        self, queue: str, requests: Sequence[SendRequest], *, create: bool = False
+    ) -> list[SendResult | QueueError]:
+        results, future = self._apply(self.core.send, queue, requests, create=create)
+        self._notify(queue)
+        await self._durable(future)
+        return results
+
+    async def receive(
+        self, queue: str, limit: int = 10, ttl: float | None = None, worker: str = "", wait: float = 0.0
+    ) -> list[Received]:
+        """Claim up to `limit` messages; with `wait`, long-poll until some arrive or the wait ends."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + min(max(wait, 0.0), MAX_WAIT)
+        while True:
+            deliveries, future = self._apply(self.core.receive, queue, limit, ttl, worker)
+            remaining = give_up - loop.time()
+            if deliveries or remaining <= 0 or not self.ready:
+                break
+            event = self._waiters.setdefault(queue, asyncio.Event())
+            try:
+                await asyncio.wait_for(event.wait(), remaining)
+            except TimeoutError:
+                pass
+        await self._durable(future)
+        return self._with_bodies(deliveries)
+
+    def _with_bodies(self, deliveries: Sequence[Delivery]) -> list[Received]:
+        missing = [d.key for d in deliveries if self.cache.get(d.key) is None]
+        fetched = self._reader.fetch_bodies(missing) if missing and self._reader is not None else {}
+        out: list[Received] = []
+        for delivery in deliveries:
+            value = self.cache.get(delivery.key) or fetched.get(delivery.key)
+            if value is not None:  # None: deleted meanwhile (e.g. a purge while the claim committed)
+                out.append(Received(delivery, value[0], value[1], value[2]))
+        return out
+
+    async def ack(self, queue: str, items: Sequence[tuple[str, int | None]]) -> list[AckOutcome]:
+        outcomes, future = self._apply(self.core.ack, queue, items)
+        self._notify(queue)
+        await self._durable(future)
+        return outcomes
+
+    async def renew(
+        self, queue: str, items: Sequence[tuple[str, int | None]], ttl: float, mode: RenewMode = "extend"
+    ) -> list[AckOutcome]:
+        if mode not in ("extend", "set"):
+            raise InvalidArgument("mode must be 'extend' or 'set'", field="mode")
+        outcomes, future = self._apply(self.core.renew, queue, items, ttl, mode=mode)
+        self._notify(queue)
+        await self._durable(future)
+        return outcomes
+
+    async def release(self, queue: str, items: Sequence[tuple[str, int | None]]) -> list[AckOutcome]:
+        outcomes, future = self._apply(self.core.release, queue, items)
+        self._notify(queue)
+        await self._durable(future)
+        return outcomes
+
+    async def unclaim_all(self, queue: str) -> int:
+        count, future = self._apply(self.core.unclaim_all, queue)
+        self._notify(queue)
+        await self._durable(future)
+        return count
+
+    async def purge(self, queue: str) -> int:
+        count, future = self._apply(self.core.purge, queue)
+        await self._durable(future)
+        return count
+
+    async def peek(self, queue: str, limit: int = 10) -> list[tuple[PeekItem, bytes, str, bytes]]:
+        items = self.core.peek(queue, limit, self.clock())
+        missing = [i.key for i in items if self.cache.get(i.key) is None]
+        if missing and self._log is not None:
+            await self._durable(self._log.barrier())
+        fetched = self._reader.fetch_bodies(missing) if missing and self._reader is not None else {}
+        out = []
+        for item in items:
+            value = self.cache.get(item.key) or fetched.get(item.key)
+            if value is not None:
+                out.append((item, *value))
+        return out
+
+    async def start_move(self, source: str, destination: str) -> MoveStatus:
+        move, future = self._apply(self.core.start_move, source, destination)
+        await self._durable(future)
+        return move
+
+    def move_status(self, move_id: str) -> MoveStatus:
+        return self.core.move_status(move_id)

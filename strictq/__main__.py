@@ -1,0 +1,3 @@
+from strictq.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,273 @@
+"""The `strictq` command. Subcommands import their packages lazily, so a client command starts fast."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+CLIENT_ENV_HELP = (
+    "Client commands read STRICTQ_URL (default http://127.0.0.1:8470), STRICTQ_CA_FILE, STRICTQ_API_KEY "
+    "and STRICTQ_WORKER_ID from the environment."
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    # Bodies may follow options (`send q --group g BODY BODY`), which plain parse_args refuses.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if getattr(args, "handler", None) is cmd_send and not any(e.startswith("--") for e in extra):
+            args.bodies = [*args.bodies, *extra]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    return handler(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="strictq",
+        description="A strict queue with failure management: per-group order, fencing tokens, durable store.",
+        epilog=CLIENT_ENV_HELP,
+    )
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    server = commands.add_parser(
+        "queue-server",
+        help="run the queue core behind its internal HTTP API",
+        description="Run the queue core behind its internal HTTP API (loopback by default). Prints "
+        "'strictq: listening on <url>' once it accepts connections; stops cleanly on SIGTERM.",
+    )
+    server.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    server.add_argument(
+        "--port", type=int, default=8470, help="port; 0 picks a free one (default: %(default)s)"
+    )
+    server.add_argument(
+        "--data-dir", type=Path, default=Path("var/queue"), help="store directory (default: %(default)s)"
+    )
+    server.add_argument(
+        "--partitions",
+        type=int,
+        default=64,
+        help="hash partitions, fixed per deployment (default: %(default)s)",
+    )
+    server.set_defaults(handler=cmd_queue_server)
+
+    send = commands.add_parser(
+        "send",
+        help="send messages",
+        description="Send one message per BODY "
+        "(or one per line of standard input when BODY is '-'). " + CLIENT_ENV_HELP,
+    )
+    send.add_argument("queue")
+    send.add_argument(
+        "bodies", nargs="*", metavar="BODY", help="message body (text); '-' reads lines from stdin"
+    )
+    send.add_argument(
+        "--group",
+        help="strict order parameter: same-group messages are delivered in order, one claim at a time",
+    )
+    send.add_argument(
+        "--json", action="store_true", help="bodies are JSON values (validated, stored as application/json)"
+    )
+    send.add_argument(
+        "--dedup-id", help="deduplication id (duplicates within the queue's window are dropped)"
+    )
+    send.add_argument("--id", dest="message_id", help="message id to use (default: assigned by the queue)")
+    send.add_argument("--delay", type=float, help="seconds before the message can be received (0-900)")
+    send.set_defaults(handler=cmd_send)
+
+    poll = commands.add_parser(
+        "poll",
+        help="claim messages",
+        description="Claim up to LIMIT messages for TTL "
+        "seconds and print them, one JSON object per line. " + CLIENT_ENV_HELP,
+    )
+    poll.add_argument("queue")
+    poll.add_argument(
+        "--limit", type=int, default=10, help="at most this many messages (1-1000, default %(default)s)"
+    )
+    poll.add_argument(
+        "--ttl", type=float, help="claim duration in seconds (default: the queue's visibility timeout)"
+    )
+    poll.add_argument("--wait", type=float, default=0.0, help="long-poll up to this many seconds (max 20)")
+    poll.add_argument(
+        "--worker", default="", help="worker id recorded with the claim (default: $STRICTQ_WORKER_ID)"
+    )
+    poll.set_defaults(handler=cmd_poll)
+
+    ack = commands.add_parser(
+        "ack",
+        help="acknowledge (delete) claimed messages",
+        description="Delete messages by receipt handle (refused if the claim was "
+        "superseded), or by --id (EmoDB semantics). " + CLIENT_ENV_HELP,
+    )
+    ack.add_argument("queue")
+    ack.add_argument("receipts", nargs="*", metavar="RECEIPT", help="receipt handles printed by 'poll'")
+    ack.add_argument("--id", dest="ids", action="append", default=[], help="message id (repeatable)")
+    ack.add_argument("--token", type=int, help="with --id: fencing token; a stale one is refused")
+    ack.set_defaults(handler=cmd_ack)
+
+    peek = commands.add_parser(
+        "peek", help="show messages without claiming them", description=CLIENT_ENV_HELP
+    )
+    peek.add_argument("queue")
+    peek.add_argument("--limit", type=int, default=10, help="at most this many (1-1000, default %(default)s)")
+    peek.set_defaults(handler=cmd_peek)
+
+    size = commands.add_parser(
+        "size", help="count messages and claims in a queue", description=CLIENT_ENV_HELP
+    )
+    size.add_argument("queue")
+    size.set_defaults(handler=cmd_size)
+
+    queues = commands.add_parser("queues", help="list queues", description=CLIENT_ENV_HELP)
+    queues.add_argument("--prefix", default="", help="only names starting with this")
+    queues.set_defaults(handler=cmd_queues)
+    return parser
+
+
+# ------------------------------------------------------------------------------------------ server
+def cmd_queue_server(args: argparse.Namespace) -> int:
+    from queue_core.server import run
+
+    if not 0 <= args.port <= 65535:
+        print("strictq: --port must be 0-65535", file=sys.stderr)
+        return 2
+    if not 1 <= args.partitions <= 65536:
+        print("strictq: --partitions must be 1-65536", file=sys.stderr)
+        return 2
+    run(args.host, args.port, args.data_dir, args.partitions)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ client
+def run_client(work: Callable[[Any], Coroutine[Any, Any, int]]) -> int:
+    import aiohttp
+
+    from queue_core.client import QueueClient, QueueClientError
+
+    async def go() -> int:
+        async with QueueClient() as client:
+            return await work(client)
+
+    try:
+        return asyncio.run(go())
+    except QueueClientError as exc:
+        print(f"strictq: {exc.status} {exc.code}: {exc.message}", file=sys.stderr)
+        return 1
+    except aiohttp.ClientConnectionError as exc:
+        from queue_core.client import ClientConfig
+
+        print(
+            f"strictq: cannot reach {ClientConfig.from_env().url} ({exc}); is the server running? "
+            "Set STRICTQ_URL.",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def emit(obj: Any) -> None:
+    import orjson
+
+    sys.stdout.write(orjson.dumps(obj).decode() + "\n")
+
+
+def cmd_send(args: argparse.Namespace) -> int:
+    import orjson
+
+    bodies: list[str] = []
+    for body in args.bodies:
+        bodies.extend(
+            line for line in sys.stdin.read().splitlines() if line
+        ) if body == "-" else bodies.append(body)
+    if not bodies:
+        print("strictq: nothing to send: give BODY arguments or '-' for standard input", file=sys.stderr)
+        return 2
+    messages: list[dict[str, Any]] = []
+    for body in bodies:
+        entry: dict[str, Any]
+        if args.json:
+            try:
+                entry = {"json": orjson.loads(body)}
+            except orjson.JSONDecodeError as exc:
+                print(f"strictq: not valid JSON ({exc}): {body[:80]}", file=sys.stderr)
+                return 2
+        else:
+            entry = {"body": body}
+        for name in ("group", "dedup_id", "message_id", "delay"):
+            value = getattr(args, name)
+            if value is not None:
+                entry["id" if name == "message_id" else name] = value
+        messages.append(entry)
+
+    async def work(client: Any) -> int:
+        failed = 0
+        for start in range(0, len(messages), 100):
+            for result in await client.send(args.queue, messages[start : start + 100]):
+                emit(result)
+                failed += "error" in result
+        return 1 if failed else 0
+
+    return run_client(work)
+
+
+def cmd_poll(args: argparse.Namespace) -> int:
+    async def work(client: Any) -> int:
+        for message in await client.receive(args.queue, args.limit, args.ttl, args.worker, args.wait):
+            emit(message)
+        return 0
+
+    return run_client(work)
+
+
+def cmd_ack(args: argparse.Namespace) -> int:
+    if not args.receipts and not args.ids:
+        print("strictq: give RECEIPT arguments or --id", file=sys.stderr)
+        return 2
+
+    async def work(client: Any) -> int:
+        results = []
+        if args.receipts:
+            results += await client.ack(args.queue, args.receipts)
+        if args.ids:
+            results += await client.ack_ids(args.queue, args.ids, args.token)
+        for result in results:
+            emit(result)
+        return 0 if all(r["status"] in ("ok", "gone") for r in results) else 1
+
+    return run_client(work)
+
+
+def cmd_peek(args: argparse.Namespace) -> int:
+    async def work(client: Any) -> int:
+        for message in await client.peek(args.queue, args.limit):
+            emit(message)
+        return 0
+
+    return run_client(work)
+
+
+def cmd_size(args: argparse.Namespace) -> int:
+    async def work(client: Any) -> int:
+        info = await client.queue_info(args.queue)
+        emit({"queue": args.queue, **info["metrics"]})
+        return 0
+
+    return run_client(work)
+
+
+def cmd_queues(args: argparse.Namespace) -> int:
+    async def work(client: Any) -> int:
+        for name in await client.list_queues(args.prefix):
+            emit(name)
+        return 0
+
+    return run_client(work)
