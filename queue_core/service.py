@@ -36,7 +36,7 @@ from .store import SqliteStore
 
 log = logging.getLogger("strictq.queue")
 T = TypeVar("T")
-BODY_CACHE_BYTES = 64 * 1024 * 1024
+BODY_CACHE_BYTES = 32 * 1024 * 1024
 MAX_WAIT = 20.0
 
 

@@ -83,7 +83,7 @@ class SqliteStore:
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
-        db.execute("PRAGMA cache_size=-65536")  # 64 MiB page cache
+        db.execute("PRAGMA cache_size=-16384")  # 16 MiB page cache
         db.executescript(SCHEMA)
         self._db = db
         db.execute("BEGIN IMMEDIATE")

@@ -258,7 +258,7 @@ def cmd_peek(args: argparse.Namespace) -> int:
 def cmd_size(args: argparse.Namespace) -> int:
     async def work(client: Any) -> int:
         info = await client.queue_info(args.queue)
-        emit({"queue": args.queue, **info["metrics"]})
+        emit(info["metrics"])
         return 0
 
     return run_client(work)

@@ -155,8 +155,7 @@ class QueueCore:
     def delete_queue(self, name: str, now: float) -> None:
         queue = self.queue(name)
         del self.queues[name]
-        queue.groups.clear()
-        queue.by_id.clear()
+        self._discard_all(queue)
         self.effects.append(QueueDropped(queue.qid))
 
     def queue(self, name: str) -> QueueState:
@@ -215,7 +214,7 @@ class QueueCore:
         if group_name is None:
             self._round_robin = (self._round_robin + 1) % self.partitions
             group_name = auto_group(self._round_robin, message_id)
-        group, created = queue.group(group_name, partition_of(group_name, self.partitions))
+        group, created = queue.group(group_name, self.partitions)
         available_at = now + delay if delay > 0 else 0.0
         message = Message(key, message_id, group, available_at)
         queue.insert(message)
@@ -499,7 +498,7 @@ class QueueCore:
             if message.id in target.by_id:
                 continue  # the target already holds this id (an earlier redrive): keep it where it is
             source.remove(message)
-            group, created = target.group(message.group.name, message.group.partition)
+            group, created = target.group(message.group.name, self.partitions)
             group.floor = max(group.floor, message.token)
             message.group = group
             message.origin = origin if origin is not None else message.origin
@@ -642,15 +641,26 @@ class QueueCore:
         self.handle_timer(now)
         queue = self.queue(queue_name)
         count = len(queue.by_id)
+        self._discard_all(queue)
+        queue.deleted += count
+        self.effects.append(QueuePurged(queue.qid))
+        return count
+
+    @staticmethod
+    def _discard_all(queue: QueueState) -> None:
+        """Forget every message of a queue; heap entries that still point at them become stale."""
+        for group in queue.groups.values():
+            for message in group.messages:
+                message.available_at = 0.0
+                message.claim_expires = 0.0
+            group.messages.clear()
+            group.claimed.clear()
         queue.groups.clear()
         queue.by_id.clear()
         queue.ready.clear()
         queue.content_index.clear()
         queue.content_of.clear()
         queue.in_flight = queue.delayed = 0
-        queue.deleted += count
-        self.effects.append(QueuePurged(queue.qid))
-        return count
 
     # ------------------------------------------------------------------------------------------- time
     def next_deadline(self) -> float | None:
@@ -721,6 +731,11 @@ class QueueCore:
             by_qid[qid] = queue
             self._next_qid = max(self._next_qid, qid + 1)
         last_key = snapshot.key_high_water
+        partitions = self.partitions
+        delays = self._delays
+        groups_of = {queue.qid: queue.groups for queue in by_qid.values()}
+        # The hot loop of a restart (1M rows: keep it lean); rows arrive in key order, so appending to
+        # each group's deque keeps receipt order without QueueState.insert's ordering check.
         for row in snapshot.messages:
             (
                 key,
@@ -737,25 +752,33 @@ class QueueCore:
                 digest,
             ) = row
             queue = by_qid[qid]
-            group, _ = queue.group(group_name, partition_of(group_name, self.partitions))
+            group = groups_of[qid].get(group_name)
+            if group is None:
+                group = GroupState(group_name, queue, partition_of(group_name, partitions))
+                queue.groups[group_name] = group
             message = Message(key, message_id, group, available_at if available_at > now else 0.0)
-            message.receive_count = receive_count
-            message.first_receive_at = first_at
-            message.token = token
-            message.origin = origin
-            queue.insert(message)
+            group.messages.append(message)
+            queue.by_id[message_id] = message
+            if receive_count:
+                message.receive_count = receive_count
+                message.first_receive_at = first_at
+                message.token = token
+                message.origin = origin
+                if token > group.floor:
+                    group.floor = token
+                if expires > now:
+                    message.claim_expires = expires
+                    group.claimed.append(message)
+                    group.claim_worker = worker
+                    queue.in_flight += 1
+            elif origin is not None:
+                message.origin = origin
             if digest is not None:
                 queue.index_content(message, digest)
-            if token > group.floor:
-                group.floor = token
-            if expires > now:
-                message.claim_expires = expires
-                group.claimed.append(message)
-                group.claim_worker = worker
-                queue.in_flight += 1
             if message.available_at:
-                heapq.heappush(self._delays, (message.available_at, next(tiebreak), message))
-            last_key = max(last_key, key)
+                queue.delayed += 1
+                heapq.heappush(delays, (message.available_at, next(tiebreak), message))
+            last_key = key
         self._last_key = last_key
         for queue in self.queues.values():
             for group in queue.groups.values():

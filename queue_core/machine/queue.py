@@ -7,6 +7,7 @@ import itertools
 from collections import deque
 
 from .attributes import QueueAttributes
+from .groups import partition_of
 from .records import GroupState, Message
 
 # One tie-breaker for every heap in the machine, so equal keys never compare the objects behind them.
@@ -55,11 +56,11 @@ class QueueState:
                 return group
         return None
 
-    def group(self, name: str, partition: int) -> tuple[GroupState, bool]:
+    def group(self, name: str, partitions: int) -> tuple[GroupState, bool]:
         group = self.groups.get(name)
         if group is not None:
             return group, False
-        group = GroupState(name, self, partition)
+        group = GroupState(name, self, partition_of(name, partitions))
         self.groups[name] = group
         return group, True
 
