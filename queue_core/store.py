@@ -29,6 +29,7 @@ from .machine.effects import (
     QueueDropped,
     QueuePurged,
     QueueSaved,
+    TokensRaised,
 )
 
 SCHEMA = """
@@ -57,6 +58,7 @@ CLAIM_MESSAGE = (
     "UPDATE messages SET token = ?, claim_expires = ?, receive_count = ?, first_receive_at = ?,"
     " claim_worker = ? WHERE key = ?"
 )
+RAISE_TOKEN = "UPDATE messages SET token = ? WHERE key = ?"
 CHANGE_CLAIM = "UPDATE messages SET claim_expires = ? WHERE key = ?"
 DELETE_MESSAGE = "DELETE FROM messages WHERE key = ?"
 MOVE_MESSAGE = "UPDATE messages SET qid = ?, origin = coalesce(?, origin), available_at = 0 WHERE key = ?"
@@ -222,6 +224,9 @@ def _rows(effect: Effect) -> Iterator[tuple[str, tuple[Any, ...]]]:
         case MessagesDeleted():
             for key in effect.keys:
                 yield DELETE_MESSAGE, (key,)
+        case TokensRaised():
+            for key in effect.keys:
+                yield RAISE_TOKEN, (effect.token, key)
         case ClaimsChanged():
             for key, expires in effect.changes:
                 yield CHANGE_CLAIM, (expires, key)

@@ -27,6 +27,7 @@ from .effects import (
     QueueDropped,
     QueuePurged,
     QueueSaved,
+    TokensRaised,
 )
 from .errors import (
     AlreadyExists,
@@ -291,6 +292,9 @@ class QueueCore:
         deliveries: list[Delivery] = []
         claims: list[ClaimRow] = []
         expires = now + ttl
+        collapse = queue.attributes.kind == "dedup"
+        seen_digests: set[bytes] = set()
+        doomed: dict[int, Message] = {}
         while len(deliveries) < limit:
             group = queue.pop_ready()
             if group is None:
@@ -298,9 +302,26 @@ class QueueCore:
             token = self._new_token()
             group.floor = token
             group.claim_worker = worker
+            superseded: list[int] = []
+            claiming = True
             for message in group.messages:
-                if len(deliveries) >= limit or message.available_at:
-                    break
+                if claiming and (len(deliveries) >= limit or message.available_at):
+                    claiming = False
+                if not claiming:
+                    # Messages delivered under an older claim but not part of this one get the new token
+                    # too, so that the old claim stays stale after a restart (floors derive from rows).
+                    if not message.token:
+                        break  # delivered messages form a prefix of the group
+                    message.token = token
+                    superseded.append(message.key)
+                    continue
+                if collapse:
+                    digest = queue.content_of.get(message.key)
+                    if digest is not None:
+                        if digest in seen_digests:
+                            doomed[message.key] = message
+                            continue
+                        seen_digests.add(digest)
                 message.token = token
                 message.claim_expires = expires
                 message.receive_count += 1
@@ -315,11 +336,19 @@ class QueueCore:
             queue.in_flight += len(group.claimed)
             heapq.heappush(self._claims, (expires, next(tiebreak), group, token))
             self.effects.append(FloorRaised(queue.name, group.name, token))
-            if queue.content_of:
-                self._collapse_duplicates(queue, group.claimed)
+            if superseded:
+                self.effects.append(TokensRaised(tuple(superseded), token))
         if claims:
             queue.received += len(claims)
             self.effects.append(MessagesClaimed(tuple(claims), worker))
+        if collapse:
+            # EmoDB DedupQueueService: identical messages waiting at poll time collapse into the one polled.
+            for digest in seen_digests:
+                for message in queue.content_index.get(digest, ()):
+                    if not message.claim_expires:
+                        doomed[message.key] = message
+            if doomed:
+                self._delete(queue, list(doomed.values()))
         return deliveries
 
     def _delivery(self, message: Message) -> Delivery:
@@ -336,19 +365,6 @@ class QueueCore:
             message.claim_expires,
             message.origin,
         )
-
-    def _collapse_duplicates(self, queue: QueueState, delivered: list[Message]) -> None:
-        """Dedup queues (EmoDB DedupQueueService): identical messages waiting at poll time become one."""
-        doomed: list[Message] = []
-        for message in delivered:
-            digest = queue.content_of.get(message.key)
-            if digest is None:
-                continue
-            doomed.extend(
-                m for m in queue.content_index.get(digest, ()) if m is not message and not m.claim_expires
-            )
-        if doomed:
-            self._delete(queue, doomed)
 
     # ------------------------------------------------------------------------------- ack, renew, release
     def ack(self, queue_name: str, items: Sequence[tuple[str, int | None]], now: float) -> list[AckOutcome]:
@@ -399,47 +415,60 @@ class QueueCore:
         ttl = float(ttl)
         if not 0 <= ttl <= MAX_CLAIM_TTL:
             raise InvalidArgument(f"ttl must be between 0 and {MAX_CLAIM_TTL:.0f} seconds", field="ttl")
-        outcomes: list[AckOutcome] = []
         changes: list[tuple[int, float]] = []
         released: list[Message] = []
+        answered: dict[str, AckOutcome] = {}
+        outcomes: list[AckOutcome] = []
         for message_id, token in items:
-            message = queue.by_id.get(message_id)
-            if message is None:
-                outcomes.append(AckOutcome(message_id, "gone", "no such message (already deleted?)"))
-                continue
-            stale = self._stale(message, token)
-            if stale is not None:
-                outcomes.append(stale)
-                continue
-            group = message.group
-            if not message.claim_expires:
-                if ttl == 0:
-                    outcomes.append(AckOutcome(message_id, "ok"))
-                    continue
-                if mode == "set" or not message.token or message.token != group.floor:
-                    error = NotInFlight("message is not in flight", message_id=message_id)
-                    outcomes.append(AckOutcome(message_id, error.code, error.message))
-                    continue
-                message.claim_expires = now + ttl  # recreate the expired claim, same token
-                group.claimed.append(message)
-                queue.in_flight += 1
-            elif ttl == 0:
-                released.append(message)
-                outcomes.append(AckOutcome(message_id, "ok"))
-                continue
-            elif mode == "extend":
-                message.claim_expires = max(message.claim_expires, now + ttl)
-            else:
-                message.claim_expires = now + ttl
-            heapq.heappush(self._claims, (message.claim_expires, next(tiebreak), group, group.floor))
-            changes.append((message.key, message.claim_expires))
-            outcomes.append(AckOutcome(message_id, "ok"))
+            outcome = answered.get(message_id)  # the same item twice in one request: same answer
+            if outcome is None:
+                outcome = self._renew_one(queue, message_id, token, ttl, now, mode, changes, released)
+                answered[message_id] = outcome
+            outcomes.append(outcome)
         for message in released:
             changes.append((message.key, now))
             self._unclaim(queue, message)
         if changes:
             self.effects.append(ClaimsChanged(tuple(changes)))
         return outcomes
+
+    def _renew_one(
+        self,
+        queue: QueueState,
+        message_id: str,
+        token: int | None,
+        ttl: float,
+        now: float,
+        mode: RenewMode,
+        changes: list[tuple[int, float]],
+        released: list[Message],
+    ) -> AckOutcome:
+        message = queue.by_id.get(message_id)
+        if message is None:
+            return AckOutcome(message_id, "gone", "no such message (already deleted?)")
+        stale = self._stale(message, token)
+        if stale is not None:
+            return stale
+        group = message.group
+        if not message.claim_expires:
+            if ttl == 0:
+                return AckOutcome(message_id, "ok")
+            if mode == "set" or not message.token or message.token != group.floor:
+                error = NotInFlight("message is not in flight", message_id=message_id)
+                return AckOutcome(message_id, error.code, error.message)
+            message.claim_expires = now + ttl  # recreate the expired claim nobody superseded, same token
+            group.claimed.append(message)
+            queue.in_flight += 1
+        elif ttl == 0:
+            released.append(message)
+            return AckOutcome(message_id, "ok")
+        elif mode == "extend":
+            message.claim_expires = max(message.claim_expires, now + ttl)
+        else:
+            message.claim_expires = now + ttl
+        heapq.heappush(self._claims, (message.claim_expires, next(tiebreak), group, group.floor))
+        changes.append((message.key, message.claim_expires))
+        return AckOutcome(message_id, "ok")
 
     def release(
         self, queue_name: str, items: Sequence[tuple[str, int | None]], now: float
@@ -692,6 +721,9 @@ class QueueCore:
             queue: QueueState = group.queue
             for message in [m for m in group.claimed if m.claim_expires <= now]:
                 self._unclaim(queue, message)
+            if group.claimed and group.floor == token:  # messages renewed to different expiries remain
+                later = min(m.claim_expires for m in group.claimed)
+                heapq.heappush(claims, (later, next(tiebreak), group, token))
         delays = self._delays
         while delays and delays[0][0] <= now:
             at, _, message = heapq.heappop(delays)

@@ -69,6 +69,14 @@ class ClaimsChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class TokensRaised:
+    """Messages delivered under an older claim of a group that a newer claim superseded."""
+
+    keys: tuple[int, ...]
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
 class MessagesDeleted:
     keys: tuple[int, ...]
 
@@ -101,6 +109,7 @@ Effect = (
     | DedupSaved
     | MessagesClaimed
     | ClaimsChanged
+    | TokensRaised
     | MessagesDeleted
     | MessagesMoved
     | QueuePurged
@@ -114,6 +123,7 @@ DURABLE_EFFECTS = (
     DedupSaved,
     MessagesClaimed,
     ClaimsChanged,
+    TokensRaised,
     MessagesDeleted,
     MessagesMoved,
     QueuePurged,
