@@ -16,12 +16,20 @@ import orjson
 class QueueClientError(Exception):
     """The server refused a request; `code` is the server's stable error code."""
 
-    def __init__(self, status: int, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        details: dict[str, Any] | None = None,
+        results: list[dict[str, Any]] | None = None,
+    ) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status = status
         self.code = code
         self.message = message
         self.details = details or {}
+        self.results = results  # per-item results of a batch in which every item failed
 
 
 DEFAULT_URL = "http://127.0.0.1:8470"
@@ -109,8 +117,19 @@ class QueueClient:
                     error.get("code", "http_error"),
                     error.get("message", response.reason or ""),
                     error.get("details"),
+                    payload.get("results") if isinstance(payload, dict) else None,
                 )
             return payload
+
+    async def batch(self, path: str, body: Any) -> list[dict[str, Any]]:
+        """Per-item results of a batch call, also when every item failed (the server then answers 4xx)."""
+        try:
+            result = await self.request("POST", path, body)
+        except QueueClientError as exc:
+            if exc.results is None:
+                raise
+            return exc.results
+        return list(result["results"])
 
     # ----------------------------------------------------------------------------------- queues
     async def create_queue(self, queue: str, **attributes: Any) -> dict[str, Any]:
@@ -139,10 +158,7 @@ class QueueClient:
         self, queue: str, messages: Sequence[dict[str, Any]], *, create: bool = True
     ) -> list[dict[str, Any]]:
         """Send a batch of {"body"|"json"|"body_b64", "group"?, "dedup_id"?, "id"?, "delay"?} entries."""
-        result = await self.request(
-            "POST", f"/v1/queues/{queue}/send", {"messages": list(messages), "create": create}
-        )
-        return list(result["results"])
+        return await self.batch(f"/v1/queues/{queue}/send", {"messages": list(messages), "create": create})
 
     async def send_one(
         self, queue: str, body: str, group: str | None = None, **fields: Any
@@ -166,24 +182,20 @@ class QueueClient:
         return list(result["messages"])
 
     async def ack(self, queue: str, receipts: Sequence[str]) -> list[dict[str, Any]]:
-        result = await self.request("POST", f"/v1/queues/{queue}/ack", {"receipts": list(receipts)})
-        return list(result["results"])
+        return await self.batch(f"/v1/queues/{queue}/ack", {"receipts": list(receipts)})
 
     async def ack_ids(self, queue: str, ids: Sequence[str], token: int | None = None) -> list[dict[str, Any]]:
-        result = await self.request("POST", f"/v1/queues/{queue}/ack", {"ids": list(ids), "token": token})
-        return list(result["results"])
+        return await self.batch(f"/v1/queues/{queue}/ack", {"ids": list(ids), "token": token})
 
     async def renew(
         self, queue: str, receipts: Sequence[str], ttl: float, mode: str = "extend"
     ) -> list[dict[str, Any]]:
-        result = await self.request(
-            "POST", f"/v1/queues/{queue}/renew", {"receipts": list(receipts), "ttl": ttl, "mode": mode}
+        return await self.batch(
+            f"/v1/queues/{queue}/renew", {"receipts": list(receipts), "ttl": ttl, "mode": mode}
         )
-        return list(result["results"])
 
     async def release(self, queue: str, receipts: Sequence[str]) -> list[dict[str, Any]]:
-        result = await self.request("POST", f"/v1/queues/{queue}/release", {"receipts": list(receipts)})
-        return list(result["results"])
+        return await self.batch(f"/v1/queues/{queue}/release", {"receipts": list(receipts)})
 
     async def unclaim_all(self, queue: str) -> int:
         return int((await self.request("POST", f"/v1/queues/{queue}/unclaimall"))["released"])

@@ -55,6 +55,27 @@ STATUS_BY_ERROR: list[tuple[type[QueueError], int]] = [
 ]
 
 
+def status_of(error: type[QueueError]) -> int:
+    return next(code for cls, code in STATUS_BY_ERROR if issubclass(error, cls))
+
+
+def _all_error_classes(root: type[QueueError]) -> list[type[QueueError]]:
+    return [root, *(c for sub in root.__subclasses__() for c in _all_error_classes(sub))]
+
+
+STATUS_BY_CODE = {cls.code: status_of(cls) for cls in _all_error_classes(QueueError)}
+
+
+def batch_response(results: list[dict[str, Any]], failed_codes: list[str]) -> web.Response:
+    """Batches answer 200 with per-item results when any item succeeded; when none did, the status of the
+    first failure (so a single bad message is a plain 4xx), with the same per-item results."""
+    if failed_codes and len(failed_codes) == len(results):
+        first = next(r for r in results if "error" in r or r.get("status") not in ("ok", "gone"))
+        error = first.get("error") or {"code": first["status"], "message": first.get("message", "")}
+        return json_response({"error": error, "results": results}, STATUS_BY_CODE.get(failed_codes[0], 400))
+    return json_response({"results": results})
+
+
 def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
     error: dict[str, Any] = {"code": code, "message": message}
     if details:
@@ -68,8 +89,7 @@ def json_response(data: Any, status: int = 200) -> web.Response:
 
 def error_response(exc: BaseException) -> web.Response:
     if isinstance(exc, QueueError):
-        status = next(code for cls, code in STATUS_BY_ERROR if isinstance(exc, cls))
-        return json_response({"error": exc.to_dict()}, status)
+        return json_response({"error": exc.to_dict()}, status_of(type(exc)))
     if isinstance(exc, StoreError):
         return json_response(error_body("store_unavailable", str(exc)), 503)
     if isinstance(exc, web.HTTPException):
@@ -243,13 +263,12 @@ def send_result_json(result: SendResult | QueueError) -> dict[str, Any]:
     }
 
 
-def outcomes_json(outcomes: list[AckOutcome]) -> dict[str, Any]:
-    return {
-        "results": [
-            {"id": o.message_id, "status": o.status, **({"message": o.message} if o.message else {})}
-            for o in outcomes
-        ]
-    }
+def outcomes_response(outcomes: list[AckOutcome]) -> web.Response:
+    results = [
+        {"id": o.message_id, "status": o.status, **({"message": o.message} if o.message else {})}
+        for o in outcomes
+    ]
+    return batch_response(results, [o.status for o in outcomes if o.status not in ("ok", "gone")])
 
 
 # -------------------------------------------------------------------------------------- handlers
@@ -324,7 +343,9 @@ async def send(request: web.Request) -> web.Response:
         await service_of(request).send(request.match_info["queue"], good, create=bool(data.get("create")))
     )
     merged = [r if isinstance(r, QueueError) else next(results) for r in requests]
-    return json_response({"results": [send_result_json(r) for r in merged]})
+    return batch_response(
+        [send_result_json(r) for r in merged], [r.code for r in merged if isinstance(r, QueueError)]
+    )
 
 
 async def receive(request: web.Request) -> web.Response:
@@ -344,7 +365,7 @@ async def receive(request: web.Request) -> web.Response:
 
 async def ack(request: web.Request) -> web.Response:
     items = claim_items(await read_object(request))
-    return json_response(outcomes_json(await service_of(request).ack(request.match_info["queue"], items)))
+    return outcomes_response(await service_of(request).ack(request.match_info["queue"], items))
 
 
 async def renew(request: web.Request) -> web.Response:
@@ -356,12 +377,12 @@ async def renew(request: web.Request) -> web.Response:
     if mode not in ("extend", "set"):
         raise InvalidArgument("mode must be 'extend' or 'set'", field="mode")
     outcomes = await service_of(request).renew(request.match_info["queue"], items, ttl, mode)
-    return json_response(outcomes_json(outcomes))
+    return outcomes_response(outcomes)
 
 
 async def release(request: web.Request) -> web.Response:
     items = claim_items(await read_object(request))
-    return json_response(outcomes_json(await service_of(request).release(request.match_info["queue"], items)))
+    return outcomes_response(await service_of(request).release(request.match_info["queue"], items))
 
 
 async def unclaim_all(request: web.Request) -> web.Response:
