@@ -109,7 +109,7 @@ class QueueService:
         self.ready = False
         self.restore_seconds = 0.0
         self.floor_listeners: list[Callable[[FloorRaised], None]] = []
-        self._store = SqliteStore(self.data_dir / "queue.sqlite3")
+        self._store = SqliteStore(self.data_dir / "queue.sqlite3", clock)
         self._reader: SqliteStore | None = None
         self._log: DurableLog | None = None
         self._timer: asyncio.TimerHandle | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +73,9 @@ class StoreError(Exception):
 
 
 class SqliteStore:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, clock: Callable[[], float] = time.time) -> None:
         self.path = Path(path)
+        self.clock = clock  # only for sweeping expired dedup rows; the core's own `now` drives the rest
         self._db: sqlite3.Connection | None = None
         self._last_sweep = 0.0
 
@@ -146,7 +147,7 @@ class SqliteStore:
                 db.executemany(statement, rows)
             if max_key:
                 db.execute("UPDATE meta SET value = max(value, ?) WHERE name = 'key_hw'", (max_key,))
-            now = time.time()
+            now = self.clock()
             if now - self._last_sweep > DEDUP_SWEEP_INTERVAL:
                 db.execute("DELETE FROM dedup WHERE expires <= ?", (now,))
                 self._last_sweep = now
@@ -169,7 +170,7 @@ class SqliteStore:
 
     def reader(self) -> SqliteStore:
         """A second connection for reads from another thread (WAL lets it read while the writer commits)."""
-        other = SqliteStore(self.path)
+        other = SqliteStore(self.path, self.clock)
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         db.execute("PRAGMA query_only=1")
         other._db = db

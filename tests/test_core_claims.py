@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
-from memstore import MemoryStore
 from support import T0, Clock, ack, ids, make_core, send, send_group, statuses
 
 from queue_core.machine import (
@@ -23,6 +25,7 @@ from queue_core.machine.effects import (
     QueueDropped,
     QueuePurged,
 )
+from queue_core.store import SqliteStore
 
 
 # -------------------------------------------------------------------------------------------- tokens
@@ -271,14 +274,27 @@ def test_partial_release_keeps_the_group_blocked_until_the_claim_ends() -> None:
     assert ids(core.receive("q", 10, None, "w", clock.advance(1))) == ["m2", "m3"]
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason="core bug: renew() unclaims a repeated id twice")
 def test_release_with_the_same_item_twice_is_handled_per_item() -> None:
     clock = Clock()
     core = make_core()
     send_group(core, "q", clock.now, "g", ["m1"])
     d = core.receive("q", 1, None, "w", clock.now)[0]
     outcomes = core.release("q", [("m1", d.token), ("m1", d.token)], clock.advance(1))
-    assert statuses(outcomes)[0] == "ok"
+    assert statuses(outcomes) == ["ok", "ok"]
+    assert core.metrics("q", clock.now).in_flight == 0
+    again = core.receive("q", 10, None, "w", clock.now)
+    assert ids(again) == ["m1"] and again[0].receive_count == 2
+
+
+def test_release_answers_each_item_by_its_own_token() -> None:
+    clock = Clock()
+    core = make_core()
+    send_group(core, "q", clock.now, "g", ["m1"])
+    old = core.receive("q", 1, 5.0, "w", clock.now)[0]
+    new = core.receive("q", 1, 5.0, "w", clock.advance(10))[0]
+    outcomes = core.release("q", [("m1", old.token), ("m1", new.token)], clock.advance(1))
+    # as ack does: the stale item is refused, the current one applies
+    assert statuses(outcomes) == ["stale_claim", "ok"]
     assert core.metrics("q", clock.now).in_flight == 0
 
 
@@ -303,7 +319,9 @@ def test_unclaim_all_returns_every_claim_and_order_is_kept() -> None:
 def dlq_core(max_receive_count: int) -> QueueCore:
     core = make_core("q-dlq")
     core.create_queue(
-        "q", T0, {"max_receive_count": max_receive_count, "dead_letter_queue": "q-dlq", "visibility_timeout": 5}
+        "q",
+        T0,
+        {"max_receive_count": max_receive_count, "dead_letter_queue": "q-dlq", "visibility_timeout": 5},
     )
     return core
 
@@ -368,13 +386,10 @@ def test_purge_removes_everything() -> None:
     assert ids(core.receive("q", 10, None, "w", clock.advance(1))) == ["a2"]
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: purge leaves claim/delay timers that later corrupt counters")
 def test_purge_with_in_flight_and_delayed_messages_keeps_counters_sane() -> None:
     clock = Clock()
     core = make_core()
-    core.send(
-        "q", [SendRequest(b"a", group="g"), SendRequest(b"b", group="h", delay=5)], clock.now
-    )
+    core.send("q", [SendRequest(b"a", group="g"), SendRequest(b"b", group="h", delay=5)], clock.now)
     core.receive("q", 1, 10.0, "w", clock.advance(1))
     core.purge("q", clock.advance(1))
     core.handle_timer(clock.advance(30))
@@ -398,7 +413,6 @@ def test_delete_queue_drops_it() -> None:
     assert core.metrics("q", clock.now).total == 0
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError, reason="core bug: claim expiry of a deleted queue dead-letters")
 def test_delete_queue_with_in_flight_claim_and_dlq_then_timer() -> None:
     clock = Clock()
     core = dlq_core(1)
@@ -488,16 +502,24 @@ def test_receive_argument_validation() -> None:
 
 
 # ------------------------------------------------------------------------------------------ restarts
-def open_core(store: MemoryStore, now: float) -> QueueCore:
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
+    store = SqliteStore(tmp_path / "queue.db")
+    yield store
+    store.close()
+
+
+def open_core(store: SqliteStore, now: float) -> QueueCore:
+    """A restart: close the store, reopen it (bumping the epoch) and restore a fresh core from it."""
+    store.close()
     epoch, snapshot = store.open(now)
     core = QueueCore(epoch=epoch)
     core.restore(snapshot, now)
     return core
 
 
-def test_restart_keeps_claims_with_their_expiry_and_tokens_keep_rising() -> None:
+def test_restart_keeps_claims_with_their_expiry_and_tokens_keep_rising(store: SqliteStore) -> None:
     clock = Clock()
-    store = MemoryStore()
     core = open_core(store, clock.now)
     core.create_queue("q", clock.now)
     send(core, "q", clock.now, ("a1", "A"), ("a2", "A"), ("b1", "B"))
@@ -514,10 +536,8 @@ def test_restart_keeps_claims_with_their_expiry_and_tokens_keep_rising() -> None
     assert statuses(core.ack("q", [(d.message_id, d.token) for d in claim], clock.now)) == ["ok", "ok"]
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: restore() schedules only the earliest expiry of a claim")
-def test_restart_with_claim_rows_of_different_expiries_expires_them_all() -> None:
+def test_restart_with_claim_rows_of_different_expiries_expires_them_all(store: SqliteStore) -> None:
     clock = Clock()
-    store = MemoryStore()
     core = open_core(store, clock.now)
     core.create_queue("q", clock.now)
     send_group(core, "q", clock.now, "g", ["m1", "m2"])
@@ -533,10 +553,8 @@ def test_restart_with_claim_rows_of_different_expiries_expires_them_all() -> Non
     assert ids(core.receive("q", 10, None, "w", clock.now)) == ["m1", "m2"]
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: group floors are not durable, so a restart un-stales tokens")
-def test_restart_keeps_stale_tokens_stale() -> None:
+def test_restart_keeps_stale_tokens_stale(store: SqliteStore) -> None:
     clock = Clock()
-    store = MemoryStore()
     core = open_core(store, clock.now)
     core.create_queue("q", clock.now)
     send_group(core, "q", clock.now, "g", ["m1", "m2"])
@@ -549,3 +567,19 @@ def test_restart_keeps_stale_tokens_stale() -> None:
 
     core = open_core(store, clock.advance(1))
     assert statuses(core.renew("q", [("m2", old[1].token)], 30.0, clock.now)) == ["stale_claim"]
+
+
+def test_restart_never_reuses_the_key_or_id_of_a_deleted_message(store: SqliteStore) -> None:
+    core = open_core(store, T0)
+    core.create_queue("q", T0)
+    first = core.send("q", [SendRequest(b"1", group="g"), SendRequest(b"2", group="g", dedup_id="d")], T0)
+    last = first[1]
+    assert isinstance(last, SendResult)
+    assert statuses(core.ack("q", [(last.message_id, None)], T0)) == ["ok"]
+    store.apply(core.drain_effects())
+
+    core = open_core(store, T0)  # same millisecond (or a wall clock stepped back)
+    (fresh,) = core.send("q", [SendRequest(b"3", group="g")], T0)
+    assert isinstance(fresh, SendResult)
+    assert fresh.seq > last.seq
+    assert fresh.message_id != last.message_id

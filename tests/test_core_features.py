@@ -8,7 +8,7 @@ import heapq
 import pytest
 from support import T0, Clock, ack, ids, make_core, send, send_group, statuses
 
-from queue_core.machine import QueueCore, SendRequest, SendResult
+from queue_core.machine import InvalidArgument, QueueCore, QueueNotFound, SendRequest, SendResult
 from queue_core.machine import queue as queue_module
 from queue_core.machine.core import MOVE_CHUNK
 from queue_core.machine.effects import DedupSaved, MessagesDeleted
@@ -122,9 +122,8 @@ def test_queue_default_delay_and_per_message_override() -> None:
     assert ids(core.receive("q", 10, None, "w", T0 + 1)) == ["zero"]
     assert core.receive("q", 10, None, "w", T0 + 29) == []
     assert ids(core.receive("q", 10, None, "w", T0 + 30)) == ["default"]
-    with pytest.raises(Exception) as info:
-        raise core.send("q", [SendRequest(b"x", delay=901)], T0)[0]  # type: ignore[misc]
-    assert info.value.code == "invalid_argument"  # type: ignore[attr-defined]
+    (bad,) = core.send("q", [SendRequest(b"x", delay=901)], T0)
+    assert isinstance(bad, InvalidArgument) and bad.details == {"field": "delay"}
 
 
 def test_a_delayed_head_holds_its_whole_group() -> None:
@@ -214,7 +213,6 @@ def test_dedup_queue_keeps_different_bodies() -> None:
     assert core.metrics("dq", T0 + 1).total == 2
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: same-group identical bodies in one poll are both delivered")
 def test_dedup_queue_collapses_identical_bodies_within_one_group() -> None:
     core = dedup_queue()
     core.send("dq", [SendRequest(b"M1", group="g"), SendRequest(b"M1", group="g")], T0)
@@ -222,11 +220,12 @@ def test_dedup_queue_collapses_identical_bodies_within_one_group() -> None:
     assert len(p1) == 1
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason="core bug: collapse deletes a duplicate twice")
 def test_dedup_queue_three_copies_across_groups() -> None:
     core = dedup_queue()
     core.send(
-        "dq", [SendRequest(b"M1", group="g"), SendRequest(b"M1", group="g"), SendRequest(b"M1", group="h")], T0
+        "dq",
+        [SendRequest(b"M1", group="g"), SendRequest(b"M1", group="g"), SendRequest(b"M1", group="h")],
+        T0,
     )
     p1 = core.receive("dq", 10, None, "w", T0 + 1)
     assert len(p1) == 1
@@ -294,15 +293,13 @@ def test_move_waits_for_claimed_groups_and_skips_later_messages() -> None:
 
 def test_move_validation() -> None:
     core = make_core("src")
-    with pytest.raises(Exception) as info:
+    with pytest.raises(InvalidArgument):
         core.start_move("src", "src", T0)
-    assert getattr(info.value, "code", "") == "invalid_argument"
-    with pytest.raises(Exception) as info:
+    with pytest.raises(InvalidArgument):
         core.move_status("mv-nope")
-    assert getattr(info.value, "code", "") == "invalid_argument"
-    with pytest.raises(Exception) as info:
+    with pytest.raises(QueueNotFound):
         core.start_move("missing", "dst", T0)
-    assert getattr(info.value, "code", "") == "queue_not_found"
+    assert core.moves == {}
 
 
 # ------------------------------------------------------------------------------- peek and deadlines

@@ -79,7 +79,9 @@ def test_burst_batch_that_times_out_is_redelivered_from_b1_not_a2() -> None:
 def test_two_groups_b1_first_batch_has_all_b_then_all_a() -> None:
     clock = Clock()
     core = fifo(clock)
-    send(core, "bids", clock.now, ("B1", "B"), ("A1", "A"), ("B2", "B"), ("A2", "A"), ("B3", "B"), ("A3", "A"))
+    send(
+        core, "bids", clock.now, ("B1", "B"), ("A1", "A"), ("B2", "B"), ("A2", "A"), ("B3", "B"), ("A3", "A")
+    )
 
     batch = core.receive("bids", 10, None, "consumer", clock.advance(1))
 

@@ -417,13 +417,13 @@ class QueueCore:
             raise InvalidArgument(f"ttl must be between 0 and {MAX_CLAIM_TTL:.0f} seconds", field="ttl")
         changes: list[tuple[int, float]] = []
         released: list[Message] = []
-        answered: dict[str, AckOutcome] = {}
+        answered: dict[tuple[str, int | None], AckOutcome] = {}
         outcomes: list[AckOutcome] = []
         for message_id, token in items:
-            outcome = answered.get(message_id)  # the same item twice in one request: same answer
+            outcome = answered.get((message_id, token))  # the same item twice in one request: same answer
             if outcome is None:
                 outcome = self._renew_one(queue, message_id, token, ttl, now, mode, changes, released)
-                answered[message_id] = outcome
+                answered[message_id, token] = outcome
             outcomes.append(outcome)
         for message in released:
             changes.append((message.key, now))
@@ -460,7 +460,8 @@ class QueueCore:
             group.claimed.append(message)
             queue.in_flight += 1
         elif ttl == 0:
-            released.append(message)
+            if all(m is not message for m in released):
+                released.append(message)
             return AckOutcome(message_id, "ok")
         elif mode == "extend":
             message.claim_expires = max(message.claim_expires, now + ttl)
@@ -810,7 +811,8 @@ class QueueCore:
             if message.available_at:
                 queue.delayed += 1
                 heapq.heappush(delays, (message.available_at, next(tiebreak), message))
-            last_key = key
+            if key > last_key:
+                last_key = key
         self._last_key = last_key
         for queue in self.queues.values():
             for group in queue.groups.values():
