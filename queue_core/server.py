@@ -10,6 +10,7 @@ import asyncio
 import base64
 import binascii
 import logging
+import math
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -138,8 +139,8 @@ def number(data: dict[str, Any], name: str, default: float | None) -> float | No
             value = float(value)
         except ValueError:
             raise InvalidArgument(f"{name} must be a number", field=name) from None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidArgument(f"{name} must be a number", field=name)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidArgument(f"{name} must be a finite number", field=name)
     return float(value)
 
 
@@ -486,6 +487,7 @@ async def serve(host: str, port: int, data_dir: Path, partitions: int) -> None:
         await stop.wait()
     finally:
         print("strictq: stopping", file=sys.stderr, flush=True)
+        service.stop_waiting()  # long polls answer now instead of holding the shutdown for up to 20 s
         await runner.cleanup()
         await service.close()
 

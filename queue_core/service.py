@@ -135,13 +135,18 @@ class QueueService:
             self.restore_seconds,
         )
 
-    async def close(self) -> None:
+    def stop_waiting(self) -> None:
+        """Start shutting down: not ready any more, and every long poll returns what it has."""
         self.ready = False
+        for event in self._waiters.values():
+            event.set()
+        self._waiters.clear()
+
+    async def close(self) -> None:
+        self.stop_waiting()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        for event in self._waiters.values():
-            event.set()
         if self._log is not None:
             await asyncio.to_thread(self._log.close)
         if self._reader is not None:

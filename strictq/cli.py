@@ -163,7 +163,7 @@ def run_client(work: Callable[[Any], Coroutine[Any, Any, int]]) -> int:
     except QueueClientError as exc:
         print(f"strictq: {exc.status} {exc.code}: {exc.message}", file=sys.stderr)
         return 1
-    except aiohttp.ClientConnectionError as exc:
+    except aiohttp.ClientError as exc:  # connection refused, bad URL, server gone mid-request
         from queue_core.client import ClientConfig
 
         print(

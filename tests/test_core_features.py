@@ -8,7 +8,7 @@ import heapq
 import pytest
 from support import T0, Clock, ack, ids, make_core, send, send_group, statuses
 
-from queue_core.machine import InvalidArgument, QueueCore, QueueNotFound, SendRequest, SendResult
+from queue_core.machine import InvalidArgument, NotFound, QueueCore, QueueNotFound, SendRequest, SendResult
 from queue_core.machine import queue as queue_module
 from queue_core.machine.core import MOVE_CHUNK
 from queue_core.machine.effects import DedupSaved, MessagesDeleted
@@ -295,7 +295,7 @@ def test_move_validation() -> None:
     core = make_core("src")
     with pytest.raises(InvalidArgument):
         core.start_move("src", "src", T0)
-    with pytest.raises(InvalidArgument):
+    with pytest.raises(NotFound):
         core.move_status("mv-nope")
     with pytest.raises(QueueNotFound):
         core.start_move("missing", "dst", T0)

@@ -33,6 +33,7 @@ from .errors import (
     AlreadyExists,
     InvalidArgument,
     InvalidReceipt,
+    NotFound,
     NotInFlight,
     QueueError,
     QueueNotFound,
@@ -564,7 +565,11 @@ class QueueCore:
     def move_status(self, move_id: str) -> MoveStatus:
         move = self.moves.get(move_id)
         if move is None:
-            raise InvalidArgument(f"no move {move_id!r}", field="reference")
+            raise NotFound(
+                f"no move {move_id!r}: unknown, or started before the last restart (moves do not survive"
+                " one; start it again, messages already moved stay moved)",
+                reference=move_id,
+            )
         return move
 
     def _step_moves(self, now: float) -> None:
