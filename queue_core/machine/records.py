@@ -79,7 +79,7 @@ class GroupState:
         return bool(self.messages) and not self.claimed and self.messages[0].available_at == 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SendResult:
     message_id: str
     group: str
@@ -88,7 +88,7 @@ class SendResult:
     duplicate: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Delivery:
     """A claimed message as the core knows it; the shell adds the body from the store."""
 
@@ -105,7 +105,7 @@ class Delivery:
     origin: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PeekItem:
     key: int
     message_id: str
