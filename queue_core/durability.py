@@ -15,6 +15,8 @@ from .machine.effects import DURABLE_EFFECTS, Effect, MessageInserted
 from .store import SqliteStore, StoreError
 
 MAX_EFFECTS_PER_COMMIT = 20_000
+Bodies = dict[int, tuple[bytes, str, bytes]]
+NO_BODIES: Bodies = {}  # shared and empty: never mutate
 
 
 class DurableLog:
@@ -27,10 +29,10 @@ class DurableLog:
         self._store = store
         self._loop = loop
         self._on_commit = on_commit  # called on the loop with the highest message key committed
-        self._pending: queue.SimpleQueue[tuple[list[Effect], asyncio.Future[None]] | None] = (
+        self._pending: queue.SimpleQueue[tuple[list[Effect], asyncio.Future[Bodies], list[int]] | None] = (
             queue.SimpleQueue()
         )
-        self._last: asyncio.Future[None] | None = None
+        self._last: asyncio.Future[Bodies] | None = None
         self._failed: BaseException | None = None
         self.commits = 0
         self.committed_effects = 0
@@ -41,29 +43,31 @@ class DurableLog:
     def failed(self) -> BaseException | None:
         return self._failed
 
-    def submit(self, effects: Sequence[Effect]) -> asyncio.Future[None]:
-        """Queue effects for the next commit; the future resolves once they are on disk."""
+    def submit(self, effects: Sequence[Effect], fetch: Sequence[int] = ()) -> asyncio.Future[Bodies]:
+        """Queue effects for the next commit; the future resolves once they are on disk, with the bodies
+        of the `fetch` keys read right after the commit. Reading them here rather than on the event loop
+        lets SQLite's C code run beside the loop (it releases the GIL)."""
         durable: list[Effect] = [e for e in effects if isinstance(e, DURABLE_EFFECTS)]
-        if not durable:
+        if not durable and not fetch:
             return self.barrier()
-        future: asyncio.Future[None] = self._loop.create_future()
+        future: asyncio.Future[Bodies] = self._loop.create_future()
         if self._failed is not None:
             future.set_exception(StoreError(f"store failed earlier: {self._failed}"))
             return future
-        self._pending.put((durable, future))
+        self._pending.put((durable, future, list(fetch)))
         self._last = future
         return future
 
-    def barrier(self) -> asyncio.Future[None]:
+    def barrier(self) -> asyncio.Future[Bodies]:
         """A future that resolves when everything submitted so far is durable (e.g. before answering a
         duplicate send whose original may still be in flight to the disk)."""
         last = self._last
         if last is None or last.done():
-            done: asyncio.Future[None] = self._loop.create_future()
+            done: asyncio.Future[Bodies] = self._loop.create_future()
             if last is not None and not last.cancelled() and last.exception() is not None:
                 done.set_exception(StoreError("store write failed"))
             else:
-                done.set_result(None)
+                done.set_result(NO_BODIES)
             return done
         return last
 
@@ -91,10 +95,13 @@ class DurableLog:
                     break
                 batch.append(more)
                 size += len(more[0])
-            effects = [effect for group, _ in batch for effect in group]
-            futures = [future for _, future in batch]
+            effects = [effect for group, _, _ in batch for effect in group]
+            futures = [future for _, future, _ in batch]
+            fetch = [key for _, _, keys in batch for key in keys]
             try:
-                self._store.apply(effects)
+                if effects:
+                    self._store.apply(effects)
+                bodies = self._store.fetch_bodies(fetch) if fetch else NO_BODIES
             except BaseException as exc:  # the disk said no: fail these and every later request
                 self._failed = exc
                 self._loop.call_soon_threadsafe(_fail, futures, exc)
@@ -102,17 +109,17 @@ class DurableLog:
             self.commits += 1
             self.committed_effects += len(effects)
             max_key = max((e.key for e in effects if isinstance(e, MessageInserted)), default=0)
-            self._loop.call_soon_threadsafe(self._resolve, futures, max_key)
+            self._loop.call_soon_threadsafe(self._resolve, futures, max_key, bodies)
 
-    def _resolve(self, futures: list[asyncio.Future[None]], max_key: int) -> None:
+    def _resolve(self, futures: list[asyncio.Future[Bodies]], max_key: int, bodies: Bodies) -> None:
         for future in futures:
             if not future.done():
-                future.set_result(None)
+                future.set_result(bodies)
         if max_key and self._on_commit is not None:
             self._on_commit(max_key)
 
 
-def _fail(futures: list[asyncio.Future[None]], exc: BaseException) -> None:
+def _fail(futures: list[asyncio.Future[Bodies]], exc: BaseException) -> None:
     for future in futures:
         if not future.done():
             future.set_exception(StoreError(f"store write failed: {exc}"))

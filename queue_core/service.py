@@ -7,6 +7,7 @@ only place that feeds `now` into the core and the only place that waits for the 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from collections import OrderedDict
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .durability import DurableLog
+from .durability import NO_BODIES, Bodies, DurableLog
 from .machine import (
     AckOutcome,
     AlreadyExists,
@@ -114,7 +115,6 @@ class QueueService:
         self.restore_seconds = 0.0
         self.floor_listeners: list[Callable[[FloorRaised], None]] = []
         self._store = SqliteStore(self.data_dir / "queue.sqlite3", clock)
-        self._reader: SqliteStore | None = None
         self._log: DurableLog | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
@@ -124,10 +124,15 @@ class QueueService:
     async def start(self) -> None:
         started = time.perf_counter()
         now = self.clock()
-        epoch, snapshot = self._store.open(now)
-        self.core = QueueCore(epoch=epoch, partitions=self.partitions)
-        self.core.restore(snapshot, now)
-        self._reader = self._store.reader()
+        collecting = gc.isenabled()
+        gc.disable()  # a restore allocates millions of objects and frees none: ~20% faster without GC
+        try:
+            epoch, snapshot = self._store.open(now)
+            self.core = QueueCore(epoch=epoch, partitions=self.partitions)
+            self.core.restore(snapshot, now)
+        finally:
+            if collecting:
+                gc.enable()
         self._log = DurableLog(self._store, asyncio.get_running_loop(), on_commit=self.cache.committed)
         self.restore_seconds = time.perf_counter() - started
         self.ready = True
@@ -153,8 +158,6 @@ class QueueService:
             self._timer = None
         if self._log is not None:
             await asyncio.to_thread(self._log.close)
-        if self._reader is not None:
-            self._reader.close()
         self._store.close()
 
     @property
@@ -164,12 +167,12 @@ class QueueService:
     # ---------------------------------------------------------------------------------- plumbing
     def _apply(
         self, operation: Callable[..., T], *args: Any, **kwargs: Any
-    ) -> tuple[T, asyncio.Future[None]]:
+    ) -> tuple[T, asyncio.Future[Bodies]]:
         """Run one core operation at `now`, hand its effects to the store, re-arm the timer."""
         result = operation(*args, now=self.clock(), **kwargs)
         return result, self._submit(self.core.drain_effects())
 
-    def _submit(self, effects: list[Effect]) -> asyncio.Future[None]:
+    def _submit(self, effects: list[Effect], fetch: Sequence[int] = ()) -> asyncio.Future[Bodies]:
         assert self._log is not None, "service not started"
         for effect in effects:
             if isinstance(effect, MessageInserted):
@@ -179,13 +182,13 @@ class QueueService:
             elif isinstance(effect, FloorRaised):
                 for listener in self.floor_listeners:
                     listener(effect)
-        future = self._log.submit(effects)
+        future = self._log.submit(effects, fetch)
         self._reschedule()
         return future
 
     @staticmethod
-    async def _durable(future: asyncio.Future[None]) -> None:
-        await asyncio.shield(future)  # a client hanging up must not cancel the commit others share
+    async def _durable(future: asyncio.Future[Bodies]) -> Bodies:
+        return await asyncio.shield(future)  # a client hanging up must not cancel the commit others share
 
     def _reschedule(self) -> None:
         deadline = self.core.next_deadline()
@@ -259,7 +262,7 @@ class QueueService:
         loop = asyncio.get_running_loop()
         give_up = loop.time() + min(max(wait, 0.0), MAX_WAIT)
         while True:
-            deliveries, future = self._apply(self.core.receive, queue, limit, ttl, worker)
+            deliveries = self.core.receive(queue, limit, ttl, worker, now=self.clock())
             remaining = give_up - loop.time()
             if deliveries or remaining <= 0 or not self.ready:
                 break
@@ -268,12 +271,12 @@ class QueueService:
                 await asyncio.wait_for(event.wait(), remaining)
             except TimeoutError:
                 pass
-        await self._durable(future)
-        return self._with_bodies(deliveries)
-
-    def _with_bodies(self, deliveries: Sequence[Delivery]) -> list[Received]:
+        # Bodies the cache lacks are read by the writer thread right after the claim commits.
         missing = [d.key for d in deliveries if self.cache.get(d.key) is None]
-        fetched = self._reader.fetch_bodies(missing) if missing and self._reader is not None else {}
+        fetched = await self._durable(self._submit(self.core.drain_effects(), missing))
+        return self._with_bodies(deliveries, fetched)
+
+    def _with_bodies(self, deliveries: Sequence[Delivery], fetched: Bodies) -> list[Received]:
         out: list[Received] = []
         for delivery in deliveries:
             value = self.cache.get(delivery.key) or fetched.get(delivery.key)
@@ -317,9 +320,7 @@ class QueueService:
     async def peek(self, queue: str, limit: int = 10) -> list[tuple[PeekItem, bytes, str, bytes]]:
         items = self.core.peek(queue, limit, self.clock())
         missing = [i.key for i in items if self.cache.get(i.key) is None]
-        if missing and self._log is not None:
-            await self._durable(self._log.barrier())
-        fetched = self._reader.fetch_bodies(missing) if missing and self._reader is not None else {}
+        fetched = await self._durable(self._submit([], missing)) if missing else NO_BODIES
         out = []
         for item in items:
             value = self.cache.get(item.key) or fetched.get(item.key)

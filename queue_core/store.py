@@ -168,14 +168,6 @@ class SqliteStore:
         )
         return {key: (body, content_type, extra) for key, body, content_type, extra in rows}
 
-    def reader(self) -> SqliteStore:
-        """A second connection for reads from another thread (WAL lets it read while the writer commits)."""
-        other = SqliteStore(self.path, self.clock)
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA query_only=1")
-        other._db = db
-        return other
-
 
 def _batches(effects: Sequence[Effect]) -> Iterator[tuple[str, list[tuple[Any, ...]]]]:
     """Consecutive effects of one kind become one executemany; order between kinds is kept."""

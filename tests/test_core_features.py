@@ -9,7 +9,7 @@ import pytest
 from support import T0, Clock, ack, ids, make_core, send, send_group, statuses
 
 from queue_core.machine import InvalidArgument, NotFound, QueueCore, QueueNotFound, SendRequest, SendResult
-from queue_core.machine import queue as queue_module
+from queue_core.machine import heap as heap_module
 from queue_core.machine.core import MOVE_CHUNK
 from queue_core.machine.effects import DedupSaved, MessagesDeleted
 
@@ -388,7 +388,7 @@ def test_receive_work_does_not_grow_with_the_backlog(
     assert len(queue.ready) == 10_000  # one ready entry per group, not per message
 
     counter = CountingHeapq()
-    monkeypatch.setattr(queue_module, "heapq", counter)
+    monkeypatch.setattr(heap_module, "heapq", counter)
     now = T0 + 100
     batch = core.receive("q", 10, 60.0, "w", now)
     assert [d.group for d in batch] == ["g00000"] * 10  # rule 2: one group fills the batch
@@ -409,3 +409,22 @@ def test_receive_work_does_not_grow_with_the_backlog(
     assert [d.group for d in core.receive("q", 10, 60.0, "w", now)] == ["g00003"] * 10
     assert counter.pops == 1
     core.drain_effects()
+
+
+def test_heaps_do_not_keep_dead_groups_alive() -> None:
+    """Every group ever created used to leave a retention entry (4 days) and a claim entry behind."""
+    from queue_core.machine.heap import MIN_COMPACT_SIZE
+
+    core = make_core()
+    now = T0
+    for round_ in range(200):  # 20,000 messages, each in its own group, each received and acked
+        core.send("q", [SendRequest(b"x", group=f"g{round_}-{i}") for i in range(100)], now)
+        while batch := core.receive("q", 10, 30.0, "w", now):
+            assert all(o.status == "ok" for o in core.ack("q", [(d.message_id, d.token) for d in batch], now))
+        core.drain_effects()
+        now += 0.01
+    queue = core.queue("q")
+    assert (len(queue.by_id), len(queue.groups)) == (0, 0)
+    for heap in (core._retention, core._claims, queue.ready):
+        assert len(heap) <= 2 * MIN_COMPACT_SIZE
+    assert core.next_deadline() is None

@@ -7,7 +7,6 @@ calls `handle_timer(now)` at `next_deadline()` and drains `effects` after every 
 from __future__ import annotations
 
 import hashlib
-import heapq
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from .errors import (
     TooLarge,
 )
 from .groups import DEFAULT_PARTITIONS, auto_group, partition_of, validate_group, validate_message_id
+from .heap import LazyHeap
 from .queue import QueueState, tiebreak
 from .records import (
     KEY_SHIFT,
@@ -115,11 +115,11 @@ class QueueCore:
         self._last_key = 0
         self._round_robin = 0
         # (expires, tiebreak, group, token): claims to expire; stale entries are skipped.
-        self._claims: list[tuple[float, int, GroupState, int]] = []
+        self._claims: LazyHeap[tuple[float, int, GroupState, int]] = LazyHeap(_claim_live)
         # (available_at, tiebreak, message): delayed messages.
-        self._delays: list[tuple[float, int, Message]] = []
+        self._delays: LazyHeap[tuple[float, int, Message]] = LazyHeap(_delay_live)
         # (deadline, tiebreak, group): retention of each group's head.
-        self._retention: list[tuple[float, int, GroupState]] = []
+        self._retention: LazyHeap[tuple[float, int, GroupState]] = LazyHeap(self._retention_live)
         self.moves: dict[str, MoveStatus] = {}
         self._move_counter = 0
 
@@ -226,7 +226,7 @@ class QueueCore:
         if created:
             self._push_retention(group)
         if available_at:
-            heapq.heappush(self._delays, (available_at, next(tiebreak), message))
+            self._delays.push((available_at, next(tiebreak), message))
         elif len(group.messages) == 1:
             queue.push_ready(group)
         digest = None
@@ -337,7 +337,7 @@ class QueueCore:
                     ClaimRow(message.key, token, expires, message.receive_count, message.first_receive_at)
                 )
             queue.in_flight += len(group.claimed)
-            heapq.heappush(self._claims, (expires, next(tiebreak), group, token))
+            self._claims.push((expires, next(tiebreak), group, token))
             self.effects.append(FloorRaised(queue.name, group.name, token))
             if superseded:
                 self.effects.append(TokensRaised(tuple(superseded), token))
@@ -470,7 +470,7 @@ class QueueCore:
             message.claim_expires = max(message.claim_expires, now + ttl)
         else:
             message.claim_expires = now + ttl
-        heapq.heappush(self._claims, (message.claim_expires, next(tiebreak), group, group.floor))
+        self._claims.push((message.claim_expires, next(tiebreak), group, group.floor))
         changes.append((message.key, message.claim_expires))
         return AckOutcome(message_id, "ok")
 
@@ -702,51 +702,37 @@ class QueueCore:
     # ------------------------------------------------------------------------------------------- time
     def next_deadline(self) -> float | None:
         """When the shell must call `handle_timer` next (None: nothing scheduled)."""
-        self._prune()
         if any(m.state == "running" and m.pending_groups for m in self.moves.values()):
             return 0.0
-        candidates = [heap[0][0] for heap in (self._claims, self._delays, self._retention) if heap]
+        tops = (heap.peek() for heap in (self._claims, self._delays, self._retention))
+        candidates = [top[0] for top in tops if top is not None]
         return min(candidates) if candidates else None
-
-    def _prune(self) -> None:
-        claims = self._claims
-        while claims:
-            _, _, group, token = claims[0]
-            if group.claimed and group.floor == token:
-                break
-            heapq.heappop(claims)
-        delays = self._delays
-        while delays and delays[0][2].available_at != delays[0][0]:
-            heapq.heappop(delays)
 
     def handle_timer(self, now: float) -> None:
         """Expire claims, end delays, drop messages past retention and advance moves, up to `now`."""
         claims = self._claims
-        while claims and claims[0][0] <= now:
-            _, _, group, token = heapq.heappop(claims)
-            if not group.claimed or group.floor != token:
-                continue
+        while (due := claims.peek()) is not None and due[0] <= now:
+            claims.pop()
+            _, _, group, token = due
             queue: QueueState = group.queue
             for message in [m for m in group.claimed if m.claim_expires <= now]:
                 self._unclaim(queue, message)
             if group.claimed and group.floor == token:  # messages renewed to different expiries remain
                 later = min(m.claim_expires for m in group.claimed)
-                heapq.heappush(claims, (later, next(tiebreak), group, token))
+                claims.push((later, next(tiebreak), group, token))
         delays = self._delays
-        while delays and delays[0][0] <= now:
-            at, _, message = heapq.heappop(delays)
-            if message.available_at != at:
-                continue
+        while (ends := delays.peek()) is not None and ends[0] <= now:
+            delays.pop()
+            message = ends[2]
             message.available_at = 0.0
             group = message.group
             group.queue.delayed -= 1
             group.queue.push_ready(group)
         retention = self._retention
-        while retention and retention[0][0] <= now:
-            _, _, group = heapq.heappop(retention)
+        while (old := retention.peek()) is not None and old[0] <= now:
+            retention.pop()
+            group = old[2]
             queue = group.queue
-            if queue.groups.get(group.name) is not group or self.queues.get(queue.name) is not queue:
-                continue
             limit = now - queue.attributes.retention
             expired = _prefix(group.messages, (int(limit * 1000) + 1) << KEY_SHIFT)
             if expired:
@@ -756,10 +742,19 @@ class QueueCore:
         if self.moves:
             self._step_moves(now)
 
+    def _retention_live(self, entry: tuple[float, int, GroupState]) -> bool:
+        group = entry[2]
+        queue: QueueState = group.queue
+        return (
+            bool(group.messages)
+            and queue.groups.get(group.name) is group
+            and self.queues.get(queue.name) is queue
+        )
+
     def _push_retention(self, group: GroupState) -> None:
         if group.messages:
             deadline = group.messages[0].sent_at + group.queue.attributes.retention
-            heapq.heappush(self._retention, (deadline, next(tiebreak), group))
+            self._retention.push((deadline, next(tiebreak), group))
 
     # ---------------------------------------------------------------------------------------- restore
     def restore(self, snapshot: Snapshot, now: float) -> None:
@@ -817,7 +812,7 @@ class QueueCore:
                 queue.index_content(message, digest)
             if message.available_at:
                 queue.delayed += 1
-                heapq.heappush(delays, (message.available_at, next(tiebreak), message))
+                delays.push((message.available_at, next(tiebreak), message))
             if key > last_key:
                 last_key = key
         self._last_key = last_key
@@ -830,7 +825,7 @@ class QueueCore:
                     queue.in_flight -= 1
                 if group.claimed:
                     expires = min(m.claim_expires for m in group.claimed)
-                    heapq.heappush(self._claims, (expires, next(tiebreak), group, group.floor))
+                    self._claims.push((expires, next(tiebreak), group, group.floor))
                 else:
                     queue.push_ready(group)
                 self._push_retention(group)
@@ -852,3 +847,12 @@ def _prefix(messages: deque[Message], below_key: int) -> list[Message]:
             break
         out.append(message)
     return out
+
+
+def _claim_live(entry: tuple[float, int, GroupState, int]) -> bool:
+    group = entry[2]
+    return bool(group.claimed) and group.floor == entry[3]
+
+
+def _delay_live(entry: tuple[float, int, Message]) -> bool:
+    return entry[2].available_at == entry[0]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections import deque
 
 from .attributes import QueueAttributes
 from .groups import partition_of
+from .heap import LazyHeap
 from .records import GroupState, Message
 
 # One tie-breaker for every heap in the machine, so equal keys never compare the objects behind them.
@@ -26,7 +26,7 @@ class QueueState:
         self.by_id: dict[str, Message] = {}
         # Groups that can be claimed now, keyed by their head's receipt key (SQS FIFO rule 1: oldest first).
         # Entries are lazy: validated when popped, so a group is pushed whenever it may have become ready.
-        self.ready: list[tuple[int, int, GroupState]] = []
+        self.ready: LazyHeap[tuple[int, int, GroupState]] = LazyHeap(self._ready_entry_live)
         self.in_flight = 0
         self.delayed = 0
         self.dedup: dict[str, tuple[str, int, str, float]] = {}  # key -> (message id, seq, group, expires)
@@ -42,19 +42,18 @@ class QueueState:
 
     def push_ready(self, group: GroupState) -> None:
         if group.head_available():
-            heapq.heappush(self.ready, (group.messages[0].key, next(tiebreak), group))
+            self.ready.push((group.messages[0].key, next(tiebreak), group))
 
     def pop_ready(self) -> GroupState | None:
-        """The group whose available head is the oldest, skipping stale entries."""
-        while self.ready:
-            key, _, group = heapq.heappop(self.ready)
-            if (
-                group.head_available()
-                and group.messages[0].key == key
-                and self.groups.get(group.name) is group
-            ):
-                return group
-        return None
+        """The group whose available head is the oldest (stale entries are skipped)."""
+        entry = self.ready.pop()
+        return None if entry is None else entry[2]
+
+    def _ready_entry_live(self, entry: tuple[int, int, GroupState]) -> bool:
+        key, _, group = entry
+        return (
+            group.head_available() and group.messages[0].key == key and self.groups.get(group.name) is group
+        )
 
     def group(self, name: str, partitions: int) -> tuple[GroupState, bool]:
         group = self.groups.get(name)

@@ -1,0 +1,431 @@
+"""The scenarios: each starts what it needs, measures, stops everything it started, returns plain data."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .core_bench import run_core
+from .harness import LoadSummary, run_load
+from .loadgen import LoadSpec
+from .preload import preload
+from .profiling import RATE, analyze_pyspy, pyspy_binary, render_pyspy, start_pyspy
+from .servers import QueueServer, RedisServer
+
+QUEUE = "bench"
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Settings:
+    quick: bool
+    duration: float
+    warmup: float
+    backlog: int
+    core_messages: int
+    procs: int
+    producers: int
+    consumers: int
+    cap: int
+    work_dir: Path
+    out_dir: Path
+    profile: bool
+    repeat: int = 1
+    peak: float | None = None
+    results: dict[str, Any] = field(default_factory=dict)
+
+    def spec(self, target: str, address: str, **changes: Any) -> LoadSpec:
+        base = LoadSpec(
+            target=target,
+            address=address,
+            queue=QUEUE,
+            producers=self.producers,
+            consumers=self.consumers,
+            groups=100,
+            batch=10,
+            body_size=256,
+            warmup=self.warmup,
+            duration=self.duration,
+            cap=self.cap,
+        )
+        return replace(base, **changes)
+
+
+def _measure(st: Settings, spec: LoadSpec, pid: int, progress: Progress, label: str) -> LoadSummary:
+    """`repeat` closed-loop runs back to back on the same server; the median by end-to-end rate is kept
+    (the machine is shared, so one run can be hit by unrelated load), with every run's rate recorded."""
+    runs: list[LoadSummary] = []
+    for i in range(st.repeat):
+        runs.append(run_load(spec, st.procs, pid))
+        if st.repeat > 1:
+            progress(
+                f"    {label} run {i + 1}/{st.repeat}: {runs[-1].ack_rate:,.0f} msg/s"
+                f" (server {runs[-1].server_cores:.2f} cores, {runs[-1].server_us_per_message():.0f} us/msg;"
+                f" other load {runs[-1].other_cores:.2f} cores)"
+            )
+    ordered = sorted(runs, key=lambda s: s.ack_rate)
+    median = ordered[(len(ordered) - 1) // 2]
+    median.runs = [(s.ack_rate, s.other_cores, s.server_us_per_message()) for s in runs]
+    return median
+
+
+def _put_queue(url: str, name: str = QUEUE) -> None:
+    request = urllib.request.Request(
+        f"{url}/v1/queues/{name}", data=b"{}", method="PUT", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        response.read()
+
+
+def _queue_size(url: str, name: str = QUEUE) -> int:
+    with urllib.request.urlopen(f"{url}/v1/queues/{name}/size", timeout=30) as response:
+        import orjson
+
+        return int(orjson.loads(response.read())["size"])
+
+
+def _metric(url: str, name: str, queue: str = QUEUE) -> int:
+    """A counter from `GET /v1/queues/{q}` (metrics: sent, received, deleted, ...)."""
+    import orjson
+
+    with urllib.request.urlopen(f"{url}/v1/queues/{queue}", timeout=30) as response:
+        return int(orjson.loads(response.read())["metrics"][name])
+
+
+def _idle_rss(server: QueueServer, settle: float = 1.0) -> int:
+    """RSS once it stops moving (start-up allocations done), read from /proc/PID/status."""
+    time.sleep(settle)
+    last = server.rss()
+    for _ in range(20):
+        time.sleep(0.25)
+        now = server.rss()
+        if abs(now - last) < 64 * 1024:
+            return now
+        last = now
+    return last
+
+
+def _load_line(label: str, s: LoadSummary) -> str:
+    return (
+        f"  {label}: {s.ack_rate:,.0f} msg/s end-to-end (sent {s.send_rate:,.0f}/s, received"
+        f" {s.receive_rate:,.0f}/s); server {100 * s.server_cores:.0f}% CPU"
+        f" (loop {100 * s.server_main_cpu / s.duration:.0f}%,"
+        f" writer {100 * s.server_other_cpu / s.duration:.0f}%),"
+        f" {s.server_us_per_message():.1f} us/msg; generators {100 * s.generator_cores:.0f}%;"
+        f" errors {s.errors}"
+    )
+
+
+def _summary(s: LoadSummary, **extra: Any) -> dict[str, Any]:
+    out = s.brief()
+    out.update(extra)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- core
+def scenario_core(st: Settings, progress: Progress) -> None:
+    progress(f"core: in-process QueueCore, {st.core_messages:,} messages per figure, 100 groups")
+    figures = run_core(st.core_messages, 100, progress)
+    st.results["core"] = [
+        {
+            "name": f.name,
+            "batch": f.batch,
+            "groups": f.groups,
+            "messages": f.messages,
+            "seconds": f.seconds,
+            "rate": f.rate,
+            "us_per_message": f.us_per_message,
+        }
+        for f in figures
+    ]
+
+
+# ----------------------------------------------------------------------------------------------- e2e
+def _e2e(st: Settings, progress: Progress, key: str, groups: int) -> None:
+    progress(
+        f"{key}: queue server (durable), send/receive/ack batch 10, {groups:,} groups, {st.procs} generator"
+        f" processes x ({st.producers} producers + {st.consumers} consumers), {st.warmup:g}s warm-up +"
+        f" {st.duration:g}s"
+    )
+    server = QueueServer(st.work_dir / key / "data", st.out_dir / f"{key}.server.log")
+    try:
+        server.start()
+        rss_empty = _idle_rss(server, 0.5)
+        _put_queue(server.url)
+        summary = _measure(st, st.spec("strictq", server.url, groups=groups), server.pid, progress, key)
+        left = _queue_size(server.url)
+        rss_after = _idle_rss(server, 0.5)
+        processed = _metric(server.url, "deleted")
+    finally:
+        server.stop()
+    progress(_load_line(key, summary))
+    grown = (rss_after - rss_empty) / processed if processed else float("nan")
+    progress(
+        f"  RSS {rss_empty / 2**20:,.0f} MiB before, {rss_after / 2**20:,.0f} MiB after"
+        f" {processed:,} messages went through ({left:,} still queued):"
+        f" {grown:,.0f} bytes per message processed"
+    )
+    st.results[key] = _summary(
+        summary, groups=groups, rss_empty=rss_empty, rss_after=rss_after, processed=processed, queue_left=left
+    )
+
+
+def scenario_e2e_100(st: Settings, progress: Progress) -> None:
+    _e2e(st, progress, "e2e-100", 100)
+
+
+def scenario_e2e_10k(st: Settings, progress: Progress) -> None:
+    _e2e(st, progress, "e2e-10k", 10_000)
+
+
+# ------------------------------------------------------------------------------------------- latency
+def scenario_latency(st: Settings, progress: Progress) -> None:
+    peak = st.peak or (st.results.get("e2e-100") or {}).get("ack_rate")
+    if not peak:
+        progress("latency: no peak measured in this run; measuring e2e-100 first")
+        scenario_e2e_100(st, progress)
+        peak = st.results["e2e-100"]["ack_rate"]
+    rate = 0.5 * peak
+    progress(
+        f"latency: open-loop at 50% of the peak ({peak:,.0f} msg/s): {rate:,.0f} msg/s sent in batches of 10"
+        f" and receive(10)+ack 1.1x as often, {st.procs} generator processes"
+    )
+    server = QueueServer(st.work_dir / "latency" / "data", st.out_dir / "latency.server.log")
+    try:
+        server.start()
+        _put_queue(server.url)
+        summary = run_load(st.spec("strictq", server.url, mode="open", rate=rate), st.procs, server.pid)
+    finally:
+        server.stop()
+    progress(
+        f"  latency: send p50 {summary.latency_ms('send_latency', 50):.2f} ms p99"
+        f" {summary.latency_ms('send_latency', 99):.2f} ms; receive+ack p50"
+        f" {summary.latency_ms('receive_ack_latency', 50):.2f} ms p99"
+        f" {summary.latency_ms('receive_ack_latency', 99):.2f} ms; achieved {summary.send_rate:,.0f} sent/s,"
+        f" {summary.ack_rate:,.0f} acked/s; server {100 * summary.server_cores:.0f}% CPU;"
+        f" dropped {summary.dropped}"
+    )
+    st.results["latency"] = _summary(summary, peak=peak, target_rate=rate)
+
+
+# ------------------------------------------------------------------------------ backlog, restart, RSS
+def scenario_backlog(st: Settings, progress: Progress) -> None:
+    """Empty-queue baseline, then a preloaded backlog: start-up time, idle RSS, receive rate, restart."""
+    n = st.backlog
+    out: dict[str, Any] = {"backlog": n}
+    # 1. Baseline: the same load on an initially empty queue (adjacent in time to the backlog run).
+    progress(f"backlog: baseline, same load on an empty queue ({st.warmup:g}s + {st.duration:g}s)")
+    server = QueueServer(st.work_dir / "empty" / "data", st.out_dir / "backlog-empty.server.log")
+    try:
+        server.start()
+        out["rss_empty"] = _idle_rss(server)
+        _put_queue(server.url)
+        empty = _measure(st, st.spec("strictq", server.url), server.pid, progress, "empty queue")
+    finally:
+        server.stop()
+    progress(_load_line("empty queue", empty))
+    out["empty"] = _summary(empty)
+
+    # 2. Preload the backlog straight into a store (see preload.py for why that is faithful).
+    data = st.work_dir / "backlog" / "data"
+    progress(f"backlog: preloading {n:,} messages of 256 bytes in 100 groups through QueueCore + SqliteStore")
+    info = preload(data, QUEUE, n, 100, 256)
+    out["preload_seconds"] = info.seconds
+    out["db_bytes"] = info.db_bytes
+    progress(f"  preloaded in {info.seconds:.1f}s; store {info.db_bytes / 1e6:,.0f} MB")
+
+    # 3. Start on it: time to `listening`, the server's own `restored in`, idle RSS with n queued.
+    server = QueueServer(data, st.out_dir / "backlog.server.log")
+    try:
+        server.start()
+        out["start_seconds"] = server.startup_seconds
+        out["start_restored"] = server.restored_seconds()
+        out["rss_backlog"] = _idle_rss(server)
+        out["queued_at_start"] = _queue_size(server.url)
+        progress(
+            f"  started with {out['queued_at_start']:,} queued: listening after {server.startup_seconds:.2f}s"
+            f" (restored in {out['start_restored']}s), idle RSS {out['rss_backlog'] / 2**20:,.0f} MiB"
+        )
+        # 4. The same load with the backlog in front of it.
+        progress(f"backlog: load with {n:,} queued ({st.warmup:g}s + {st.duration:g}s)")
+        loaded = _measure(st, st.spec("strictq", server.url), server.pid, progress, "backlog")
+        out["rss_after_load"] = server.rss()
+        out["queued_after_load"] = _queue_size(server.url)
+        if st.profile and pyspy_binary() is not None:
+            progress("backlog: one more run with py-spy on the server (not counted)")
+            out["profile"] = _pyspy_run(st, progress, server, "backlog-profile")
+    finally:
+        server.stop()
+    progress(_load_line(f"{n:,} backlog", loaded))
+    out["loaded"] = _summary(loaded)
+    out["ratio"] = loaded.receive_rate / empty.receive_rate if empty.receive_rate else float("nan")
+    progress(f"  receive-rate ratio backlog/empty: {out['ratio']:.2f}")
+
+    # 5. Restart after that traffic (claims, deletes and new rows in the store): the restart figure.
+    server = QueueServer(data, st.out_dir / "restart.server.log")
+    try:
+        server.start()
+        out["restart_seconds"] = server.startup_seconds
+        out["restart_restored"] = server.restored_seconds()
+        out["rss_restarted"] = _idle_rss(server)
+        out["queued_at_restart"] = _queue_size(server.url)
+    finally:
+        server.stop()
+    queued = out["queued_at_start"]
+    out["rss_per_message"] = (out["rss_backlog"] - out["rss_empty"]) / queued if queued else float("nan")
+    q2 = out["queued_at_restart"]
+    out["rss_per_message_restarted"] = (out["rss_restarted"] - out["rss_empty"]) / q2 if q2 else float("nan")
+    progress(
+        f"  restart with {q2:,} queued: listening after {out['restart_seconds']:.2f}s (restored in"
+        f" {out['restart_restored']}s); RSS per queued message {out['rss_per_message']:.0f} B"
+        f" (after restart: {out['rss_per_message_restarted']:.0f} B)"
+    )
+    st.results["backlog"] = out
+
+
+# --------------------------------------------------------------------------------------------- redis
+def scenario_redis(st: Settings, progress: Progress) -> None:
+    binary = RedisServer.binary()
+    if binary is None:
+        progress("redis: redis-server not installed (apt-get install -y redis-server); skipped")
+        st.results["redis"] = {"skipped": "redis-server not installed"}
+        return
+    redis = RedisServer(st.work_dir / "redis")
+    try:
+        redis.start()
+        progress(
+            f"redis: {redis.version.split(' sha=')[0]} on 127.0.0.1:{redis.port}, appendonly yes, appendfsync"
+            f" always; XADD x10 pipelined / XREADGROUP COUNT 10 / XACK+XDEL, same generator design"
+        )
+        _redis_setup(redis.port)
+        summary = _measure(st, st.spec("redis", f"127.0.0.1:{redis.port}"), redis.pid, progress, "redis")
+    finally:
+        redis.stop()
+    progress(_load_line("redis", summary).replace("(loop", "(main").replace("writer", "other threads"))
+    st.results["redis"] = _summary(summary, version=redis.version)
+
+
+def _redis_setup(port: int) -> None:
+    import redis as redis_sync
+
+    client = redis_sync.Redis(host="127.0.0.1", port=port)
+    try:
+        client.xgroup_create(QUEUE, "bench", id="$", mkstream=True)
+    finally:
+        client.close()
+
+
+# ------------------------------------------------------------------------------------------- profile
+def scenario_profile(st: Settings, progress: Progress) -> None:
+    """The e2e-100 load once more, with a profiler on the server (figures of this run are not reported)."""
+    if pyspy_binary() is not None:
+        _profile_pyspy(st, progress)
+    else:
+        _profile_pyinstrument(st, progress)
+
+
+def _profile_pyspy(st: Settings, progress: Progress) -> None:
+    progress(
+        f"profile: e2e-100 load; py-spy samples every server thread at {RATE}/s (native frames, idle"
+        " included) during the measured window"
+    )
+    server = QueueServer(st.work_dir / "profile" / "data", st.out_dir / "profile.server.log")
+    try:
+        server.start()
+        _put_queue(server.url)
+        st.results["profile"] = _pyspy_run(st, progress, server, "profile")
+    finally:
+        server.stop()
+
+
+def _pyspy_run(st: Settings, progress: Progress, server: QueueServer, name: str) -> dict[str, Any]:
+    """One e2e-100 load run with py-spy attached to `server` for the window; the run's figures are kept
+    apart (sampling pauses the server) and only the breakdown is reported."""
+    raw = st.out_dir / f"{name}.pyspy.txt"
+    raw.unlink(missing_ok=True)
+    spies: list[subprocess.Popen[bytes]] = []
+    try:
+        summary = run_load(
+            st.spec("strictq", server.url),
+            st.procs,
+            server.pid,
+            on_window=lambda seconds: spies.append(start_pyspy(server.pid, seconds, raw)),
+        )
+        for spy in spies:
+            _, err = spy.communicate(timeout=60)
+            if spy.returncode != 0:
+                raise RuntimeError(f"py-spy failed: {err.decode(errors='replace')[-500:]}")
+    finally:
+        for spy in spies:
+            if spy.poll() is None:
+                spy.kill()
+                spy.wait(10)
+    progress(_load_line(f"{name} (sampled)", summary))
+    analysis = analyze_pyspy(raw)
+    for thread, categories in analysis["threads"].items():
+        total = sum(categories.values()) or 1
+        top = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in list(categories.items())[:4])
+        progress(f"  {thread}: {top}")
+    return {
+        "tool": "py-spy",
+        "raw": raw.name,
+        "summary": _summary(summary),
+        "analysis": analysis,
+        "markdown": render_pyspy(analysis),
+    }
+
+
+def _profile_pyinstrument(st: Settings, progress: Progress) -> None:
+    session = st.out_dir / "profile.pyisession"
+    progress("profile: py-spy not installed; e2e-100 load against the server run under pyinstrument")
+    server = QueueServer(
+        st.work_dir / "profile" / "data", st.out_dir / "profile.server.log", profile_to=session
+    )
+    try:
+        server.start()
+        _put_queue(server.url)
+        summary = run_load(st.spec("strictq", server.url), st.procs, server.pid)
+    finally:
+        server.stop()
+    progress(_load_line("profiled", summary))
+    text = "(no profile written)"
+    if session.exists():
+        out = st.out_dir / "profile.pyinstrument.txt"
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pyinstrument",
+                "--load",
+                str(session),
+                "-r",
+                "text",
+                "--no-color",
+                "-p",
+                "processor_options.filter_threshold=0.01",
+                "-o",
+                str(out),
+            ],
+            check=True,
+            timeout=300,
+        )
+        text = out.read_text()
+    st.results["profile"] = {"tool": "pyinstrument", "summary": _summary(summary), "text": text}
+
+
+SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
+    "core": scenario_core,
+    "e2e-100": scenario_e2e_100,
+    "e2e-10k": scenario_e2e_10k,
+    "latency": scenario_latency,
+    "backlog": scenario_backlog,
+    "redis": scenario_redis,
+    "profile": scenario_profile,
+}
+ALIASES = {"e2e": ["e2e-100", "e2e-10k"], "restart": ["backlog"], "rss": ["backlog"]}
