@@ -17,7 +17,6 @@ from typing import Any
 import orjson
 
 from .machine import Snapshot
-from .machine.core import MessageRow
 from .machine.effects import (
     ClaimsChanged,
     DedupSaved,
@@ -31,6 +30,7 @@ from .machine.effects import (
     QueueSaved,
     TokensRaised,
 )
+from .machine.inputs import MessageRow
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);

@@ -1,7 +1,7 @@
 """The sans-I/O strict-queue state machine: no clocks, sockets, threads or randomness (ruff enforces it)."""
 
 from .attributes import QueueAttributes
-from .core import QueueCore, SendRequest, Snapshot, parse_receipt
+from .core import QueueCore
 from .errors import (
     AlreadyExists,
     InvalidArgument,
@@ -14,6 +14,7 @@ from .errors import (
     StaleClaim,
     TooLarge,
 )
+from .inputs import SendRequest, Snapshot, parse_receipt
 from .records import AckOutcome, Delivery, MoveStatus, PeekItem, QueueMetrics, SendResult
 
 __all__ = [

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any, Literal
 
+from . import inspection
 from .attributes import QueueAttributes, validate_queue_name
 from .effects import (
     ClaimRow,
@@ -31,7 +31,6 @@ from .effects import (
 from .errors import (
     AlreadyExists,
     InvalidArgument,
-    InvalidReceipt,
     NotFound,
     NotInFlight,
     QueueError,
@@ -41,6 +40,7 @@ from .errors import (
 )
 from .groups import DEFAULT_PARTITIONS, auto_group, partition_of, validate_group, validate_message_id
 from .heap import LazyHeap
+from .inputs import SendRequest, Snapshot
 from .queue import QueueState, tiebreak
 from .records import (
     KEY_SHIFT,
@@ -55,51 +55,13 @@ from .records import (
     format_receipt,
     message_id_for,
 )
+from .restore import restore_into
 
 TOKEN_SHIFT = 32  # token = epoch << 32 | counter; the epoch is bumped durably at every start
 MAX_RECEIVE_LIMIT = 1000
 MAX_CLAIM_TTL = 12 * 3600.0
 MOVE_CHUNK = 2000  # messages moved per timer call, so a big move never stalls the shell
 RenewMode = Literal["extend", "set"]
-
-
-@dataclass(slots=True)
-class SendRequest:
-    body: bytes
-    group: str | None = None
-    dedup_id: str | None = None
-    message_id: str | None = None
-    delay: float | None = None
-    content_type: str = ""
-    extra: bytes = b""
-
-
-MessageRow = tuple[int, int, str, str, float, int, float, int, float, str, "str | None", "bytes | None"]
-
-
-@dataclass(slots=True)
-class Snapshot:
-    """Everything the store kept, for a restart. Message rows must come in key order."""
-
-    queues: list[tuple[int, str, dict[str, Any], float]] = field(default_factory=list)
-    # (key, qid, message id, group, available_at, receive_count, first_receive_at, token, claim_expires,
-    #  claim_worker, origin, content digest)
-    messages: Iterable[MessageRow] = ()
-    # (qid, dedup key, message id, seq, group, expires)
-    dedup: list[tuple[int, str, str, int, str, float]] = field(default_factory=list)
-    key_high_water: int = 0
-
-
-def parse_receipt(receipt: object) -> tuple[str, int]:
-    """A receipt handle is `<token hex>.<message id>`: it names the claim, so a stale one is detectable."""
-    if not isinstance(receipt, str) or "." not in receipt or len(receipt) > 160:
-        raise InvalidReceipt("receipt handle is not one this queue issued", receipt=str(receipt)[:160])
-    token_hex, message_id = receipt.split(".", 1)
-    try:
-        token = int(token_hex, 16)
-    except ValueError:
-        raise InvalidReceipt("receipt handle is not one this queue issued", receipt=receipt) from None
-    return message_id, token
 
 
 class QueueCore:
@@ -606,69 +568,17 @@ class QueueCore:
     def peek(self, queue_name: str, limit: int, now: float) -> list[PeekItem]:
         """Messages in receipt order within groups, ignoring claims (EmoDB peek: a debugging view)."""
         self.handle_timer(now)
-        queue = self.queue(queue_name)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_RECEIVE_LIMIT:
             raise InvalidArgument(f"limit must be an integer from 1 to {MAX_RECEIVE_LIMIT}", field="limit")
-        items: list[Message] = []
-        for group in queue.groups.values():
-            for message in group.messages:
-                items.append(message)
-                if len(items) >= limit:
-                    break
-            if len(items) >= limit:
-                break
-        items.sort(key=lambda m: m.key)
-        return [
-            PeekItem(m.key, m.id, m.group.name, m.seq, m.sent_at, m.receive_count, bool(m.claim_expires))
-            for m in items
-        ]
+        return inspection.peek(self.queue(queue_name), limit)
 
     def metrics(self, queue_name: str, now: float) -> QueueMetrics:
         self.handle_timer(now)
-        queue = self.queue(queue_name)
-        oldest = queue.oldest_sent_key()
-        total = len(queue.by_id)
-        return QueueMetrics(
-            name=queue.name,
-            visible=total - queue.in_flight - queue.delayed,
-            in_flight=queue.in_flight,
-            delayed=queue.delayed,
-            total=total,
-            groups=len(queue.groups),
-            oldest_age=0.0 if oldest is None else max(0.0, now - (oldest >> KEY_SHIFT) / 1000.0),
-            age_of_first_attempt=queue.age_of_first_attempt,
-            sent=queue.sent,
-            received=queue.received,
-            deleted=queue.deleted,
-            dead_lettered=queue.dead_lettered,
-        )
+        return inspection.queue_metrics(self.queue(queue_name), now)
 
     def group_metrics(self, queue_name: str, group_name: str, now: float) -> dict[str, Any]:
         self.handle_timer(now)
-        queue = self.queue(queue_name)
-        group = queue.groups.get(group_name)
-        if group is None:
-            return {
-                "group": group_name,
-                "visible": 0,
-                "in_flight": 0,
-                "delayed": 0,
-                "oldest_age": 0.0,
-                "floor": 0,
-                "partition": partition_of(group_name, self.partitions),
-                "worker": "",
-            }
-        delayed = sum(1 for m in group.messages if m.available_at)
-        return {
-            "group": group_name,
-            "visible": len(group.messages) - len(group.claimed) - delayed,
-            "in_flight": len(group.claimed),
-            "delayed": delayed,
-            "oldest_age": max(0.0, now - group.messages[0].sent_at) if group.messages else 0.0,
-            "floor": group.floor,
-            "partition": group.partition,
-            "worker": group.claim_worker if group.claimed else "",
-        }
+        return inspection.group_metrics(self.queue(queue_name), group_name, self.partitions, now)
 
     def floor(self, queue_name: str, group_name: str) -> int:
         group = self.queue(queue_name).groups.get(group_name)
@@ -759,84 +669,7 @@ class QueueCore:
     # ---------------------------------------------------------------------------------------- restore
     def restore(self, snapshot: Snapshot, now: float) -> None:
         """Rebuild from the store after a restart; claims keep their expiry, tokens stay monotonic."""
-        by_qid: dict[int, QueueState] = {}
-        for qid, name, attributes, created_at in snapshot.queues:
-            queue = QueueState(qid, name, QueueAttributes.from_dict(attributes), created_at)
-            self.queues[name] = queue
-            by_qid[qid] = queue
-            self._next_qid = max(self._next_qid, qid + 1)
-        last_key = snapshot.key_high_water
-        partitions = self.partitions
-        delays = self._delays
-        groups_of = {queue.qid: queue.groups for queue in by_qid.values()}
-        # The hot loop of a restart (1M rows: keep it lean); rows arrive in key order, so appending to
-        # each group's deque keeps receipt order without QueueState.insert's ordering check.
-        for row in snapshot.messages:
-            (
-                key,
-                qid,
-                message_id,
-                group_name,
-                available_at,
-                receive_count,
-                first_at,
-                token,
-                expires,
-                worker,
-                origin,
-                digest,
-            ) = row
-            queue = by_qid[qid]
-            group = groups_of[qid].get(group_name)
-            if group is None:
-                group = GroupState(group_name, queue, partition_of(group_name, partitions))
-                queue.groups[group_name] = group
-            message = Message(key, message_id, group, available_at if available_at > now else 0.0)
-            group.messages.append(message)
-            queue.by_id[message_id] = message
-            if receive_count:
-                message.receive_count = receive_count
-                message.first_receive_at = first_at
-                message.token = token
-                message.origin = origin
-                if token > group.floor:
-                    group.floor = token
-                if expires > now:
-                    message.claim_expires = expires
-                    group.claimed.append(message)
-                    group.claim_worker = worker
-                    queue.in_flight += 1
-            elif origin is not None:
-                message.origin = origin
-            if digest is not None:
-                queue.index_content(message, digest)
-            if message.available_at:
-                queue.delayed += 1
-                delays.push((message.available_at, next(tiebreak), message))
-            if key > last_key:
-                last_key = key
-        self._last_key = last_key
-        for queue in self.queues.values():
-            for group in queue.groups.values():
-                # A claim row whose token is not the group's newest belongs to a superseded claim.
-                for message in [m for m in group.claimed if m.token != group.floor]:
-                    message.claim_expires = 0.0
-                    group.claimed.remove(message)
-                    queue.in_flight -= 1
-                if group.claimed:
-                    expires = min(m.claim_expires for m in group.claimed)
-                    self._claims.push((expires, next(tiebreak), group, group.floor))
-                else:
-                    queue.push_ready(group)
-                self._push_retention(group)
-        for qid, dedup_key, message_id, seq, group_name, expires in snapshot.dedup:
-            owner = by_qid.get(qid)
-            if owner is None or expires <= now:
-                continue
-            owner.dedup[dedup_key] = (message_id, seq, group_name, expires)
-            owner.dedup_order.append((expires, dedup_key))
-        for queue in self.queues.values():
-            queue.dedup_order = type(queue.dedup_order)(sorted(queue.dedup_order))
+        restore_into(self, snapshot, now)
 
 
 def _prefix(messages: deque[Message], below_key: int) -> list[Message]:

@@ -1,0 +1,48 @@
+"""What goes into the core from outside: send requests, receipts, and the store's snapshot at a restart."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import InvalidReceipt
+
+
+@dataclass(slots=True)
+class SendRequest:
+    body: bytes
+    group: str | None = None
+    dedup_id: str | None = None
+    message_id: str | None = None
+    delay: float | None = None
+    content_type: str = ""
+    extra: bytes = b""
+
+
+MessageRow = tuple[int, int, str, str, float, int, float, int, float, str, "str | None", "bytes | None"]
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Everything the store kept, for a restart. Message rows must come in key order."""
+
+    queues: list[tuple[int, str, dict[str, Any], float]] = field(default_factory=list)
+    # (key, qid, message id, group, available_at, receive_count, first_receive_at, token, claim_expires,
+    #  claim_worker, origin, content digest)
+    messages: Iterable[MessageRow] = ()
+    # (qid, dedup key, message id, seq, group, expires)
+    dedup: list[tuple[int, str, str, int, str, float]] = field(default_factory=list)
+    key_high_water: int = 0
+
+
+def parse_receipt(receipt: object) -> tuple[str, int]:
+    """A receipt handle is `<token hex>.<message id>`: it names the claim, so a stale one is detectable."""
+    if not isinstance(receipt, str) or "." not in receipt or len(receipt) > 160:
+        raise InvalidReceipt("receipt handle is not one this queue issued", receipt=str(receipt)[:160])
+    token_hex, message_id = receipt.split(".", 1)
+    try:
+        token = int(token_hex, 16)
+    except ValueError:
+        raise InvalidReceipt("receipt handle is not one this queue issued", receipt=receipt) from None
+    return message_id, token
