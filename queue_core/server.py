@@ -28,6 +28,7 @@ from .machine import (
     NotFound,
     NotInFlight,
     PeekItem,
+    QueueAttributes,
     QueueError,
     SendRequest,
     SendResult,
@@ -293,14 +294,21 @@ async def list_queues(request: web.Request) -> web.Response:
     return json_response({"queues": service_of(request).list_queues(request.query.get("prefix", ""))})
 
 
-async def put_queue(request: web.Request) -> web.Response:
-    data = await read_object(request)
-    attributes = data.get("attributes", {})
+async def read_attributes(request: web.Request, default: dict[str, Any] | None) -> dict[str, Any]:
+    attributes = (await read_object(request)).get("attributes", default)
     if not isinstance(attributes, dict):
         raise InvalidArgument("attributes must be a JSON object", field="attributes")
+    return attributes
+
+
+def queue_json(name: str, attributes: QueueAttributes) -> web.Response:
+    return json_response({"queue": name, "attributes": attributes.to_dict()})
+
+
+async def put_queue(request: web.Request) -> web.Response:
     name = request.match_info["queue"]
-    result = await service_of(request).create_queue(name, attributes)
-    return json_response({"queue": name, "attributes": result.to_dict()})
+    attributes = await read_attributes(request, {})
+    return queue_json(name, await service_of(request).create_queue(name, attributes))
 
 
 async def get_queue(request: web.Request) -> web.Response:
@@ -313,13 +321,9 @@ async def get_queue(request: web.Request) -> web.Response:
 
 
 async def patch_queue(request: web.Request) -> web.Response:
-    data = await read_object(request)
-    changes = data.get("attributes")
-    if not isinstance(changes, dict):
-        raise InvalidArgument("attributes must be a JSON object", field="attributes")
     name = request.match_info["queue"]
-    attributes = await service_of(request).set_attributes(name, changes)
-    return json_response({"queue": name, "attributes": attributes.to_dict()})
+    changes = await read_attributes(request, None)
+    return queue_json(name, await service_of(request).set_attributes(name, changes))
 
 
 async def delete_queue(request: web.Request) -> web.Response:

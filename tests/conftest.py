@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -102,9 +103,10 @@ def start_server(data_dir: Path, *extra_args: str) -> ServerProcess:
     return server
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
-    proc = start_server(tmp_path / "data")
+@contextlib.contextmanager
+def running_server(data_dir: Path) -> Iterator[ServerProcess]:
+    """A server for the duration of a block: SIGTERM at the end, SIGKILL if it will not stop."""
+    proc = start_server(data_dir)
     try:
         yield proc
     finally:
@@ -113,6 +115,12 @@ def server(tmp_path: Path) -> Iterator[ServerProcess]:
         finally:
             if proc.running():
                 proc.kill()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    with running_server(tmp_path / "data") as proc:
+        yield proc
 
 
 @pytest.fixture

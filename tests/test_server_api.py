@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from conftest import ServerProcess, start_server
+from conftest import ServerProcess, running_server, start_server
 
 from queue_core.client import QueueClient, QueueClientError
 
@@ -525,15 +525,8 @@ BAD_REQUESTS: list[tuple[str, str, bytes | None, int, str]] = [
 @pytest.fixture(scope="module")
 def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One server for the table of bad requests (each case is independent and changes nothing)."""
-    proc = start_server(tmp_path_factory.mktemp("shared") / "data")
-    try:
+    with running_server(tmp_path_factory.mktemp("shared") / "data") as proc:
         yield proc
-    finally:
-        try:
-            proc.terminate()
-        finally:
-            if proc.running():
-                proc.kill()
 
 
 @pytest.mark.parametrize("method,path,body,status,code", BAD_REQUESTS)
