@@ -11,6 +11,8 @@ PY := $(VENV)/bin/python
 # The stamp names the pyproject.toml hash: a second run with the same file installs nothing.
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
 HOST ?= 127.0.0.1
 PORT ?= 8470
 DATA_DIR ?= var/queue
@@ -44,6 +46,8 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)
+	@command -v redis-server >/dev/null || { echo "installing Debian's redis-server (the benchmark's peer)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server >/dev/null; }
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
 	$(PY) -m bench.run $(BENCH_ARGS)
 

@@ -485,8 +485,9 @@ async def serve(host: str, port: int, data_dir: Path, partitions: int) -> None:
     bound_host, bound_port = runner.addresses[0][:2]
     url = f"http://{_url_host(bound_host)}:{bound_port}"
     print(f"strictq: listening on {url}", flush=True)
+    command = sys.argv[0] if Path(sys.argv[0]).name == "strictq" else "strictq"  # e.g. .venv/bin/strictq
     print(
-        f"strictq: try  STRICTQ_URL={url} strictq send orders --group customer-1 '{{\"order\": 1}}'",
+        f"strictq: try  STRICTQ_URL={url} {command} send orders --group customer-1 '{{\"order\": 1}}'",
         flush=True,
     )
     stop = asyncio.Event()
