@@ -11,7 +11,7 @@ from .errors import InvalidArgument
 
 KIB = 1024
 MAX_MESSAGE_SIZE_CEILING = 1024 * KIB
-QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,80}$")
+QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 
 QueueKind = Literal["queue", "dedup"]
 DedupScope = Literal["queue", "group"]
@@ -99,6 +99,6 @@ def _check_range(name: str, value: float, low: float, high: float) -> None:
 def validate_queue_name(name: object) -> str:
     if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):
         raise InvalidArgument(
-            "queue names are 1-80 characters of letters, digits, '_', '-' and '.'", field="queue"
+            "queue names are 1-128 characters of letters, digits, '_', '-' and '.'", field="queue"
         )
     return name

@@ -492,12 +492,15 @@ class QueueCore:
         for message in messages:
             if message.id in target.by_id:
                 continue  # the target already holds this id (an earlier redrive): keep it where it is
+            digest = source.content_of.get(message.key)
             source.remove(message)
             group, created = target.group(message.group.name, self.partitions)
             group.floor = max(group.floor, message.token)
             message.group = group
             message.origin = origin if origin is not None else message.origin
             target.insert(message)
+            if digest is not None and target.attributes.kind == "dedup":
+                target.index_content(message, digest)
             if created or group.messages[0] is message:
                 self._push_retention(group)
             if not group.claimed:
@@ -523,6 +526,8 @@ class QueueCore:
             limit_key=self._last_key,
             pending_groups=list(src.groups),
         )
+        if not move.pending_groups:  # nothing to move: done at once (the timer only steps pending work)
+            move.state, move.finished_at = "done", now
         self.moves[move.id] = move
         return move
 
