@@ -60,6 +60,42 @@ def build_parser() -> argparse.ArgumentParser:
     )
     server.set_defaults(handler=cmd_queue_server)
 
+    serve = commands.add_parser(
+        "serve",
+        help="run the embedded default: HTTPS gateway (SQS JSON + EmoDB REST) with the queue core in-process",
+        description="Run the edge gateway with the queue core in-process. On first start it creates a local "
+        "CA and server certificate (<data-dir>/tls) and development credentials (<data-dir>/keys.toml), "
+        "and writes the client environment to <data-dir>/client.env. Prints 'strictq: listening on <url>', "
+        "then the ca, keys and client env paths; stops cleanly on SIGTERM.",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    serve.add_argument(
+        "--port", type=int, default=8443, help="port; 0 picks a free one (default: %(default)s)"
+    )
+    serve.add_argument(
+        "--data-dir", type=Path, default=Path("var/strictq"), help="state directory (default: %(default)s)"
+    )
+    serve.add_argument(
+        "--partitions",
+        type=int,
+        default=64,
+        help="hash partitions, fixed per deployment (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--keys",
+        type=Path,
+        help="credential file (TOML; default: <data-dir>/keys.toml, created with development keys)",
+    )
+    serve.add_argument(
+        "--tls-cert", type=Path, help="server certificate chain (PEM) instead of the local CA's"
+    )
+    serve.add_argument("--tls-key", type=Path, help="private key (PEM) for --tls-cert")
+    serve.add_argument("--client-ca", type=Path, help="require client certificates signed by this CA (PEM)")
+    serve.add_argument(
+        "--insecure-http", action="store_true", help="serve plain HTTP (no TLS): development only"
+    )
+    serve.set_defaults(handler=cmd_serve)
+
     send = commands.add_parser(
         "send",
         help="send messages",
@@ -145,6 +181,35 @@ def cmd_queue_server(args: argparse.Namespace) -> int:
         print("strictq: --partitions must be 1-65536", file=sys.stderr)
         return 2
     run(args.host, args.port, args.data_dir, args.partitions)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from gateway.keys import KeyFileError
+    from gateway.serve import ServeOptions, run
+
+    if not 0 <= args.port <= 65535:
+        print("strictq: --port must be 0-65535", file=sys.stderr)
+        return 2
+    if (args.tls_cert is None) != (args.tls_key is None):
+        print("strictq: --tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
+    options = ServeOptions(
+        host=args.host,
+        port=args.port,
+        data_dir=args.data_dir,
+        partitions=args.partitions,
+        keys=args.keys,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        client_ca=args.client_ca,
+        insecure_http=args.insecure_http,
+    )
+    try:
+        run(options)
+    except KeyFileError as exc:
+        print(f"strictq: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

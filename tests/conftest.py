@@ -127,3 +127,7 @@ def server(tmp_path: Path) -> Iterator[ServerProcess]:
 async def client(server: ServerProcess) -> AsyncIterator[QueueClient]:
     async with QueueClient(server.url, timeout=30.0) as c:
         yield c
+
+
+# The in-process gateway fixture (real TLS with a trustme CA) for the gateway faces' tests.
+from gateway_support import gateway  # noqa: E402, F401

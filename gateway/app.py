@@ -1,0 +1,43 @@
+"""The edge application: one aiohttp app with the SQS JSON face at `POST /` and the EmoDB face under
+`/queue/1` and `/dedupq/1`, in front of the queue core (in-process by default)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from queue_core.service import QueueService
+
+from .keys import KeyRing
+from .routing import PartitionRouter
+
+# Bodies above this are refused while being read (aiohttp stops at client_max_size), before they are
+# read whole; each face answers in its own dialect (413 on EmoDB, an SQS error on the SQS face).
+MAX_EDGE_BODY = 4 * 1024 * 1024
+
+SERVICE = web.AppKey("service", QueueService)
+KEYS = web.AppKey("keys", KeyRing)
+ROUTER = web.AppKey("router", PartitionRouter)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    if request.app[SERVICE].healthy:
+        return web.json_response({"ready": True})
+    return web.json_response({"ready": False}, status=503)
+
+
+def make_gateway_app(service: QueueService, keys: KeyRing) -> web.Application:
+    from . import emodb, sqs  # the faces register their own routes
+
+    app = web.Application(client_max_size=MAX_EDGE_BODY)
+    app[SERVICE] = service
+    app[KEYS] = keys
+    app[ROUTER] = PartitionRouter(service, service.partitions)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    sqs.add_routes(app)
+    emodb.add_routes(app)
+    return app

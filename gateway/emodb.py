@@ -1,0 +1,638 @@
+"""The EmoDB face: EmoDB's QueueService REST API under `/queue/1` and DedupQueueService under `/dedupq/1`.
+
+Every REST call of the EmoDB queue page, with EmoDB's shapes: `{"success": true}` for send, _sendbatch,
+ack, renew, purge and unclaimall; a list of `{"id", "payload"}` for poll and peek; plain numbers for size
+and claimcount; `{"id": <reference>}` for `_move` (EmoDB's QueueResource1 answers a map, and its client
+reads `id`) and `{"from", "to", "status": IN_PROGRESS | COMPLETE | ERROR}` for the move status.
+
+Authentication: the credential's secret as `X-BV-API-Key`; a missing or unknown key is 403, as in EmoDB.
+Roles: producers send, workers poll/ack/renew, admins do everything (peek, size, claimcount, purge,
+unclaimall and moves are admin-only); anything else is 403.
+
+strictq extensions, all optional, so that plain EmoDB clients keep EmoDB's semantics:
+- the strict order parameter: `group` query parameter or `X-Strictq-Group` header on send and _sendbatch
+  (one group for every message of the request);
+- poll answers also carry `group`, `seq` and `token` (the fencing token of the claim); peek adds `group`
+  and `seq`;
+- ack and renew take the token as `X-Strictq-Lease` or `?token=`, and then refuse stale claims with 409
+  naming the refused ids. Without a token, ack deletes regardless of claims and renew is best effort
+  (EmoDB: `{"success": true}` whatever happened to each id).
+
+Decisions:
+- Queues are created implicitly by send (and by `_move`), as in EmoDB. Polls, peeks and counts of a queue
+  that does not exist answer `[]` / `0`, and ack, renew, purge and unclaimall of one succeed, as in EmoDB.
+  A name outside the credential's tenant or prefixes is 404 on every call (names never leak).
+- A name on `/queue/1` and the same name on `/dedupq/1` are different queues, as in EmoDB. Queue-service
+  queues are `<tenant>.<name>` inside the core (shared with the SQS face, so a message sent on one face can
+  be read on the other); dedup queues are `<tenant>_dedupq.<name>` (kind "dedup"): '_' never occurs in a
+  tenant, so no name on any other face reaches them.
+- Payloads are stored as compact JSON text (content type application/json), re-serialised from the parsed
+  value, so `{"a": 1}` and `{"a":1}` are the same message to a dedup queue; integers of any size keep every
+  digit. A polled body stored as text by another face is returned parsed when it is valid JSON, otherwise
+  as a JSON string.
+- Every error is `{"error": {"code", "message"[, "details"]}}`, mapped in one place (`error_response`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import orjson
+from aiohttp import web
+
+from queue_core.machine import (
+    AckOutcome,
+    AlreadyExists,
+    InvalidArgument,
+    LimitExceeded,
+    NotFound,
+    NotInFlight,
+    QueueError,
+    QueueNotFound,
+    SendRequest,
+    SendResult,
+    StaleClaim,
+    TooLarge,
+)
+from queue_core.service import QueueService
+from queue_core.store import StoreError
+
+from .app import KEYS, ROUTER
+from .keys import Credential
+from .tenancy import Forbidden, internal_name, require
+
+log = logging.getLogger("strictq.gateway.emodb")
+
+API_KEY_HEADER = "X-BV-API-Key"
+GROUP_HEADER = "X-Strictq-Group"
+LEASE_HEADER = "X-Strictq-Lease"
+DEFAULT_TTL = 30.0
+MAX_TTL = 3600.0  # EmoDB: "The ttl may range from 0 seconds to 1 hour."
+DEFAULT_LIMIT = 10
+MAX_LIMIT = 1000  # EmoDB: "The limit may range from 1 to 1000."
+MAX_IDS = 10_000  # ids per ack/renew request
+MAX_BATCH_MESSAGES = 10_000  # messages per _sendbatch request (the body cap bounds bytes, this bounds work)
+MAX_TOKEN = (1 << 63) - 1
+MOVE_STATUS = {"running": "IN_PROGRESS", "done": "COMPLETE", "failed": "ERROR"}
+
+Role = Literal["send", "consume", "admin"]
+
+
+# ---------------------------------------------------------------------------------- errors, one place
+class FaceError(Exception):
+    """An error of the HTTP layer itself (authentication, media type), with its status and code."""
+
+    status: ClassVar[int] = 400
+    code: ClassVar[str] = "bad_request"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadApiKey(FaceError):
+    status = 403
+    code = "invalid_api_key"
+
+
+class UnsupportedMediaType(FaceError):
+    status = 415
+    code = "unsupported_media_type"
+
+
+# The core's typed errors by class, most specific first; the first match wins.
+STATUS_BY_ERROR: list[tuple[type[QueueError], int]] = [
+    (NotFound, 404),  # QueueNotFound too; and unknown move references
+    (StaleClaim, 409),
+    (NotInFlight, 409),
+    (AlreadyExists, 409),
+    (TooLarge, 413),
+    (LimitExceeded, 429),
+    (InvalidArgument, 400),
+    (QueueError, 400),
+]
+CODE_BY_HTTP_STATUS = {
+    404: "no_such_route",
+    405: "method_not_allowed",
+    413: "request_too_large",
+}
+
+
+def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if details:
+        error["details"] = details
+    return {"error": error}
+
+
+def status_of(error: QueueError) -> int:
+    return next(status for cls, status in STATUS_BY_ERROR if isinstance(error, cls))
+
+
+def error_response(exc: BaseException) -> web.Response:
+    """The one mapping of this face from errors to HTTP status and JSON body."""
+    if isinstance(exc, QueueError):
+        return json_response({"error": exc.to_dict()}, status_of(exc))
+    if isinstance(exc, FaceError):
+        return json_response(error_body(exc.code, exc.message), exc.status)
+    if isinstance(exc, Forbidden):
+        return json_response(error_body("forbidden", str(exc)), 403)
+    if isinstance(exc, StoreError):
+        return json_response(error_body("store_unavailable", str(exc)), 503)
+    if isinstance(exc, web.HTTPException):
+        response = json_response(
+            error_body(CODE_BY_HTTP_STATUS.get(exc.status, "http_error"), exc.reason or "error"), exc.status
+        )
+        if isinstance(exc, web.HTTPMethodNotAllowed):
+            response.headers["Allow"] = ",".join(sorted(exc.allowed_methods))
+        return response
+    log.exception("unexpected error on the EmoDB face", exc_info=exc)
+    return json_response(error_body("internal", "internal error; see the gateway log"), 500)
+
+
+def json_response(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+SUCCESS = orjson.dumps({"success": True})
+
+
+def success() -> web.Response:
+    return web.Response(body=SUCCESS, content_type="application/json")
+
+
+# ---------------------------------------------------------------------------------------- faces
+@dataclass(frozen=True, slots=True)
+class Face:
+    """One of the two services: its URL prefix, the queue kind it creates and its namespace in the core."""
+
+    prefix: str
+    kind: Literal["queue", "dedup"]
+    namespace_suffix: str  # appended to the tenant: "" (shared with the SQS face) or "_dedupq"
+
+    def internal(self, credential: Credential, name: str) -> str:
+        """The core's name for `name`; QueueNotFound (404) when the credential may not use the name."""
+        internal = internal_name(credential, name)  # validates the name, the tenant and the prefixes
+        if not self.namespace_suffix:
+            return internal
+        return f"{credential.tenant}{self.namespace_suffix}.{name}"
+
+    def visible(self, credential: Credential, internal: str) -> str | None:
+        namespace, _, name = internal.partition(".")
+        if namespace != credential.tenant + self.namespace_suffix or not credential.may_use(name):
+            return None
+        return name
+
+    @property
+    def create_attributes(self) -> dict[str, Any]:
+        return {"kind": "dedup"} if self.kind == "dedup" else {}
+
+
+QUEUE_FACE = Face("/queue/1", "queue", "")
+DEDUP_FACE = Face("/dedupq/1", "dedup", "_dedupq")
+FACES = (QUEUE_FACE, DEDUP_FACE)
+
+
+@dataclass(slots=True)
+class Call:
+    request: web.Request
+    face: Face
+    credential: Credential
+
+    def queue(self, name: str | None = None) -> str:
+        return self.face.internal(self.credential, self.request.match_info["queue"] if name is None else name)
+
+    def service_for_queue(self, queue: str) -> QueueService:
+        return self.request.app[ROUTER].for_queue(queue)
+
+    def service_for_send(self, queue: str, group: str | None) -> QueueService:
+        router = self.request.app[ROUTER]
+        return router.for_queue(queue) if group is None else router.for_group(group)
+
+
+Handler = Callable[[Call], Awaitable[web.StreamResponse]]
+
+
+def authenticate(request: web.Request) -> Credential:
+    secret = request.headers.get(API_KEY_HEADER)
+    if not secret:
+        raise BadApiKey(f"missing API key: send it as the {API_KEY_HEADER} header")
+    credential = request.app[KEYS].by_secret(secret)
+    if credential is None:
+        raise BadApiKey("unknown API key")
+    return credential
+
+
+def allowed(credential: Credential, role: Role) -> bool:
+    if role == "send":
+        return credential.can_send
+    if role == "consume":
+        return credential.can_consume
+    return credential.role == "admin"
+
+
+def endpoint(
+    face: Face, role: Role, action: str, handler: Handler
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """Authenticate, check the role, run the handler; every failure becomes a JSON error response."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        try:
+            credential = authenticate(request)
+            require(credential, allowed(credential, role), action)
+            return await handler(Call(request, face, credential))
+        except Exception as exc:
+            return error_response(exc)
+
+    return handle
+
+
+# --------------------------------------------------------------------------------------- JSON in/out
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json(raw: bytes) -> Any:
+    """Strict JSON (RFC 8259; no NaN/Infinity), integers of any size kept exactly; InvalidArgument if not."""
+    try:
+        return json.loads(raw.decode("utf-8-sig"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise InvalidArgument(f"request body is not valid JSON: {exc}") from None
+
+
+def canonical_json(value: Any) -> bytes:
+    """Compact JSON text of a parsed value: the stored body of an EmoDB message."""
+    try:
+        try:
+            text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+            return text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate escape (valid JSON text, not valid UTF-8)
+            return json.dumps(value, separators=(",", ":"), allow_nan=False).encode("ascii")
+    except ValueError:
+        raise InvalidArgument("numbers in a message must be finite") from None
+    except RecursionError:
+        raise InvalidArgument("message nests too deeply") from None
+
+
+def is_json_text(body: bytes) -> bool:
+    try:
+        orjson.loads(body)  # fast and strict, but refuses numbers beyond a double; then ask the stdlib
+        return True
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+        return True
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return False
+
+
+def payload(body: bytes) -> Any:
+    """A stored body as an EmoDB payload: the JSON text as it is when valid, otherwise a JSON string."""
+    if is_json_text(body):
+        return orjson.Fragment(body)
+    return body.decode("utf-8", errors="replace")
+
+
+async def read_json(request: web.Request) -> Any:
+    content_type = request.headers.get("Content-Type")
+    if content_type is not None:
+        mime = content_type.split(";", 1)[0].strip().lower()
+        if mime != "application/json" and not mime.endswith("+json"):
+            raise UnsupportedMediaType(f"Content-Type must be application/json, not {mime!r}")
+    raw = await request.read()  # raises HTTPRequestEntityTooLarge beyond the edge's body cap
+    if not raw.strip():
+        raise InvalidArgument("request body is empty: it must be JSON")
+    return parse_json(raw)
+
+
+async def read_ids(request: web.Request) -> list[str]:
+    ids = await read_json(request)
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise InvalidArgument("the body must be a JSON list of message ids (strings)")
+    if len(ids) > MAX_IDS:
+        raise InvalidArgument(f"at most {MAX_IDS} message ids per request", count=len(ids))
+    return ids
+
+
+def query_number(request: web.Request, name: str, default: float, low: float, high: float) -> float:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidArgument(f"{name} must be a number, got {raw[:40]!r}", field=name) from None
+    if not math.isfinite(value) or not low <= value <= high:
+        raise InvalidArgument(f"{name} must be between {low:g} and {high:g}, got {raw[:40]!r}", field=name)
+    return value
+
+
+def query_int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidArgument(f"{name} must be an integer, got {raw[:40]!r}", field=name) from None
+    if not low <= value <= high:
+        raise InvalidArgument(f"{name} must be between {low} and {high}, got {value}", field=name)
+    return value
+
+
+def one_of(request: web.Request, query: str, header: str) -> str | None:
+    """An extension parameter given as a query parameter or a header (both: they must agree)."""
+    from_query, from_header = request.query.get(query), request.headers.get(header)
+    if from_query is not None and from_header is not None and from_query != from_header:
+        raise InvalidArgument(f"?{query}= and {header} disagree", field=query)
+    return from_query if from_query is not None else from_header
+
+
+def group_of(request: web.Request) -> str | None:
+    group = one_of(request, "group", GROUP_HEADER)
+    if group == "":
+        raise InvalidArgument("group must not be empty", field="group")
+    return group  # the core validates the characters and the length
+
+
+def token_of(request: web.Request) -> int | None:
+    raw = one_of(request, "token", LEASE_HEADER)
+    if raw is None:
+        return None
+    raw = raw.strip()
+    if not raw.isascii() or not raw.isdigit() or not 0 < int(raw) <= MAX_TOKEN:
+        raise InvalidArgument(f"the lease token must be a positive integer, got {raw[:40]!r}", field="token")
+    return int(raw)
+
+
+def ttl_of(request: web.Request) -> float:
+    return query_number(request, "ttl", DEFAULT_TTL, 0.0, MAX_TTL)
+
+
+# ------------------------------------------------------------------------------------------ sending
+async def ensure_queue(call: Call, service: QueueService, queue: str) -> None:
+    """EmoDB queues exist implicitly; dedup queues must be created with their kind before the first send."""
+    try:
+        service.attributes(queue)
+    except QueueNotFound:
+        await service.create_queue(queue, call.face.create_attributes)
+
+
+async def send_all(call: Call, batches: dict[str, list[SendRequest]], group: str | None) -> None:
+    """Send each queue's messages; the first failed message is the request's error (EmoDB: not atomic)."""
+    failures: list[tuple[str, int, QueueError]] = []
+    for queue, requests in batches.items():
+        if not requests:
+            continue
+        service = call.service_for_send(queue, group)
+        await ensure_queue(call, service, queue)
+        results: list[SendResult | QueueError] = await service.send(queue, requests, create=True)
+        failures.extend((queue, i, r) for i, r in enumerate(results) if isinstance(r, QueueError))
+    if failures:
+        queue, index, first = failures[0]
+        visible = call.face.visible(call.credential, queue)
+        first.details = {**first.details, "queue": visible, "index": index, "failed": len(failures)}
+        raise first
+
+
+def send_request(message: Any, group: str | None) -> SendRequest:
+    return SendRequest(body=canonical_json(message), group=group, content_type="application/json")
+
+
+async def send(call: Call) -> web.StreamResponse:
+    queue = call.queue()
+    group = group_of(call.request)
+    message = await read_json(call.request)
+    await send_all(call, {queue: [send_request(message, group)]}, group)
+    return success()
+
+
+async def send_batch(call: Call) -> web.StreamResponse:
+    group = group_of(call.request)
+    data = await read_json(call.request)
+    if not isinstance(data, dict):
+        raise InvalidArgument('the body must be a JSON object: {"<queue>": [<message>, ...], ...}')
+    batches: dict[str, list[SendRequest]] = {}
+    count = 0
+    for name, messages in data.items():  # every name and message is checked before anything is sent
+        if not isinstance(messages, list):
+            raise InvalidArgument(f"the messages of queue {name!r} must be a JSON list", queue=name)
+        count += len(messages)
+        if count > MAX_BATCH_MESSAGES:
+            raise InvalidArgument(f"at most {MAX_BATCH_MESSAGES} messages per request")
+        batches.setdefault(call.queue(name), []).extend(send_request(m, group) for m in messages)
+    await send_all(call, batches, group)
+    return success()
+
+
+# ----------------------------------------------------------------------------------------- claims
+async def poll(call: Call) -> web.StreamResponse:
+    queue = call.queue()
+    ttl = ttl_of(call.request)
+    limit = query_int(call.request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+    try:
+        received = await call.service_for_queue(queue).receive(
+            queue, limit=limit, ttl=ttl, worker=call.credential.id
+        )
+    except QueueNotFound:
+        received = []  # EmoDB: a queue nobody sent to is an empty queue
+    return json_response(
+        [
+            {
+                "id": r.delivery.message_id,
+                "payload": payload(r.body),
+                "group": r.delivery.group,
+                "seq": r.delivery.seq,
+                "token": r.delivery.token,
+                "attempt": r.delivery.receive_count,
+            }
+            for r in received
+        ]
+    )
+
+
+def refused(outcomes: list[AckOutcome], token: int | None) -> web.StreamResponse:
+    """EmoDB's success, unless a fenced call (with a token) was refused for some ids: 409 naming them."""
+    bad = [o for o in outcomes if o.status not in ("ok", "gone")]
+    if token is None or not bad:
+        return success()
+    first = bad[0]
+    ids = list(dict.fromkeys(o.message_id for o in bad))
+    body = error_body(
+        first.status,
+        f"{len(ids)} of the {len(outcomes)} claims were refused: {first.message}",
+        ids=ids,
+        token=token,
+    )
+    body["results"] = [{"id": o.message_id, "status": o.status} for o in outcomes]
+    status = 409 if first.status in (StaleClaim.code, NotInFlight.code) else 400
+    return json_response(body, status)
+
+
+async def ack(call: Call) -> web.StreamResponse:
+    queue = call.queue()
+    token = token_of(call.request)
+    ids = await read_ids(call.request)
+    if not ids:
+        return success()
+    try:
+        outcomes = await call.service_for_queue(queue).ack(queue, [(i, token) for i in ids])
+    except QueueNotFound:
+        return success()  # EmoDB: acknowledging in a queue that does not exist is a no-op
+    return refused(outcomes, token)
+
+
+async def renew(call: Call) -> web.StreamResponse:
+    queue = call.queue()
+    token = token_of(call.request)
+    ttl = ttl_of(call.request)
+    ids = await read_ids(call.request)
+    if not ids:
+        return success()
+    try:
+        outcomes = await call.service_for_queue(queue).renew(queue, [(i, token) for i in ids], ttl, "extend")
+    except QueueNotFound:
+        return success()
+    return refused(outcomes, token)
+
+
+# -------------------------------------------------------------------------------------- admin calls
+async def peek(call: Call) -> web.StreamResponse:
+    queue = call.queue()
+    limit = query_int(call.request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+    try:
+        items = await call.service_for_queue(queue).peek(queue, limit)
+    except QueueNotFound:
+        items = []
+    return json_response(
+        [
+            {"id": item.message_id, "payload": payload(body), "group": item.group, "seq": item.seq}
+            for item, body, _content_type, _extra in items
+        ]
+    )
+
+
+async def size(call: Call) -> web.StreamResponse:
+    queue = call.queue()
+    # EmoDB's limit: exact up to it, estimated beyond. The core counts exactly in O(1), so it is checked
+    # and otherwise has no effect.
+    query_int(call.request, "limit", 0, 0, MAX_TOKEN)
+    try:
+        total = call.service_for_queue(queue).metrics(queue).total
+    except QueueNotFound:
+        total = 0
+    return json_response(total)
+
+
+async def claimcount(call: Call) -> web.StreamResponse:
+    queue = call.queue()
+    try:
+        in_flight = call.service_for_queue(queue).metrics(queue).in_flight
+    except QueueNotFound:
+        in_flight = 0
+    return json_response(in_flight)
+
+
+async def purge(call: Call) -> web.StreamResponse:
+    queue = call.queue()
+    try:
+        await call.service_for_queue(queue).purge(queue)
+    except QueueNotFound:
+        pass
+    return success()
+
+
+async def unclaim_all(call: Call) -> web.StreamResponse:
+    queue = call.queue()
+    try:
+        await call.service_for_queue(queue).unclaim_all(queue)
+    except QueueNotFound:
+        pass
+    return success()
+
+
+async def start_move(call: Call) -> web.StreamResponse:
+    names = {}
+    for param in ("from", "to"):
+        value = call.request.query.get(param)
+        if not value:
+            raise InvalidArgument(f"{param} is required", field=param)
+        names[param] = call.queue(value)
+    source, destination = names["from"], names["to"]
+    if source == destination:
+        raise InvalidArgument("cannot move a queue to itself", field="to")
+    service = call.service_for_queue(source)
+    await ensure_queue(call, service, source)  # moving a queue nobody sent to: done at once
+    await ensure_queue(call, service, destination)  # of this face's kind (the core would make "queue")
+    move = await service.start_move(source, destination)
+    return json_response({"id": move.id})
+
+
+async def move_status(call: Call) -> web.StreamResponse:
+    reference = call.request.match_info["reference"]
+    move = call.request.app[ROUTER].for_queue("").move_status(reference)
+    source = call.face.visible(call.credential, move.source)
+    destination = call.face.visible(call.credential, move.destination)
+    if source is None or destination is None:  # another tenant's (or the other service's) move
+        raise NotFound(f"no move {reference!r}", reference=reference)
+    body: dict[str, Any] = {
+        "id": move.id,
+        "from": source,
+        "to": destination,
+        "status": MOVE_STATUS.get(move.state, "ERROR"),
+        "moved": move.moved,
+        "remaining": move.remaining,
+    }
+    if move.error:
+        body["error"] = move.error
+    return json_response(body)
+
+
+# ---------------------------------------------------------------------------------- unknown routes
+CATCH_ALL: set[str] = set()  # canonical paths of the faces' catch-all resources
+
+
+async def no_such_route(request: web.Request) -> web.StreamResponse:
+    """Anything under a face's prefix no route takes: 405 when the path exists for other methods, else 404."""
+    methods: set[str] = set()
+    for resource in request.app.router.resources():
+        if resource.canonical in CATCH_ALL:
+            continue
+        match, allowed_methods = await resource.resolve(request)
+        if match is None:
+            methods |= allowed_methods
+    if methods:
+        return error_response(web.HTTPMethodNotAllowed(request.method, methods))
+    return error_response(web.HTTPNotFound(reason=f"no such route: {request.method} {request.path}"))
+
+
+# ------------------------------------------------------------------------------------------- routes
+ROUTES: list[tuple[str, str, Role, str, Handler]] = [
+    # (method, path below the prefix, role, action for the 403 message, handler); specific paths first.
+    ("POST", "/_sendbatch", "send", "send messages", send_batch),
+    ("POST", "/_move", "admin", "move queues", start_move),
+    ("GET", "/_move/{reference}", "admin", "read move status", move_status),
+    ("POST", "/{queue}/send", "send", "send messages", send),
+    ("GET", "/{queue}/poll", "consume", "poll", poll),
+    ("POST", "/{queue}/ack", "consume", "acknowledge claims", ack),
+    ("POST", "/{queue}/renew", "consume", "renew claims", renew),
+    ("GET", "/{queue}/peek", "admin", "peek", peek),
+    ("GET", "/{queue}/size", "admin", "count messages", size),
+    ("GET", "/{queue}/claimcount", "admin", "count claims", claimcount),
+    ("DELETE", "/{queue}", "admin", "purge queues", purge),
+    ("POST", "/{queue}/unclaimall", "admin", "unclaim all messages", unclaim_all),
+]
+
+
+def add_routes(app: web.Application) -> None:
+    for face in FACES:
+        for method, path, role, action, handler in ROUTES:
+            app.router.add_route(method, face.prefix + path, endpoint(face, role, action, handler))
+        for path in (face.prefix, face.prefix + "/{tail:.*}"):
+            CATCH_ALL.add(app.router.add_route("*", path, no_such_route).resource.canonical)

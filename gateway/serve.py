@@ -1,0 +1,125 @@
+"""`strictq serve`: the embedded default — the gateway with the queue core in-process, over HTTPS.
+
+Follows the start-up contract of shared/design.md: prints `strictq: listening on <url>`, then
+`strictq: ca <path>`, `strictq: keys <path>`, `strictq: client env <path>` once it accepts connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from queue_core.service import QueueService
+
+from .app import make_gateway_app
+from .keys import Credential, KeyRing, write_development_keys
+from .tls import TlsFiles, ensure_local_certificates, server_context
+
+log = logging.getLogger("strictq.gateway")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    host: str
+    port: int
+    data_dir: Path
+    partitions: int = 64
+    keys: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    client_ca: Path | None = None
+    insecure_http: bool = False
+
+
+def client_env(url: str, ca: Path | None, keys: KeyRing) -> str:
+    """Environment for the CLI, the SDK and replay (design note), plus the AWS variables for boto3."""
+    producer = _first(keys, "producer") or _first(keys, "admin")
+    worker = _first(keys, "worker")
+    lines = [f"STRICTQ_URL={url}"]
+    if ca is not None:
+        lines.append(f"STRICTQ_CA_FILE={ca.resolve()}")
+    if producer is not None:
+        lines.append(f"STRICTQ_API_KEY={producer.secret}")
+    if worker is not None:
+        lines += [f"STRICTQ_WORKER_ID={worker.id}", f"STRICTQ_WORKER_SECRET={worker.secret}"]
+    if producer is not None:
+        lines += [
+            "# boto3 and the AWS CLI against the SQS face (endpoint: STRICTQ_URL)",
+            f"AWS_ACCESS_KEY_ID={producer.id}",
+            f"AWS_SECRET_ACCESS_KEY={producer.secret}",
+            "AWS_DEFAULT_REGION=us-east-1",
+        ]
+        if ca is not None:
+            lines.append(f"AWS_CA_BUNDLE={ca.resolve()}")
+    return "\n".join(lines) + "\n"
+
+
+def _first(keys: KeyRing, role: str) -> Credential | None:
+    return next((c for c in keys.credentials if c.role == role), None)
+
+
+async def serve(options: ServeOptions) -> None:
+    data_dir = options.data_dir
+    keys_path = options.keys or data_dir / "keys.toml"
+    if options.keys is None and not keys_path.exists():
+        keys = write_development_keys(keys_path)
+        log.info("wrote development credentials to %s", keys_path)
+    else:
+        keys = KeyRing.load(keys_path)
+    tls: TlsFiles | None = None
+    if not options.insecure_http:
+        if options.tls_cert is not None and options.tls_key is not None:
+            tls = TlsFiles(options.tls_cert, options.tls_key, None)
+        else:
+            tls = ensure_local_certificates(data_dir / "tls")
+    service = QueueService(data_dir / "queue", partitions=options.partitions)
+    await service.start()
+    gc.freeze()  # see queue_core.server: the restored backlog stays out of collections
+    gc.set_threshold(50_000, 20, 100)
+    runner = web.AppRunner(make_gateway_app(service, keys), access_log=None, handle_signals=False)
+    await runner.setup()
+    context = server_context(tls, options.client_ca) if tls is not None else None
+    site = web.TCPSite(runner, options.host, options.port, ssl_context=context, reuse_address=True)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    scheme = "https" if context is not None else "http"
+    url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+    env_path = data_dir / "client.env"
+    env_path.write_text(client_env(url, tls.ca if tls else None, keys))
+    env_path.chmod(0o600)
+    print(f"strictq: listening on {url}", flush=True)
+    if tls is not None and tls.ca is not None:
+        print(f"strictq: ca {tls.ca.resolve()}", flush=True)
+    print(f"strictq: keys {keys_path.resolve()}", flush=True)
+    print(f"strictq: client env {env_path.resolve()}", flush=True)
+    cacert = f"--cacert {tls.ca.resolve()} " if tls is not None and tls.ca is not None else ""
+    print(
+        f"strictq: try  set -a; . {env_path}; set +a; curl -s {cacert}-H \"X-BV-API-Key: $STRICTQ_API_KEY\""
+        f" -H 'Content-Type: application/json' {url}/queue/1/orders/send --data-binary '{{\"order\": 1}}'",
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        print("strictq: stopping", file=sys.stderr, flush=True)
+        service.stop_waiting()
+        await runner.cleanup()
+        await service.close()
+
+
+def run(options: ServeOptions) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvloop
+
+    uvloop.run(serve(options))

@@ -1,0 +1,342 @@
+"""SQS message actions: send (and batch), receive, delete (and batch), change visibility (and batch)."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from queue_core.machine import AckOutcome, InvalidArgument, QueueError, SendRequest, SendResult, parse_receipt
+from queue_core.machine.groups import GROUP_RE, validate_group
+from queue_core.service import QueueService
+
+from .sqs_call import ATTEMPT_WINDOW, Attempt, Call, Queue
+from .sqs_errors import SqsError, from_core, from_core_code
+from .sqs_messages import (
+    check_text,
+    encode_extra,
+    md5_hex,
+    md5_of_attributes,
+    parse_attributes,
+    render_message,
+)
+
+Result = dict[str, Any]
+MAX_BATCH_BYTES = 1024 * 1024
+MAX_VISIBILITY = 43200
+ATTEMPT_ID_RE = GROUP_RE  # 1-128 alphanumerics and punctuation, as MessageGroupId
+
+
+@dataclass(slots=True)
+class Prepared:
+    request: SendRequest
+    size: int
+    md5_body: str
+    md5_attributes: str | None
+    md5_system: str | None
+
+
+def _prepare(call: Call, queue: Queue, params: dict[str, Any]) -> Prepared:
+    body = params.get("MessageBody")
+    if body is None or body == "":
+        raise SqsError("MissingParameter", "The request must contain the parameter MessageBody.")
+    if not isinstance(body, str):
+        raise SqsError("InvalidParameterValue", "Value for parameter MessageBody must be a string.")
+    check_text(body)
+    attributes, attributes_size = parse_attributes(params.get("MessageAttributes"))
+    system, _ = parse_attributes(
+        params.get("MessageSystemAttributes"), "MessageSystemAttributes", system=True
+    )
+    raw = body.encode()
+    size = len(raw) + attributes_size
+    limit = queue.attributes.max_message_size
+    if size > limit:
+        raise SqsError(
+            "InvalidParameterValue",
+            f"One or more parameters are invalid. Reason: Message must be shorter than {limit} bytes.",
+        )
+    delay = call.integer("DelaySeconds", 0, 900, params)
+    group = _optional_text(params, "MessageGroupId")
+    dedup = _optional_text(params, "MessageDeduplicationId")
+    if group is not None:
+        try:
+            validate_group(group)
+        except InvalidArgument as exc:
+            raise SqsError(
+                "InvalidParameterValue",
+                f"Value {group} for parameter MessageGroupId is invalid. Reason: {exc.message}.",
+            ) from None
+    if queue.fifo:
+        if delay is not None:
+            raise SqsError(
+                "InvalidParameterValue",
+                f"Value {delay} for parameter DelaySeconds is invalid. Reason: The request include parameter"
+                " that is not valid for this queue type.",
+            )
+        if group is None:
+            raise SqsError("MissingParameter", "The request must contain the parameter MessageGroupId.")
+        if dedup is None and not queue.attributes.content_based_dedup:
+            raise SqsError(
+                "InvalidParameterValue",
+                "The queue should either have ContentBasedDeduplication enabled or MessageDeduplicationId"
+                " provided explicitly",
+            )
+        if dedup is not None and not GROUP_RE.match(dedup):
+            raise SqsError(
+                "InvalidParameterValue",
+                f"Value {dedup} for parameter MessageDeduplicationId is invalid. Reason: 1-128"
+                " alphanumeric or punctuation characters.",
+            )
+        effective_dedup: str | None = dedup or hashlib.sha256(raw).hexdigest()
+        core_group, label_group = group, None
+    else:
+        if dedup is not None:
+            raise SqsError(
+                "InvalidParameterValue",
+                f"Value {dedup} for parameter MessageDeduplicationId is invalid. Reason: The request"
+                " includes a parameter that is not valid for this queue type.",
+            )
+        effective_dedup = None
+        core_group, label_group = None, group  # fair-queue label on standard queues: no ordering by it
+    extra = encode_extra(attributes, system, call.credential.id, effective_dedup, label_group)
+    request = SendRequest(
+        body=raw,
+        group=core_group,
+        dedup_id=dedup,
+        delay=None if delay is None else float(delay),
+        content_type="text/plain",
+        extra=extra,
+    )
+    return Prepared(
+        request,
+        size,
+        md5_hex(raw),
+        md5_of_attributes(attributes) if attributes else None,
+        md5_of_attributes(system) if system else None,
+    )
+
+
+def _optional_text(params: dict[str, Any], name: str) -> str | None:
+    value = params.get(name)
+    if value is not None and not isinstance(value, str):
+        raise SqsError("InvalidParameterValue", f"Value for parameter {name} must be a string.")
+    return value
+
+
+async def _send(call: Call, queue: Queue, prepared: Sequence[Prepared]) -> list[SendResult | QueueError]:
+    """Each entry goes to the owner of its group's partition (one owner in the embedded default)."""
+    owners: dict[int, tuple[QueueService, list[int]]] = {}
+    for index, item in enumerate(prepared):
+        service = call.service_for_group(item.request.group, queue.internal)
+        owners.setdefault(id(service), (service, []))[1].append(index)
+    results: list[SendResult | QueueError | None] = [None] * len(prepared)
+    for service, indices in owners.values():
+        try:
+            answers = await service.send(queue.internal, [prepared[i].request for i in indices])
+        except QueueError as exc:
+            raise from_core(exc) from None
+        for index, answer in zip(indices, answers, strict=True):
+            results[index] = answer
+    return [r for r in results if r is not None]
+
+
+def _sent(queue: Queue, item: Prepared, result: SendResult) -> Result:
+    out: Result = {"MessageId": result.message_id, "MD5OfMessageBody": item.md5_body}
+    if item.md5_attributes is not None:
+        out["MD5OfMessageAttributes"] = item.md5_attributes
+    if item.md5_system is not None:
+        out["MD5OfMessageSystemAttributes"] = item.md5_system
+    if queue.fifo:
+        out["SequenceNumber"] = str(result.seq)
+    return out
+
+
+async def send_message(call: Call) -> Result:
+    queue = call.queue()
+    item = _prepare(call, queue, call.params)
+    (result,) = await _send(call, queue, [item])
+    if isinstance(result, QueueError):
+        raise from_core(result)
+    return _sent(queue, item, result)
+
+
+async def send_message_batch(call: Call) -> Result:
+    queue = call.queue()
+    entries = call.entries()
+    failed: list[Result] = []
+    ready: list[tuple[str, Prepared]] = []
+    total = 0
+    for entry in entries:
+        try:
+            item = _prepare(call, queue, entry)
+        except SqsError as error:
+            body = entry.get("MessageBody")
+            total += len(body.encode()) if isinstance(body, str) else 0
+            failed.append(error.batch_entry(entry["Id"]))
+            continue
+        total += item.size
+        ready.append((entry["Id"], item))
+    if total > MAX_BATCH_BYTES:
+        raise SqsError(
+            "BatchRequestTooLong",
+            f"Batch requests cannot be longer than {MAX_BATCH_BYTES} bytes. You have sent {total} bytes.",
+        )
+    successful: list[Result] = []
+    results = await _send(call, queue, [item for _, item in ready]) if ready else []
+    for (entry_id, item), result in zip(ready, results, strict=True):
+        if isinstance(result, QueueError):
+            failed.append(from_core(result).batch_entry(entry_id))
+        else:
+            successful.append({"Id": entry_id, **_sent(queue, item, result)})
+    return {"Successful": successful, "Failed": failed}
+
+
+# ------------------------------------------------------------------------------------------- receive
+async def receive_message(call: Call) -> Result:
+    queue = call.queue()
+    limit = call.integer("MaxNumberOfMessages", 1, 10) or 1
+    ttl = call.integer("VisibilityTimeout", 0, MAX_VISIBILITY)
+    wait = call.integer("WaitTimeSeconds", 0, 20)
+    if wait is None:
+        wait = int(queue.attributes.labels.get("sqs:ReceiveMessageWaitTimeSeconds", "0"))
+    system_names = set(call.strings("AttributeNames")) | set(call.strings("MessageSystemAttributeNames"))
+    attribute_names = set(call.strings("MessageAttributeNames"))
+    attempt_id = call.optional_string("ReceiveRequestAttemptId")
+    if attempt_id is not None and not ATTEMPT_ID_RE.match(attempt_id):
+        raise SqsError(
+            "InvalidParameterValue",
+            "Value for parameter ReceiveRequestAttemptId is invalid. Reason: 1-128 alphanumeric or"
+            " punctuation characters.",
+        )
+    effective_ttl = float(queue.attributes.visibility_timeout if ttl is None else ttl)
+    key = (queue.internal, call.credential.id, attempt_id or "")
+    if queue.fifo and attempt_id is not None:
+        again = await _retry(call, queue, key)
+        if again:
+            return {"Messages": again}
+    try:
+        received = await queue.service.receive(
+            queue.internal, limit, None if ttl is None else float(ttl), worker=call.credential.id, wait=wait
+        )
+    except QueueError as exc:
+        raise from_core(exc) from None
+    messages = [
+        render_message(
+            r, fifo=queue.fifo, system_names=system_names, attribute_names=attribute_names, arn_of=call.arn_of
+        )
+        for r in received
+    ]
+    if queue.fifo and attempt_id is not None and messages and effective_ttl > 0:
+        items = [(r.delivery.message_id, r.delivery.token) for r in received]
+        call.state.remember(key, Attempt(time.monotonic() + ATTEMPT_WINDOW, items, messages, effective_ttl))
+    return {"Messages": messages} if messages else {}
+
+
+async def _retry(call: Call, queue: Queue, key: tuple[str, str, str]) -> list[Result]:
+    """The messages of an earlier receive with this attempt id that are still in flight under its claim
+    (their visibility timeout is reset, as SQS does); [] when none are, and the attempt is forgotten."""
+    attempt = call.state.attempt(key)
+    if attempt is None:
+        return []
+    outcomes = await queue.service.renew(queue.internal, attempt.items, attempt.ttl, mode="set")
+    live = [m for m, o in zip(attempt.messages, outcomes, strict=True) if o.status == "ok"]
+    if not live:
+        call.state.attempts.pop(key, None)
+    return live
+
+
+# ------------------------------------------------------------------------------ delete and visibility
+def _receipt(params: dict[str, Any]) -> tuple[str, int]:
+    receipt = params.get("ReceiptHandle")
+    if receipt is None or receipt == "":
+        raise SqsError("MissingParameter", "The request must contain the parameter ReceiptHandle.")
+    try:
+        return parse_receipt(receipt)
+    except InvalidArgument:
+        raise SqsError(
+            "ReceiptHandleIsInvalid",
+            f'The input receipt handle "{str(receipt)[:160]}" is not a valid receipt handle.',
+        ) from None
+
+
+def _ack_error(outcome: AckOutcome, *, gone_ok: bool) -> SqsError | None:
+    if outcome.status == "ok" or (gone_ok and outcome.status == "gone"):
+        return None
+    return from_core_code(outcome.status, outcome.message)
+
+
+async def delete_message(call: Call) -> Result:
+    queue = call.queue()
+    item = _receipt(call.params)
+    (outcome,) = await queue.service.ack(queue.internal, [item])
+    error = _ack_error(outcome, gone_ok=True)  # deleting a deleted message succeeds, as in SQS
+    if error is not None:
+        raise error
+    return {}
+
+
+async def change_message_visibility(call: Call) -> Result:
+    queue = call.queue()
+    item = _receipt(call.params)
+    ttl = call.integer("VisibilityTimeout", 0, MAX_VISIBILITY)
+    if ttl is None:
+        raise SqsError("MissingParameter", "The request must contain the parameter VisibilityTimeout.")
+    (outcome,) = await queue.service.renew(queue.internal, [item], float(ttl), mode="set")
+    error = _ack_error(outcome, gone_ok=False)
+    if error is not None:
+        raise error
+    return {}
+
+
+async def delete_message_batch(call: Call) -> Result:
+    queue = call.queue()
+    failed: list[Result] = []
+    ids: list[str] = []
+    items: list[tuple[str, int]] = []
+    for entry in call.entries():
+        try:
+            items.append(_receipt(entry))
+            ids.append(entry["Id"])
+        except SqsError as error:
+            failed.append(error.batch_entry(entry["Id"]))
+    outcomes = await queue.service.ack(queue.internal, items) if items else []
+    successful: list[Result] = []
+    for entry_id, outcome in zip(ids, outcomes, strict=True):
+        error = _ack_error(outcome, gone_ok=True)
+        if error is None:
+            successful.append({"Id": entry_id})
+        else:
+            failed.append(error.batch_entry(entry_id))
+    return {"Successful": successful, "Failed": failed}
+
+
+async def change_message_visibility_batch(call: Call) -> Result:
+    queue = call.queue()
+    failed: list[Result] = []
+    by_ttl: dict[int, list[tuple[str, tuple[str, int]]]] = {}
+    for entry in call.entries():
+        try:
+            item = _receipt(entry)
+            ttl = call.integer("VisibilityTimeout", 0, MAX_VISIBILITY, entry)
+            if ttl is None:
+                raise SqsError(
+                    "MissingParameter", "The request must contain the parameter VisibilityTimeout."
+                )
+        except SqsError as error:
+            failed.append(error.batch_entry(entry["Id"]))
+            continue
+        by_ttl.setdefault(ttl, []).append((entry["Id"], item))
+    successful: list[Result] = []
+    for ttl, group in by_ttl.items():
+        outcomes = await queue.service.renew(
+            queue.internal, [item for _, item in group], float(ttl), mode="set"
+        )
+        for (entry_id, _), outcome in zip(group, outcomes, strict=True):
+            error = _ack_error(outcome, gone_ok=False)
+            if error is None:
+                successful.append({"Id": entry_id})
+            else:
+                failed.append(error.batch_entry(entry_id))
+    return {"Successful": successful, "Failed": failed}

@@ -1,0 +1,65 @@
+"""An in-process gateway over real TLS (a trustme CA) on 127.0.0.1, with two tenants' credentials.
+
+boto3 and other blocking clients must be called through `asyncio.to_thread`: the gateway runs on the
+test's own event loop.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trustme
+from aiohttp import web
+
+from gateway.app import make_gateway_app
+from gateway.keys import Credential, KeyRing
+from queue_core.service import QueueService
+
+CREDENTIALS = [
+    Credential("admin-1", "admin-secret-0123456789", "admin", "t1"),
+    Credential("producer-1", "producer-secret-0123456789", "producer", "t1"),
+    Credential("worker-1", "worker-secret-0123456789", "worker", "t1"),
+    Credential("worker-2", "worker-secret-9876543210", "worker", "t1"),
+    Credential("limited-1", "limited-secret-0123456789", "admin", "t1", ("orders",)),
+    Credential("other-1", "other-secret-0123456789", "admin", "t2"),
+]
+
+
+@dataclass
+class Gateway:
+    url: str  # https://127.0.0.1:PORT
+    ca_file: Path  # PEM of the CA that signed the server certificate
+    service: QueueService
+    keys: KeyRing
+
+    def credential(self, key_id: str) -> Credential:
+        credential = self.keys.by_id(key_id)
+        assert credential is not None, key_id
+        return credential
+
+
+@pytest.fixture
+async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
+    ca = trustme.CA()
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1", "localhost").configure_cert(context)
+    service = QueueService(tmp_path / "queue")
+    await service.start()
+    keys = KeyRing(list(CREDENTIALS))
+    runner = web.AppRunner(make_gateway_app(service, keys), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield Gateway(f"https://127.0.0.1:{port}", ca_file, service, keys)
+    finally:
+        service.stop_waiting()
+        await runner.cleanup()
+        await service.close()
