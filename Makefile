@@ -14,13 +14,13 @@ STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 HOST ?= 127.0.0.1
-PORT ?= 8470
-DATA_DIR ?= var/queue
+PORT ?= 8443
+DATA_DIR ?= var/strictq
 
 .PHONY: help run test bench lint venv clean
 
 help:
-	@echo "make run    set up .venv (Python 3.12) and start the queue server on $(HOST):$(PORT)"
+	@echo "make run    set up .venv (Python 3.12) and start strictq serve (HTTPS gateway + queue core) on $(HOST):$(PORT)"
 	@echo "make test   set up .venv and run the whole test suite"
 	@echo "make bench  run the benchmarks and write docs/benchmarks.md"
 	@echo "make lint   ruff on everything, mypy on queue_core"
@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/strictq queue-server --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR)
+	$(VENV)/bin/strictq serve --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)

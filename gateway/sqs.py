@@ -29,11 +29,11 @@ from .sqs_errors import SqsError, error_response, from_core, json_response, new_
 log = logging.getLogger("strictq.gateway.sqs")
 TARGET_PREFIX = "AmazonSQS."
 
-Permission = Literal["read", "send", "consume", "admin"]
+Permission = Literal["read", "create", "send", "consume", "admin"]
 Action = Callable[[Call], Awaitable[dict[str, Any]]]
 
 ACTIONS: dict[str, tuple[Action, Permission]] = {
-    "CreateQueue": (admin.create_queue, "admin"),
+    "CreateQueue": (admin.create_queue, "create"),
     "GetQueueUrl": (admin.get_queue_url, "read"),
     "ListQueues": (admin.list_queues, "read"),
     "DeleteQueue": (admin.delete_queue, "admin"),
@@ -62,7 +62,7 @@ UNSUPPORTED = frozenset(["AddPermission", "RemovePermission"])
 def allowed(credential: Credential, permission: Permission) -> bool:
     if permission == "read":
         return credential.role in ("producer", "worker", "admin")
-    if permission == "send":
+    if permission in ("send", "create"):  # producers create queues, as the EmoDB face does on first send
         return credential.can_send
     if permission == "consume":
         return credential.can_consume
