@@ -155,7 +155,7 @@ async def get_queue_attributes(call: Call) -> Result:
         raise SqsError("InvalidAttributeName", f"Unknown Attribute {unknown[0]}.")
     if not names:
         return {}
-    created_at = queue.service.core.queue(queue.internal).created_at
+    created_at = queue.service.created_at(queue.internal)
     metrics = queue.service.metrics(queue.internal)
     everything = describe(queue.attributes, metrics, created_at, call.arn(queue.name), call.arn_of)
     if "All" not in names:

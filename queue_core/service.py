@@ -207,6 +207,10 @@ class QueueService:
         for name in list(self._waiters):
             self._notify(name)
 
+    def has_waiters(self, queue: str) -> bool:
+        """Whether a long poll is waiting on `queue` now (tests use it instead of sleeping)."""
+        return queue in self._waiters
+
     def _notify(self, queue: str) -> None:
         event = self._waiters.pop(queue, None)
         if event is not None:
@@ -239,6 +243,9 @@ class QueueService:
 
     def attributes(self, name: str) -> QueueAttributes:
         return self.core.queue(name).attributes
+
+    def created_at(self, name: str) -> float:
+        return self.core.queue(name).created_at
 
     def metrics(self, name: str) -> QueueMetrics:
         return self.core.metrics(name, self.clock())

@@ -282,7 +282,7 @@ async def test_long_poll_returns_within_half_a_second_of_a_send(gateway: Gateway
 
 
 async def _waiting(gw: Gateway, internal: str) -> bool:
-    return internal in gw.service._waiters
+    return gw.service.has_waiters(internal)
 
 
 # --------------------------------------------------------------------------- receive attempt retries
