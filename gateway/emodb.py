@@ -71,6 +71,7 @@ log = logging.getLogger("strictq.gateway.emodb")
 API_KEY_HEADER = "X-BV-API-Key"
 GROUP_HEADER = "X-Strictq-Group"
 LEASE_HEADER = "X-Strictq-Lease"
+MAX_WAIT = 20.0
 DEFAULT_TTL = 30.0
 MAX_TTL = 3600.0  # EmoDB: "The ttl may range from 0 seconds to 1 hour."
 DEFAULT_LIMIT = 10
@@ -436,9 +437,11 @@ async def poll(call: Call) -> web.StreamResponse:
     queue = call.queue()
     ttl = ttl_of(call.request)
     limit = query_int(call.request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+    # Extension: `wait` long-polls up to 20 s for messages (EmoDB polls return at once).
+    wait = query_number(call.request, "wait", 0.0, 0.0, MAX_WAIT)
     try:
         received = await call.service_for_queue(queue).receive(
-            queue, limit=limit, ttl=ttl, worker=call.credential.id
+            queue, limit=limit, ttl=ttl, worker=call.credential.id, wait=wait
         )
     except QueueNotFound:
         received = []  # EmoDB: a queue nobody sent to is an empty queue
@@ -457,9 +460,13 @@ async def poll(call: Call) -> web.StreamResponse:
     )
 
 
-def refused(outcomes: list[AckOutcome], token: int | None) -> web.StreamResponse:
-    """EmoDB's success, unless a fenced call (with a token) was refused for some ids: 409 naming them."""
-    bad = [o for o in outcomes if o.status not in ("ok", "gone")]
+def refused(outcomes: list[AckOutcome], token: int | None, gone_is_lost: bool = False) -> web.StreamResponse:
+    """EmoDB's success, unless a fenced call (with a token) was refused for some ids: 409 naming them.
+
+    A fenced renew of a message that is gone is refused too: the lease it would keep alive no longer exists
+    (someone acked it), so the worker holding it must stop; a fenced ack of a gone message stays a no-op."""
+    accepted = ("ok",) if gone_is_lost else ("ok", "gone")
+    bad = [o for o in outcomes if o.status not in accepted]
     if token is None or not bad:
         return success()
     first = bad[0]
@@ -471,7 +478,7 @@ def refused(outcomes: list[AckOutcome], token: int | None) -> web.StreamResponse
         token=token,
     )
     body["results"] = [{"id": o.message_id, "status": o.status} for o in outcomes]
-    status = 409 if first.status in (StaleClaim.code, NotInFlight.code) else 400
+    status = 409 if first.status in (StaleClaim.code, NotInFlight.code, "gone") else 400
     return json_response(body, status)
 
 
@@ -499,7 +506,7 @@ async def renew(call: Call) -> web.StreamResponse:
         outcomes = await call.service_for_queue(queue).renew(queue, [(i, token) for i in ids], ttl, "extend")
     except QueueNotFound:
         return success()
-    return refused(outcomes, token)
+    return refused(outcomes, token, gone_is_lost=True)
 
 
 # -------------------------------------------------------------------------------------- admin calls

@@ -91,6 +91,11 @@ async def serve(options: ServeOptions) -> None:
     host, port = runner.addresses[0][:2]
     scheme = "https" if context is not None else "http"
     url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+    # Handlers first: a SIGTERM right after the `listening` line must still stop cleanly.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
     env_path = data_dir / "client.env"
     env_path.write_text(client_env(url, tls.ca if tls else None, keys))
     env_path.chmod(0o600)
@@ -101,14 +106,10 @@ async def serve(options: ServeOptions) -> None:
     print(f"strictq: client env {env_path.resolve()}", flush=True)
     cacert = f"--cacert {tls.ca.resolve()} " if tls is not None and tls.ca is not None else ""
     print(
-        f"strictq: try  set -a; . {env_path}; set +a; curl -s {cacert}-H \"X-BV-API-Key: $STRICTQ_API_KEY\""
+        f'strictq: try  set -a; . {env_path}; set +a; curl -s {cacert}-H "X-BV-API-Key: $STRICTQ_API_KEY"'
         f" -H 'Content-Type: application/json' {url}/queue/1/orders/send --data-binary '{{\"order\": 1}}'",
         flush=True,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     try:
         await stop.wait()
     finally:

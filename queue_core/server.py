@@ -482,6 +482,11 @@ async def serve(host: str, port: int, data_dir: Path, partitions: int) -> None:
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()
+    # Handlers first: a SIGTERM right after the `listening` line must still stop cleanly.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
     bound_host, bound_port = runner.addresses[0][:2]
     url = f"http://{_url_host(bound_host)}:{bound_port}"
     print(f"strictq: listening on {url}", flush=True)
@@ -490,10 +495,6 @@ async def serve(host: str, port: int, data_dir: Path, partitions: int) -> None:
         f"strictq: try  STRICTQ_URL={url} {command} send orders --group customer-1 '{{\"order\": 1}}'",
         flush=True,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     try:
         await stop.wait()
     finally:

@@ -62,6 +62,10 @@ RAISE_TOKEN = "UPDATE messages SET token = ? WHERE key = ?"
 CHANGE_CLAIM = "UPDATE messages SET claim_expires = ? WHERE key = ?"
 DELETE_MESSAGE = "DELETE FROM messages WHERE key = ?"
 MOVE_MESSAGE = "UPDATE messages SET qid = ?, origin = coalesce(?, origin), available_at = 0 WHERE key = ?"
+REDRIVE_MESSAGE = (
+    "UPDATE messages SET qid = ?, origin = NULL, receive_count = 0, first_receive_at = 0, available_at = 0"
+    " WHERE key = ?"
+)
 SAVE_DEDUP = (
     "INSERT OR REPLACE INTO dedup (qid, dkey, message_id, seq, grp, expires) VALUES (?, ?, ?, ?, ?, ?)"
 )
@@ -225,7 +229,10 @@ def _rows(effect: Effect) -> Iterator[tuple[str, tuple[Any, ...]]]:
                 yield CHANGE_CLAIM, (expires, key)
         case MessagesMoved():
             for key in effect.keys:
-                yield MOVE_MESSAGE, (effect.qid, effect.origin, key)
+                if effect.redrive:
+                    yield REDRIVE_MESSAGE, (effect.qid, key)
+                else:
+                    yield MOVE_MESSAGE, (effect.qid, effect.origin, key)
         case DedupSaved():
             yield (
                 SAVE_DEDUP,

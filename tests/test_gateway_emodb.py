@@ -443,6 +443,28 @@ async def test_a_stale_token_is_refused_and_a_plain_ack_still_deletes(
     assert await admin.size("fenced") == 0
     # Acking again with the current token: the message is gone, which is no refusal.
     assert await worker2.ack("fenced", [new["id"]], params=current) == (200, {"success": True})
+    # But a fenced renew of a gone message is: the lease it would keep alive no longer exists.
+    lost = await worker2.call("POST", "/fenced/renew", [new["id"]], params=current)
+    assert assert_error(lost, 409, "gone")["details"]["ids"] == [new["id"]]
+
+
+async def test_poll_with_wait_answers_as_soon_as_a_message_arrives(
+    emo: Callable[..., Emo], gateway: Gateway
+) -> None:
+    producer, worker = emo("producer-1"), emo("worker-1")
+    await producer.send("lp", {"warm": True})
+    assert [m["payload"] for m in await worker.poll("lp")] == [{"warm": True}]
+    polling = asyncio.create_task(worker.ok("GET", "/lp/poll", params={"wait": "10"}))
+    await eventually(lambda: _now(gateway.service.has_waiters("t1.lp")))
+    sent_at = time.monotonic()
+    await producer.send("lp", {"n": 1})
+    answer = await asyncio.wait_for(polling, 10)
+    assert [m["payload"] for m in answer] == [{"n": 1}]
+    assert time.monotonic() - sent_at < 0.5  # the long poll answers at the send, not at the end of the wait
+
+
+async def _now(value: bool) -> bool:
+    return value
 
 
 async def test_a_token_renew_recreates_an_expired_claim_nobody_superseded(emo: Callable[..., Emo]) -> None:

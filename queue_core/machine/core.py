@@ -489,6 +489,7 @@ class QueueCore:
     ) -> None:
         """Move idle messages to another queue, keeping group, sequence and id (DLQ, redrive, _move)."""
         moved: list[Message] = []
+        redriven: list[Message] = []
         for message in messages:
             if message.id in target.by_id:
                 continue  # the target already holds this id (an earlier redrive): keep it where it is
@@ -497,7 +498,16 @@ class QueueCore:
             group, created = target.group(message.group.name, self.partitions)
             group.floor = max(group.floor, message.token)
             message.group = group
-            message.origin = origin if origin is not None else message.origin
+            if origin is not None:
+                message.origin = origin
+            elif message.origin is not None:
+                # Out of a dead-letter queue: SQS treats redriven messages as new, so the receive count
+                # starts again (else one more failure would send it straight back). Id and key stay, so
+                # the group's order is restored.
+                message.origin = None
+                message.receive_count = 0
+                message.first_receive_at = 0.0
+                redriven.append(message)
             target.insert(message)
             if digest is not None and target.attributes.kind == "dedup":
                 target.index_content(message, digest)
@@ -507,7 +517,13 @@ class QueueCore:
                 target.push_ready(group)
             moved.append(message)
         if moved:
-            self.effects.append(MessagesMoved(tuple(m.key for m in moved), target.qid, origin))
+            plain = tuple(m.key for m in moved if all(m is not r for r in redriven))
+            if plain:
+                self.effects.append(MessagesMoved(plain, target.qid, origin))
+            if redriven:
+                self.effects.append(
+                    MessagesMoved(tuple(m.key for m in redriven), target.qid, None, redrive=True)
+                )
 
     def start_move(self, source: str, destination: str, now: float) -> MoveStatus:
         """EmoDB `_move`: asynchronously move every message present now, group by group, in order."""

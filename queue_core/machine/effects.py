@@ -89,6 +89,7 @@ class MessagesMoved:
     keys: tuple[int, ...]
     qid: int
     origin: str | None  # set when dead-lettered: the queue it came from
+    redrive: bool = False  # out of a dead-letter queue: origin and receive count are cleared
 
 
 @dataclass(slots=True)

@@ -1,0 +1,101 @@
+"""Client configuration from the environment (the design note's contract, shared with the CLI and replay).
+
+- `STRICTQ_URL`: the gateway, e.g. `https://127.0.0.1:8443`;
+- `STRICTQ_CA_FILE`: PEM of the CA that signed the gateway's certificate (default: system trust);
+- `STRICTQ_API_KEY`: a producer's EmoDB API key (its credential's secret);
+- `STRICTQ_WORKER_ID`, `STRICTQ_WORKER_SECRET`: the worker's own credential; the secret is its EmoDB API
+  key at the gateway, id:secret its Proxy-Authorization (basic) at the egress proxy;
+- `STRICTQ_PROXY_URL`: the egress proxy for outbound calls (unset: calls go straight out);
+- `STRICTQ_PROXY_CA_FILE`: PEM of the proxy's CA, trusted for outbound HTTPS (the proxy intercepts TLS).
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+ENV_VARS = (
+    "STRICTQ_URL",
+    "STRICTQ_CA_FILE",
+    "STRICTQ_API_KEY",
+    "STRICTQ_WORKER_ID",
+    "STRICTQ_WORKER_SECRET",
+    "STRICTQ_PROXY_URL",
+    "STRICTQ_PROXY_CA_FILE",
+)
+
+
+class ConfigError(ValueError):
+    """The configuration lacks something the caller needs; the message names the variable."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    url: str
+    ca_file: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    worker_id: str | None = None
+    worker_secret: str | None = field(default=None, repr=False)
+    proxy_url: str | None = None
+    proxy_ca_file: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ClientConfig:
+        """Read the STRICTQ_* variables (empty counts as unset); keyword overrides win."""
+        source = os.environ if env is None else env
+
+        def get(name: str) -> str | None:
+            value = source.get(name, "").strip()
+            return value or None
+
+        url = get("STRICTQ_URL")
+        if url is None and overrides.get("url") is None:
+            raise ConfigError("STRICTQ_URL is not set (the gateway's URL, e.g. https://127.0.0.1:8443)")
+        config = cls(
+            url=url or "",
+            ca_file=get("STRICTQ_CA_FILE"),
+            api_key=get("STRICTQ_API_KEY"),
+            worker_id=get("STRICTQ_WORKER_ID"),
+            worker_secret=get("STRICTQ_WORKER_SECRET"),
+            proxy_url=get("STRICTQ_PROXY_URL"),
+            proxy_ca_file=get("STRICTQ_PROXY_CA_FILE"),
+        )
+        return replace(config, **overrides) if overrides else config
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"STRICTQ_URL must be an http(s) URL, not {self.url!r}")
+        object.__setattr__(self, "url", self.url.rstrip("/"))
+
+    # -- what each role needs -------------------------------------------------------------------------
+
+    def producer_key(self) -> str:
+        if not self.api_key:
+            raise ConfigError("STRICTQ_API_KEY is not set (the producer's EmoDB API key)")
+        return self.api_key
+
+    def worker_key(self) -> str:
+        """The worker authenticates its polls with its own credential's secret."""
+        if not self.worker_id or not self.worker_secret:
+            raise ConfigError(
+                "a worker needs STRICTQ_WORKER_ID and STRICTQ_WORKER_SECRET (its own credential)"
+            )
+        return self.worker_secret
+
+    # -- TLS -----------------------------------------------------------------------------------------
+
+    def gateway_ssl(self) -> ssl.SSLContext | None:
+        """Verification context for the gateway: its CA file, or the system trust store."""
+        if not self.url.startswith("https://"):
+            return None
+        return ssl.create_default_context(cafile=self.ca_file)
+
+    def outbound_ssl(self) -> ssl.SSLContext:
+        """For outbound HTTPS: the system trust store plus the proxy's CA (it re-signs what it intercepts)."""
+        context = ssl.create_default_context()
+        if self.proxy_ca_file:
+            context.load_verify_locations(cafile=self.proxy_ca_file)
+        return context

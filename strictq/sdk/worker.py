@@ -1,0 +1,549 @@
+"""The asyncio worker: poll, run a coroutine per message, heartbeat, ack or release, stop gracefully.
+
+    async def handle(msg: strictq.sdk.Message) -> None:
+        async with msg.http.post("https://billing.example/charge", json=msg.payload) as resp:
+            resp.raise_for_status()
+
+    worker = Worker("orders", handle)          # configured from STRICTQ_* (see `config`)
+    worker.install_signal_handlers()           # SIGTERM/SIGINT: stop gracefully
+    await worker.run()                         # until stop()
+
+What it does, against the gateway's EmoDB face:
+- Polls with a claim ttl; an empty poll is followed by a bounded backoff (0.05 s doubling to 0.5 s).
+  With `wait=` set, each poll long-polls up to that many seconds on the face (a stop then waits for the
+  poll in flight, so keep it short).
+- A poll claims whole groups (strict FIFO). The messages of one group are processed one at a time in seq
+  order; different groups concurrently, at most `concurrency` groups at once (the poll's limit never
+  exceeds the free slots). A group is never run twice at once in this process: if a poll returns a group
+  whose older claim is still being worked on here, that older claim is stale (the new token superseded
+  it): its handler is cancelled and the new run starts only after the old one ended.
+- Heartbeats: once work on a claim has lasted `heartbeat_fraction` of the ttl, the claim is renewed
+  (extend) for another ttl, and so on while it runs (the backlog article's heartbeating). A refused renew
+  (409: superseded) cancels the handler; so does failing to renew until the claim is about to expire.
+- Success: the message is acked with its lease token. Failure (the handler raised): that message and the
+  rest of its group's claimed messages are released (renew ttl 0) and the group stops there, so it is
+  redelivered in order. The EmoDB face has no field for a reason: the reason is logged (logger
+  `strictq.sdk`) and counted, not sent.
+- `msg.http` is an aiohttp session whose calls carry the message's tags (`X-Strictq-*`, call ordinal per
+  attempt), go through `STRICTQ_PROXY_URL` with Proxy-Authorization basic worker id:secret, and cancel
+  the handler when the proxy answers `X-Strictq-Proxy-Action: stale-lease` or `block` (the call raises
+  `CallFenced`). Such a message is not acked; after `block` it is released, after `stale-lease` not (the
+  claim is someone else's now).
+- `stop()` (or SIGTERM): no more polls; a poll in flight is awaited and what it claimed is released;
+  running handlers get `grace` seconds to finish (and are acked), then are cancelled; everything claimed
+  and not processed is released, so other workers get it at once instead of after the ttl.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from .client import EmoClient, GatewayError, LeaseRefused
+from .config import ClientConfig
+from .outbound import CURRENT, Tags, proxy_authorization, tagged_session
+
+log = logging.getLogger("strictq.sdk")
+
+MIN_BACKOFF = 0.05
+MAX_BACKOFF = 0.5
+MAX_ERROR_BACKOFF = 1.0
+
+
+@dataclass(slots=True)
+class Message:
+    """What a handler gets: the message, its claim and a tagged outbound session."""
+
+    queue: str
+    id: str
+    group: str
+    seq: int
+    token: int | str  # the claim's fencing token (X-Strictq-Lease)
+    attempt: int  # the receive count when the gateway reports it, else 1
+    payload: Any
+    http: aiohttp.ClientSession = field(repr=False)
+    worker_id: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+Context = Message
+Handler = Callable[[Message], Awaitable[Any]]
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    polls: int = 0
+    received: int = 0
+    acked: int = 0
+    failed: int = 0  # the handler raised or was cancelled
+    released: int = 0  # messages handed back (renew ttl 0)
+    lost: int = 0  # claims lost (superseded, expired, or refused at ack)
+    heartbeats: int = 0
+    reasons: list[str] = field(default_factory=list)  # the latest release reasons (bounded)
+
+    def note(self, reason: str) -> None:
+        self.reasons.append(reason)
+        del self.reasons[:-100]
+
+
+class WorkerError(Exception):
+    """The worker cannot go on (e.g. the gateway refuses its credential or the queue name)."""
+
+
+class Worker:
+    def __init__(
+        self,
+        queue: str,
+        handler: Handler,
+        *,
+        config: ClientConfig | None = None,
+        ttl: float = 30.0,
+        limit: int = 10,
+        concurrency: int = 8,
+        heartbeat_fraction: float = 1 / 3,
+        grace: float = 10.0,
+        wait: float | None = None,
+        gateway_timeout: float = 30.0,
+    ) -> None:
+        if not 0 < heartbeat_fraction < 0.9:
+            raise ValueError("heartbeat_fraction must be in (0, 0.9)")
+        if ttl <= 0 or limit < 1 or concurrency < 1:
+            raise ValueError("ttl must be positive, limit and concurrency at least 1")
+        self.config = config or ClientConfig.from_env()
+        self._api_key = self.config.worker_key()
+        self.worker_id = self.config.worker_id or ""
+        self.queue = queue
+        self.handler = handler
+        self.ttl = float(ttl)
+        self.limit = limit
+        self.concurrency = concurrency
+        self.heartbeat_fraction = heartbeat_fraction
+        self.grace = grace
+        self.wait = wait
+        self.gateway_timeout = gateway_timeout
+        self.stats = WorkerStats()
+        self._proxy_headers = proxy_authorization(self.config.worker_id, self.config.worker_secret)
+        self._stopping = asyncio.Event()
+        self._changed = asyncio.Event()  # a run finished or stop was asked: the poller may go on
+        self._stop_now = asyncio.Event()  # the grace is over (or a second stop/signal)
+        self._runs: dict[str, _GroupRun] = {}  # the latest run per group
+        self._active: set[_GroupRun] = set()
+        self._signals: list[tuple[int, Any]] = []  # installed handlers, with what was there before
+        self._started = False
+        self._gateway: EmoClient | None = None
+        self._connector: aiohttp.BaseConnector | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._tg: asyncio.TaskGroup | None = None
+        self._poll_task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------------------------- public API
+
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        """A session for outbound calls that tags them with the message whose handler makes the call
+        (found from the context; untagged outside handlers). Handlers can use `msg.http` just as well."""
+        if self._http is None:
+            raise RuntimeError("the worker is not running")
+        return self._http
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop polling; let running handlers finish within `grace` seconds (default: the worker's), then
+        cancel them; release everything not processed. A second call stops at once. Safe before run()."""
+        if grace is not None:
+            self.grace = grace
+        if self._stopping.is_set() or self.grace <= 0:
+            self._stop_now.set()
+        self._stopping.set()
+        self._changed.set()
+
+    def install_signal_handlers(self, signals: Iterable[int] = (signal.SIGTERM, signal.SIGINT)) -> None:
+        """SIGTERM/SIGINT call `stop()` (a second one stops at once); removed again when run() returns."""
+        loop = asyncio.get_running_loop()
+        for sig in signals:
+            previous = signal.getsignal(sig)
+            loop.add_signal_handler(sig, self._on_signal, sig)
+            self._signals.append((sig, previous))
+
+    async def run(self) -> None:
+        """Poll and process until `stop()`; returns once every claim is acked or released."""
+        if self._started:
+            raise RuntimeError("a Worker runs once; make a new one")
+        self._started = True
+        loop = asyncio.get_running_loop()
+        self._gateway = EmoClient(self.config, self._api_key, timeout=self.gateway_timeout)
+        self._gateway.open()
+        self._connector = aiohttp.TCPConnector(ssl=self.config.outbound_ssl())
+        self._http = self._session(None)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                self._poll_task = tg.create_task(self._poll_loop(), name=f"strictq-poll-{self.queue}")
+                tg.create_task(self._drain_on_stop(), name=f"strictq-drain-{self.queue}")
+        except* WorkerError as group:
+            raise group.exceptions[0] from None
+        finally:
+            self._tg = None
+            for sig, previous in reversed(self._signals):  # give the signals back as they were
+                with contextlib.suppress(Exception):
+                    loop.remove_signal_handler(sig)
+                    if previous is not None:
+                        signal.signal(sig, previous)
+            self._signals.clear()
+            await self._http.close()
+            await self._connector.close()
+            await self._gateway.close()
+            self._http = None
+
+    # ---------------------------------------------------------------------------------------- polling
+
+    async def _poll_loop(self) -> None:
+        assert self._gateway is not None
+        loop = asyncio.get_running_loop()
+        backoff = error_backoff = MIN_BACKOFF
+        while not self._stopping.is_set():
+            free = self.concurrency - len(self._active)
+            if free <= 0:
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            started = loop.time()
+            try:
+                messages = await self._gateway.poll(
+                    self.queue, ttl=self.ttl, limit=min(self.limit, free), wait=self.wait
+                )
+            except GatewayError as exc:
+                if not exc.transient and exc.status in (400, 401, 403, 404):
+                    self.stop(0)
+                    raise WorkerError(
+                        f"the gateway refuses to let worker {self.worker_id!r} poll: {exc}"
+                    ) from exc
+                log.warning("poll of %s failed (%s); retrying in %.2f s", self.queue, exc, error_backoff)
+                await self._sleep(error_backoff)
+                error_backoff = min(error_backoff * 2, MAX_ERROR_BACKOFF)
+                continue
+            error_backoff = MIN_BACKOFF
+            self.stats.polls += 1
+            self.stats.received += len(messages)
+            if messages and self._stopping.is_set():
+                await self._release_polled(messages, "worker stopping")
+                break
+            if messages:
+                backoff = MIN_BACKOFF
+                self._dispatch(messages, started)
+                continue
+            elapsed = loop.time() - started
+            if elapsed < backoff:  # no long poll (or it answered early): back off, bounded
+                await self._sleep(backoff - elapsed)
+            backoff = min(backoff * 2, MAX_BACKOFF)
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    def _dispatch(self, messages: Sequence[dict[str, Any]], claimed_at: float) -> None:
+        assert self._tg is not None
+        by_group: dict[str, list[dict[str, Any]]] = {}
+        for raw in messages:
+            group = raw.get("group")
+            by_group.setdefault(group if isinstance(group, str) and group else raw["id"], []).append(raw)
+        for group, items in by_group.items():
+            items.sort(key=_seq)
+            previous = self._runs.get(group)
+            if previous is not None and not previous.finished.is_set():
+                # A new claim on a group this process still works on: the old token is stale.
+                previous.lose("the group was claimed again with a newer token (this claim expired)")
+            else:
+                previous = None
+            run = _GroupRun(self, group, items, claimed_at, previous)
+            self._runs[group] = run
+            self._active.add(run)
+            run.task = self._tg.create_task(run.run(), name=f"strictq-{self.queue}-group-{group}")
+
+    def _run_finished(self, run: _GroupRun) -> None:
+        self._active.discard(run)
+        if self._runs.get(run.group) is run:
+            del self._runs[run.group]
+        self._changed.set()
+
+    async def _release_polled(self, messages: Sequence[dict[str, Any]], reason: str) -> None:
+        assert self._gateway is not None
+        for token, ids in _by_token(messages).items():
+            try:
+                await self._gateway.release(self.queue, ids, token)
+                self.stats.released += len(ids)
+            except GatewayError as exc:
+                log.warning("could not release %d message(s) of %s: %s", len(ids), self.queue, exc)
+        self.stats.note(reason)
+        log.info("released %d message(s) of %s unprocessed: %s", len(messages), self.queue, reason)
+
+    # ---------------------------------------------------------------------------------------- stopping
+
+    async def _drain_on_stop(self) -> None:
+        await self._stopping.wait()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(self.grace, 0.0)
+        while True:
+            pending: set[asyncio.Task[Any]] = {r.task for r in self._active if r.task is not None}
+            if self._poll_task is not None and not self._poll_task.done():
+                pending.add(self._poll_task)
+            if not pending:
+                return
+            if self._stop_now.is_set() or loop.time() >= deadline:
+                for run in list(self._active):
+                    run.abort("worker stopping: grace period over")
+                await asyncio.wait(pending, timeout=0.5)
+                continue
+            stop_now = asyncio.create_task(self._stop_now.wait(), name=f"strictq-stop-now-{self.queue}")
+            try:
+                await asyncio.wait(
+                    {*pending, stop_now}, timeout=deadline - loop.time(), return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                stop_now.cancel()
+
+    def _on_signal(self, sig: int) -> None:
+        log.info("worker %s: %s received, stopping", self.worker_id, signal.Signals(sig).name)
+        self.stop()
+
+    # ---------------------------------------------------------------------------------------- helpers
+
+    def _session(self, tags: Tags | None) -> aiohttp.ClientSession:
+        assert self._connector is not None
+        return tagged_session(
+            self._connector, bound=tags, proxy_url=self.config.proxy_url, proxy_headers=self._proxy_headers
+        )
+
+    async def _invoke(self, message: Message, tags: Tags) -> BaseException | None:
+        CURRENT.set(tags)  # this task's context: worker.http tags its calls too
+        try:
+            await self.handler(message)
+        except Exception as exc:  # the handler's failure is an outcome, not the task group's
+            return exc
+        return None
+
+
+class _GroupRun:
+    """One claim on one group: its messages in seq order, one at a time, with a heartbeat."""
+
+    def __init__(
+        self,
+        worker: Worker,
+        group: str,
+        messages: list[dict[str, Any]],
+        claimed_at: float,
+        previous: _GroupRun | None,
+    ) -> None:
+        self.worker = worker
+        self.group = group
+        self.held = messages  # claimed and neither acked nor released, in seq order
+        self.expires = claimed_at + worker.ttl  # local, conservative: from when the poll was sent
+        self.previous = previous
+        self.finished = asyncio.Event()
+        self.lost: str | None = None  # the claim is gone: nothing more to ack, renew or release
+        self.release_reason: str | None = None
+        self.stop_reason: str | None = None
+        self.current: Tags | None = None
+        self.lock = asyncio.Lock()  # ack, renew and release never overlap (a renew must not name acked ids)
+        self.task: asyncio.Task[None] | None = None
+
+    def lose(self, reason: str) -> None:
+        if self.lost is None:
+            self.lost = reason
+            self.worker.stats.lost += 1
+            log.warning("claim on group %s of %s lost: %s", self.group, self.worker.queue, reason)
+        if self.current is not None:
+            self.current.abort(reason)
+
+    def abort(self, reason: str) -> None:
+        self.stop_reason = self.stop_reason or reason
+        if self.current is not None:
+            self.current.abort(reason)
+
+    async def run(self) -> None:
+        worker = self.worker
+        assert worker._tg is not None
+        heartbeat = worker._tg.create_task(
+            self._heartbeat(), name=f"strictq-heartbeat-{worker.queue}-{self.group}"
+        )
+        try:
+            if self.previous is not None:
+                await self.previous.finished.wait()
+            while self.held and self.lost is None:
+                if worker.stopping or self.stop_reason:
+                    self.release_reason = self.stop_reason or "worker stopping"
+                    break
+                if not await self._process(self.held[0]):
+                    break
+        finally:
+            heartbeat.cancel()
+            try:
+                if self.held and self.lost is None:
+                    await self._release(self.release_reason or "worker stopping")
+            finally:
+                self.finished.set()
+                worker._run_finished(self)
+
+    async def _process(self, raw: dict[str, Any]) -> bool:
+        worker = self.worker
+        assert worker._tg is not None
+        attempt = raw.get("receive_count") or raw.get("attempt") or 1
+        tags = Tags(worker.queue, raw["id"], self.group, raw.get("token", ""), int(attempt))
+        session = worker._session(tags)
+        message = Message(
+            queue=worker.queue,
+            id=raw["id"],
+            group=self.group,
+            seq=_seq(raw),
+            token=raw.get("token", ""),
+            attempt=int(attempt),
+            payload=raw.get("payload"),
+            http=session,
+            worker_id=worker.worker_id,
+            raw=raw,
+        )
+        self.current = tags
+        task = worker._tg.create_task(
+            worker._invoke(message, tags), name=f"strictq-handler-{worker.queue}-{raw['id']}"
+        )
+        tags.task = task
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            tags.abort("the worker was cancelled")
+            raise
+        finally:
+            self.current = None
+            await session.close()
+        if task.cancelled() or tags.aborted:
+            reason = tags.abort_reason or "the handler was cancelled"
+            worker.stats.failed += 1
+            if tags.fenced is not None and tags.fenced.action == "stale-lease":
+                self.lose(f"message {raw['id']}: {reason}")
+            else:
+                self.release_reason = f"message {raw['id']}: {reason}"
+            return False
+        error = task.result()
+        if error is not None:
+            worker.stats.failed += 1
+            self.release_reason = f"message {raw['id']} attempt {attempt}: handler raised {error!r}"
+            log.warning(
+                "handler failed on message %s (group %s of %s, attempt %s); releasing the group's rest",
+                raw["id"],
+                self.group,
+                worker.queue,
+                attempt,
+                exc_info=error,
+            )
+            return False
+        return await self._ack(raw)
+
+    async def _ack(self, raw: dict[str, Any]) -> bool:
+        worker = self.worker
+        assert worker._gateway is not None
+        delay = MIN_BACKOFF
+        async with self.lock:
+            while True:
+                try:
+                    await worker._gateway.ack(worker.queue, [raw["id"]], raw.get("token"))
+                    break
+                except LeaseRefused as exc:
+                    self.lose(f"ack of {raw['id']} refused: {exc}")
+                    return False
+                except GatewayError as exc:
+                    loop = asyncio.get_running_loop()
+                    if not exc.transient or loop.time() + delay >= self.expires:
+                        self.release_reason = f"ack of {raw['id']} failed: {exc}"
+                        log.error("ack of %s in %s failed: %s", raw["id"], worker.queue, exc)
+                        return False
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, MAX_ERROR_BACKOFF)
+            self.held.pop(0)
+        worker.stats.acked += 1
+        return True
+
+    async def _release(self, reason: str) -> None:
+        worker = self.worker
+        assert worker._gateway is not None
+        async with self.lock:
+            held, self.held = self.held, []
+            for token, ids in _by_token(held).items():
+                try:
+                    await worker._gateway.release(worker.queue, ids, token)
+                    worker.stats.released += len(ids)
+                except LeaseRefused as exc:
+                    log.info("release of group %s refused (claim already gone): %s", self.group, exc)
+                except GatewayError as exc:
+                    log.warning("release of group %s failed (its claim will expire): %s", self.group, exc)
+        worker.stats.note(reason)
+        log.info(
+            "released %d message(s) of group %s in %s (from %s): %s",
+            len(held),
+            self.group,
+            worker.queue,
+            held[0]["id"] if held else "-",
+            reason,
+        )
+
+    async def _heartbeat(self) -> None:
+        """Renew the claim every `heartbeat_fraction` of the ttl while held; lose it when refused, or when
+        renewals keep failing until the claim is about to expire."""
+        worker = self.worker
+        assert worker._gateway is not None
+        loop = asyncio.get_running_loop()
+        interval = worker.ttl * worker.heartbeat_fraction
+        margin = worker.ttl * 0.05
+        failing = False
+        try:
+            while True:
+                deadline = self.expires - margin
+                delay = min(interval / 4, 0.25) if failing else interval
+                await asyncio.sleep(max(0.0, min(loop.time() + delay, deadline) - loop.time()))
+                if not self.held or self.lost is not None:
+                    return
+                if loop.time() >= deadline:
+                    self.lose("the claim is about to expire and could not be renewed")
+                    return
+                started = loop.time()
+                try:
+                    async with self.lock:
+                        if not self.held:
+                            return
+                        for token, ids in _by_token(self.held).items():
+                            async with asyncio.timeout(max(deadline - loop.time(), 0.05)):
+                                await worker._gateway.renew(worker.queue, ids, token, worker.ttl)
+                except LeaseRefused as exc:
+                    self.lose(f"heartbeat refused: {exc}")
+                    return
+                except (GatewayError, TimeoutError) as exc:
+                    failing = True
+                    log.warning("heartbeat for group %s of %s failed: %s", self.group, worker.queue, exc)
+                    continue
+                failing = False
+                self.expires = started + worker.ttl
+                worker.stats.heartbeats += 1
+        except Exception:  # never take the task group down; the claim will be treated as lost
+            log.exception("heartbeat for group %s crashed", self.group)
+            self.lose("the heartbeat crashed")
+
+
+def _seq(raw: dict[str, Any]) -> int:
+    seq = raw.get("seq")
+    return seq if isinstance(seq, int) else 0
+
+
+def _by_token(messages: Iterable[dict[str, Any]]) -> dict[Any, list[str]]:
+    out: dict[Any, list[str]] = {}
+    for raw in messages:
+        out.setdefault(raw.get("token"), []).append(raw["id"])
+    return out
