@@ -367,6 +367,33 @@ def test_moving_dead_letters_back_restores_group_order() -> None:
     assert ids(again) == ["m1", "m2", "m3"]
     assert again[0].token > first[0].token
     assert again[0].seq < again[1].seq < again[2].seq
+    # Redriven messages count as new (SQS): their receive count restarts and the origin is cleared, so
+    # one more failure does not send them straight back.
+    assert (again[0].receive_count, again[0].origin) == (1, None)
+
+
+def test_redrive_reset_survives_a_restart(tmp_path: Path) -> None:
+    clock = Clock()
+    store = SqliteStore(tmp_path / "q.sqlite3", clock=lambda: clock.now)
+    epoch, snapshot = store.open(clock.now)
+    core = QueueCore(epoch=epoch)
+    core.restore(snapshot, clock.now)
+    core.create_queue("q-dlq", clock.now)
+    core.create_queue("q", clock.now, {"max_receive_count": 1, "dead_letter_queue": "q-dlq"})
+    send_group(core, "q", clock.now, "g", ["m1"])
+    first = core.receive("q", 1, None, "w", clock.advance(1))
+    core.release("q", [("m1", first[0].token)], clock.advance(1))
+    core.start_move("q-dlq", "q", clock.now)
+    core.handle_timer(clock.now)
+    store.apply(core.drain_effects())
+    store.close()
+
+    epoch, snapshot = store.open(clock.advance(1))
+    core = QueueCore(epoch=epoch)
+    core.restore(snapshot, clock.now)
+    again = core.receive("q", 1, None, "w", clock.now)
+    assert (ids(again), again[0].receive_count, again[0].origin) == (["m1"], 1, None)
+    store.close()
 
 
 # ------------------------------------------------------------------------------------ purge, delete
