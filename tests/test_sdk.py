@@ -8,9 +8,11 @@ import itertools
 import os
 import random
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -162,6 +164,23 @@ async def test_failed_message_is_released_and_redelivered_in_group_order(gateway
     assert worker.stats.failed == 1 and worker.stats.released == 2  # m2 and m3, untouched m3 included
     assert any("handler raised RuntimeError" in r for r in worker.stats.reasons)
     assert await size(gateway, "crashy") == 0
+
+
+async def test_a_poison_message_backs_off_instead_of_spinning(gateway: Gateway) -> None:
+    attempts: list[float] = []
+
+    async def handler(msg: Message) -> None:
+        attempts.append(time.monotonic())
+        raise RuntimeError("always fails")
+
+    await send(gateway, "poison", [{"n": 1}], "g")
+    worker = Worker("poison", handler, config=config(gateway), ttl=30.0, retry_backoff=(0.1, 0.4))
+    async with asyncio.timeout(TEST_TIMEOUT), running(worker):
+        await wait_until(lambda: len(attempts) >= 4, what="four attempts")
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    # Held 0.1, 0.2, then 0.4 s (capped) before each release: spaced out, never a hot loop.
+    assert all(gap >= expected * 0.9 for gap, expected in zip(gaps, (0.1, 0.2, 0.4), strict=False)), gaps
+    assert worker.stats.acked == 0 and worker.stats.failed == len(attempts)
 
 
 async def test_two_workers_never_run_one_group_at_once(gateway: Gateway) -> None:
@@ -417,3 +436,35 @@ async def test_producer_batches_and_reports_per_entry_results(gateway: Gateway) 
     assert by_group.pop("c1") == [1, 4] and by_group.pop("c2") == [2] and by_group.pop("c3") == [6, 7]
     assert by_group.pop("c5") == [12, 13, 14]
     assert list(by_group.values()) == [[5]]  # its own group
+
+
+EXAMPLE_WORKER = Path(__file__).resolve().parent.parent / "examples" / "worker.py"
+
+
+async def test_the_example_worker_runs_against_the_gateway(gateway: Gateway) -> None:
+    """examples/worker.py (the README's) sends two customers' orders and processes them in order."""
+    producer, worker = gateway.credential("producer-1"), gateway.credential("worker-1")
+    env = {
+        **os.environ,
+        "STRICTQ_URL": gateway.url,
+        "STRICTQ_CA_FILE": str(gateway.ca_file),
+        "STRICTQ_API_KEY": producer.secret,
+        "STRICTQ_WORKER_ID": worker.id,
+        "STRICTQ_WORKER_SECRET": worker.secret,
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(EXAMPLE_WORKER), env=env, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), TEST_TIMEOUT)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    lines = out.decode().splitlines()
+    assert proc.returncode == 0, lines
+    assert lines[0] == "sent: ['sent', 'sent', 'sent', 'sent']"
+    for customer in ("customer-1", "customer-2"):
+        steps = [line.split()[2] for line in lines if line.startswith(customer)]
+        assert steps == ["1", "2"], lines
+    assert lines[-1] == "acked 4, failed 0"

@@ -21,7 +21,8 @@ What it does, against the gateway's EmoDB face:
   (extend) for another ttl, and so on while it runs (the backlog article's heartbeating). A refused renew
   (409: superseded) cancels the handler; so does failing to renew until the claim is about to expire.
 - Success: the message is acked with its lease token. Failure (the handler raised): that message and the
-  rest of its group's claimed messages are released (renew ttl 0) and the group stops there, so it is
+  rest of its group's claimed messages are released (renew ttl 0, after a backoff that doubles with the
+  attempt: a poison message must not spin) and the group stops there, so it is
   redelivered in order. The EmoDB face has no field for a reason: the reason is logged (logger
   `strictq.sdk`) and counted, not sent.
 - `msg.http` is an aiohttp session whose calls carry the message's tags (`X-Strictq-*`, call ordinal per
@@ -111,6 +112,7 @@ class Worker:
         grace: float = 10.0,
         wait: float | None = None,
         gateway_timeout: float = 30.0,
+        retry_backoff: tuple[float, float] = (0.1, 30.0),
     ) -> None:
         if not 0 < heartbeat_fraction < 0.9:
             raise ValueError("heartbeat_fraction must be in (0, 0.9)")
@@ -128,6 +130,9 @@ class Worker:
         self.grace = grace
         self.wait = wait
         self.gateway_timeout = gateway_timeout
+        # After a handler failure the group's claim is held (heartbeats go on) for base * 2**(attempt-1)
+        # seconds, at most `max`, before it is released: a poison message must not spin the queue hot.
+        self.retry_backoff = retry_backoff
         self.stats = WorkerStats()
         self._proxy_headers = proxy_authorization(self.config.worker_id, self.config.worker_secret)
         self._stopping = asyncio.Event()
@@ -352,6 +357,7 @@ class _GroupRun:
         self.finished = asyncio.Event()
         self.lost: str | None = None  # the claim is gone: nothing more to ack, renew or release
         self.release_reason: str | None = None
+        self.retry_after = 0.0  # backoff before releasing after a handler failure
         self.stop_reason: str | None = None
         self.current: Tags | None = None
         self.lock = asyncio.Lock()  # ack, renew and release never overlap (a renew must not name acked ids)
@@ -384,6 +390,8 @@ class _GroupRun:
                     self.release_reason = self.stop_reason or "worker stopping"
                     break
                 if not await self._process(self.held[0]):
+                    if self.retry_after > 0 and self.lost is None:
+                        await worker._sleep(self.retry_after)  # ends early when the worker stops
                     break
         finally:
             heartbeat.cancel()
@@ -437,6 +445,8 @@ class _GroupRun:
         if error is not None:
             worker.stats.failed += 1
             self.release_reason = f"message {raw['id']} attempt {attempt}: handler raised {error!r}"
+            base, ceiling = worker.retry_backoff
+            self.retry_after = min(ceiling, base * 2 ** (max(1, int(attempt)) - 1))
             log.warning(
                 "handler failed on message %s (group %s of %s, attempt %s); releasing the group's rest",
                 raw["id"],
