@@ -34,6 +34,8 @@ class LoadSummary:
     ack_requests: int = 0
     errors: int = 0
     dropped: int = 0
+    sign_ns: int = 0  # SQS face: generator time spent SigV4-signing, and how many requests it signed
+    signs: int = 0
     first_errors: list[str] = field(default_factory=list)
     # Every repeat when this summary is the median of several: (end-to-end rate, other CPU in cores,
     # server CPU µs per message).
@@ -77,6 +79,11 @@ class LoadSummary:
         """Server CPU per message that went all the way through (send + receive + ack)."""
         return 1e6 * self.server_cpu / self.acked if self.acked else float("nan")
 
+    @property
+    def sign_us(self) -> float:
+        """Generator µs per SigV4 signature (SQS face)."""
+        return self.sign_ns / 1000.0 / self.signs if self.signs else float("nan")
+
     def latency_ms(self, which: str, q: float) -> float:
         return 1000.0 * percentile(getattr(self, which), q)
 
@@ -94,6 +101,7 @@ class LoadSummary:
             generator_cores=self.generator_cores,
             other_cores=self.other_cores,
             server_us_per_message=self.server_us_per_message(),
+            sign_us=self.sign_us,
         )
         for which in ("send_latency", "receive_ack_latency", "delivery_latency"):
             samples = getattr(self, which)
@@ -172,6 +180,8 @@ def run_load(
             "ack_requests",
             "errors",
             "dropped",
+            "sign_ns",
+            "signs",
         ):
             setattr(summary, name, getattr(summary, name) + getattr(result, name))
         summary.first_errors += result.first_errors

@@ -4,7 +4,9 @@ One design drives both targets:
   * strictq: aiohttp with keep-alive connections and orjson against the internal HTTP API
     (send batch -> POST /send, receive batch -> POST /receive, ack batch -> POST /ack with the receipts);
   * redis: redis-py asyncio against Redis Streams (XADD x batch pipelined, XREADGROUP COUNT batch,
-    XACK + XDEL of the batch's ids pipelined).
+    XACK + XDEL of the batch's ids pipelined);
+  * emodb, sqs: the gateway (`strictq serve`) over HTTPS, on its EmoDB face (X-BV-API-Key) or its SQS
+    JSON face (SigV4, signed in the generator with botocore), with the same send/receive/ack batches.
 
 Modes:
   * closed: every task loops as fast as its replies come back. Producers hold off while this process has
@@ -53,6 +55,10 @@ class LoadSpec:
     index: int = 0  # which process this is
     connections: int = 0  # 0: one per task (closed); open loop uses 64
     stop_after_window: bool = True
+    # Gateway targets ("emodb", "sqs"): the CA to trust and the credentials, {"producer": [id, secret],
+    # "workers": [[id, secret], ...]}; consumer tasks take the workers round robin.
+    ca: str = ""
+    credentials: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -67,6 +73,8 @@ class LoadResult:
     ack_requests: int = 0
     errors: int = 0
     dropped: int = 0
+    sign_ns: int = 0  # SQS face: time spent SigV4-signing requests in the generator
+    signs: int = 0
     first_errors: list[str] = field(default_factory=list)
     cpu_seconds: float = 0.0  # this generator process, inside the window
     window: float = 0.0  # measured window length (loop clock)
@@ -86,6 +94,8 @@ class Stats:
         self.ack_requests = 0
         self.errors = 0
         self.dropped = 0
+        self.sign_ns = 0
+        self.signs = 0
         self.first_errors: list[str] = []
 
     def error(self, text: str) -> None:
@@ -358,11 +368,235 @@ class RedisStreamsClient:
         return int(acked)
 
 
+class GatewayClient:
+    """Shared by the gateway's faces: keep-alive aiohttp connections over HTTPS, trusting the gateway's CA
+    (the `strictq: ca` file), the producer credential for sends and the workers' round robin for claims."""
+
+    def __init__(self, spec: LoadSpec) -> None:
+        import ssl
+
+        import aiohttp
+
+        self.aiohttp = aiohttp
+        self.spec = spec
+        self.base = spec.address.rstrip("/")
+        context = ssl.create_default_context(cafile=spec.ca or None)
+        limit = spec.connections or (64 if spec.mode == "open" else spec.producers + spec.consumers)
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=60, ssl=context),
+            timeout=aiohttp.ClientTimeout(total=60),
+        )
+        self.producer: tuple[str, str] = tuple(spec.credentials["producer"])  # type: ignore[assignment]
+        self.workers: list[tuple[str, str]] = [tuple(w) for w in spec.credentials["workers"]]  # type: ignore[misc]
+        self.worker_of: dict[str, tuple[str, str]] = {}
+
+    def worker(self, name: str) -> tuple[str, str]:
+        """(id, secret) of the worker credential a consumer task uses: worker-1..n round robin."""
+        got = self.worker_of.get(name)
+        if got is None:
+            got = self.workers[(self.spec.index + len(self.worker_of)) % len(self.workers)]
+            self.worker_of[name] = got
+        return got
+
+    def group(self, gen: Generator) -> str:
+        return f"g{gen.rng.randrange(self.spec.groups)}"
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    async def _request(
+        self, gen: Generator, method: str, url: str, data: bytes | None, headers: dict[str, str]
+    ) -> bytes | None:
+        try:
+            async with self.session.request(method, url, data=data, headers=headers) as response:
+                raw = await response.read()
+                if response.status != 200:
+                    gen.stats.error(f"{method} {url.rsplit('/', 2)[-1]}: {response.status} {raw[:200]!r}")
+                    return None
+                return raw
+        except (self.aiohttp.ClientError, TimeoutError, OSError) as exc:
+            if not gen.stop:
+                gen.stats.error(f"{type(exc).__name__}: {exc}")
+            return None
+
+
+EMPTY_POLL_PAUSE = 0.02  # the EmoDB face has no long poll: an empty poll waits this long before the next
+
+
+class EmoDbClient(GatewayClient):
+    """The EmoDB face: `_sendbatch` of `batch` messages in one random group (`?group=`), poll(limit=batch),
+    then ack of the polled ids with their lease token (`X-Strictq-Lease`; one ack request per token,
+    normally one: a poll claims one group's prefix)."""
+
+    def __init__(self, spec: LoadSpec) -> None:
+        super().__init__(spec)
+        self.send_url = f"{self.base}/queue/1/_sendbatch"
+        self.poll_url = f"{self.base}/queue/1/{spec.queue}/poll?ttl={spec.ttl:g}&limit={spec.batch}"
+        self.ack_url = f"{self.base}/queue/1/{spec.queue}/ack"
+        self.send_headers = {**JSON, "X-BV-API-Key": self.producer[1]}
+
+    async def send(self, gen: Generator) -> None:
+        import orjson
+
+        n = self.spec.batch
+        payload = orjson.dumps({self.spec.queue: [gen.body() for _ in range(n)]})
+        gen.stats.sent += n
+        raw = await self._request(
+            gen, "POST", f"{self.send_url}?group={self.group(gen)}", payload, self.send_headers
+        )
+        gen.stats.send_requests += 1
+        if raw is None:
+            gen.stats.sent -= n
+
+    async def receive_ack(self, gen: Generator, worker: str, wait: float) -> int:
+        import orjson
+
+        secret = self.worker(worker)[1]
+        raw = await self._request(gen, "GET", self.poll_url, None, {"X-BV-API-Key": secret})
+        gen.stats.receive_requests += 1
+        if raw is None:
+            return 0
+        messages = orjson.loads(raw)
+        if not messages:
+            gen.stats.empty_receives += 1
+            if wait:
+                await asyncio.sleep(EMPTY_POLL_PAUSE)
+            return 0
+        gen.stats.received += len(messages)
+        gen.delivered([m["payload"] for m in messages])
+        by_token: dict[int, list[str]] = {}
+        for m in messages:
+            by_token.setdefault(m["token"], []).append(m["id"])
+        acked = 0
+        for token, ids in by_token.items():
+            headers = {**JSON, "X-BV-API-Key": secret, "X-Strictq-Lease": str(token)}
+            raw = await self._request(gen, "POST", self.ack_url, orjson.dumps(ids), headers)
+            gen.stats.ack_requests += 1
+            if raw is not None:
+                acked += len(ids)
+        gen.stats.acked += acked
+        return acked
+
+
+class SqsClient(GatewayClient):
+    """The SQS JSON face, SigV4-signed here with botocore's SigV4Auth (timed: `sign_ns`): SendMessageBatch of
+    `batch` entries in one random MessageGroupId, ReceiveMessage(batch), DeleteMessageBatch of what came.
+    Bodies carry the process id and a counter: the FIFO queue deduplicates by content (5 minutes)."""
+
+    AMZ_JSON = "application/x-amz-json-1.0"
+
+    def __init__(self, spec: LoadSpec) -> None:
+        super().__init__(spec)
+        from botocore.auth import SigV4Auth
+        from botocore.awsrequest import AWSRequest
+        from botocore.credentials import Credentials
+
+        self.AWSRequest = AWSRequest
+        self.endpoint = self.base + "/"
+        self.queue_url = f"{self.base}/{spec.credentials['tenant']}/{spec.queue}"
+        region = spec.credentials.get("region", "us-east-1")
+        self.signers = {
+            key: SigV4Auth(Credentials(key, secret), "sqs", region)
+            for key, secret in [self.producer, *self.workers]
+        }
+        self.counter = 0
+
+    def unique(self, body: str) -> str:
+        self.counter += 1
+        tag = f"{os.getpid()}.{self.counter}."  # unique across repeats on the same server too
+        head, bar, rest = body.partition("|")
+        if bar:  # open loop: keep the send stamp in front
+            return head + bar + tag + rest[len(tag) :]
+        return tag + body[len(tag) :]
+
+    def signed(self, gen: Generator, key: str, action: str, payload: bytes) -> dict[str, str]:
+        started = time.perf_counter_ns()
+        request = self.AWSRequest(
+            method="POST",
+            url=self.endpoint,
+            data=payload,
+            headers={"Content-Type": self.AMZ_JSON, "X-Amz-Target": "AmazonSQS." + action},
+        )
+        self.signers[key].add_auth(request)
+        headers = dict(request.headers.items())
+        gen.stats.sign_ns += time.perf_counter_ns() - started
+        gen.stats.signs += 1
+        return headers
+
+    async def call(self, gen: Generator, key: str, action: str, params: dict[str, Any]) -> Any:
+        import orjson
+
+        payload = orjson.dumps(params)
+        raw = await self._request(gen, "POST", self.endpoint, payload, self.signed(gen, key, action, payload))
+        return None if raw is None else orjson.loads(raw)
+
+    async def send(self, gen: Generator) -> None:
+        group = self.group(gen)
+        entries = [
+            {"Id": str(i), "MessageBody": self.unique(gen.body()), "MessageGroupId": group}
+            for i in range(self.spec.batch)
+        ]
+        gen.stats.sent += len(entries)
+        data = await self.call(
+            gen, self.producer[0], "SendMessageBatch", {"QueueUrl": self.queue_url, "Entries": entries}
+        )
+        gen.stats.send_requests += 1
+        if data is None:
+            gen.stats.sent -= len(entries)
+            return
+        failed = data.get("Failed") or []
+        if failed:
+            gen.stats.sent -= len(failed)
+            gen.stats.error(f"send: {len(failed)} entries failed: {failed[:1]}")
+
+    async def receive_ack(self, gen: Generator, worker: str, wait: float) -> int:
+        spec = self.spec
+        key = self.worker(worker)[0]
+        params = {
+            "QueueUrl": self.queue_url,
+            "MaxNumberOfMessages": spec.batch,
+            "VisibilityTimeout": int(spec.ttl),
+            "WaitTimeSeconds": int(wait),
+        }
+        data = await self.call(gen, key, "ReceiveMessage", params)
+        gen.stats.receive_requests += 1
+        if data is None:
+            return 0
+        messages = data.get("Messages") or []
+        if not messages:
+            gen.stats.empty_receives += 1
+            return 0
+        gen.stats.received += len(messages)
+        gen.delivered([m["Body"] for m in messages])
+        entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)]
+        data = await self.call(
+            gen, key, "DeleteMessageBatch", {"QueueUrl": self.queue_url, "Entries": entries}
+        )
+        gen.stats.ack_requests += 1
+        if data is None:
+            return 0
+        ok = len(data.get("Successful") or [])
+        if ok != len(entries):
+            gen.stats.error(
+                f"delete: {len(entries) - ok} of {len(entries)} failed: {data.get('Failed', [])[:1]}"
+            )
+        gen.stats.acked += ok
+        return ok
+
+
+CLIENTS: dict[str, Any] = {
+    "strictq": StrictqClient,
+    "redis": RedisStreamsClient,
+    "emodb": EmoDbClient,
+    "sqs": SqsClient,
+}
+
+
 # ---------------------------------------------------------------------------------------- process
 async def _main(spec: LoadSpec, start_at: float) -> LoadResult:
     loop = asyncio.get_running_loop()
     gen = Generator(spec)
-    client: Any = StrictqClient(spec) if spec.target == "strictq" else RedisStreamsClient(spec)
+    client: Any = CLIENTS[spec.target](spec)
     clock = time.perf_counter  # uvloop's loop.time() ticks in whole milliseconds: too coarse for latency
     t0 = clock() + (start_at - time.time())
     gen.window_start = t0 + spec.warmup

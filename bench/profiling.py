@@ -28,6 +28,9 @@ LOOP_ORDER = [
     "service shell (queue_core.service)",
     "durable-log hand-off (queue_core.durability)",
     "HTTP handlers (queue_core.server)",
+    "TLS (ssl: encrypt/decrypt)",
+    "SigV4 verification (gateway.sqs_auth, botocore)",
+    "gateway faces (gateway.*)",
     "orjson",
     "aiohttp (parsing, routing, responses)",
     "event loop, futures, tasks (asyncio/uvloop)",
@@ -127,6 +130,12 @@ def classify_loop(frames: list[str]) -> str:
             return "durable-log hand-off (queue_core.durability)"
         if "queue_core/server.py" in frame:
             return "HTTP handlers (queue_core.server)"
+        if "ssl.py:" in frame or "sslproto" in frame:
+            return "TLS (ssl: encrypt/decrypt)"
+        if "gateway/sqs_auth.py" in frame or "botocore/" in frame:
+            return "SigV4 verification (gateway.sqs_auth, botocore)"
+        if "gateway/" in frame:
+            return "gateway faces (gateway.*)"
         if "aiohttp/" in frame or "multidict" in frame or "yarl/" in frame:
             return "aiohttp (parsing, routing, responses)"
         if "asyncio/" in frame or "uvloop" in frame:

@@ -10,6 +10,9 @@ RATIO_TARGET = 0.9
 RESTART_TARGET = 5.0
 RSS_TARGET = 400.0
 FULL_BACKLOG = 1_000_000
+GW_TARGET = 10_000.0  # msg/s over HTTPS, batch 10, EmoDB face
+EDGE_TARGET = 0.30  # edge cost: 1 - gateway rate / internal-API rate (EmoDB face)
+GW_LOADS = (("gw-emodb", "gateway, EmoDB face (HTTPS)"), ("gw-sqs", "gateway, SQS JSON face (HTTPS, SigV4)"))
 
 
 def _n(value: Any, digits: int = 0) -> str:
@@ -69,6 +72,34 @@ def targets(results: dict[str, Any], quick: bool) -> list[tuple[str, str, str, s
                     _status(s["ack_rate"] >= E2E_TARGET),
                 )
             )
+    g = results.get("gw-emodb")
+    if g:
+        rows.append(
+            (
+                "End-to-end over HTTPS through the gateway, EmoDB face, batch 10 (100 groups)",
+                f"{_n(g['ack_rate'])} msg/s",
+                f"≥ {_n(GW_TARGET)} msg/s",
+                _status(g["ack_rate"] >= GW_TARGET),
+            )
+        )
+        rows.append(
+            (
+                "Edge cost, EmoDB face: 1 - gateway rate / internal-API rate (e2e-100, same run)",
+                f"{100 * g['edge_cost']:.0f}% ({_n(g['ack_rate'])} / {_n(g['internal_rate'])} msg/s)",
+                f"≤ {100 * EDGE_TARGET:.0f}%",
+                _status(g["edge_cost"] <= EDGE_TARGET),
+            )
+        )
+    q = results.get("gw-sqs")
+    if q:
+        rows.append(
+            (
+                "Edge cost, SQS face (SigV4): 1 - gateway rate / internal-API rate",
+                f"{100 * q['edge_cost']:.0f}% ({_n(q['ack_rate'])} / {_n(q['internal_rate'])} msg/s)",
+                "reported (no threshold set)",
+                "—",
+            )
+        )
     b = results.get("backlog")
     if b:
         n = b["backlog"]
@@ -254,6 +285,8 @@ def render(
                 )
         add("")
 
+    gateway_section(results, add)
+
     if b:
         add("## Backlog, restart and memory\n")
         add(
@@ -378,8 +411,123 @@ def render(
         "- Latency at half peak: open loop, scheduled starts, latency from the scheduled start (no"
         " coordinated"
         " omission); the peak is this run's e2e-100 figure.\n"
+        "- Gateway scenarios: `strictq serve --host 127.0.0.1 --port 0 --data-dir <fresh temp dir>` (HTTPS"
+        " with its own development CA and key file; queue core in-process), stopped with SIGTERM. The"
+        " generators trust the CA printed on the `strictq: ca` line (ssl context with that cafile), keep"
+        " connections alive, send with the producer credential and consume with worker-1..3 round robin;"
+        " the SQS generators sign every request with botocore's SigV4Auth (timed separately). Edge cost"
+        " compares with this run's e2e-100 figure (same generator design, same batch, plain HTTP to the"
+        " queue server's internal API).\n"
     )
     return "\n".join(out).rstrip() + "\n"
+
+
+def gateway_section(results: dict[str, Any], add: Any) -> None:
+    loads = [(key, label) for key, label in GW_LOADS if key in results]
+    lat = results.get("gw-latency")
+    if not loads and not lat:
+        return
+    internal = results.get("e2e-100")
+    add("## Through the gateway (HTTPS, `strictq serve`)\n")
+    add(
+        "The same closed-loop load as e2e-100, through the gateway over HTTPS (TLS terminated by the"
+        " gateway; queue core in the same process). EmoDB face: `POST /queue/1/_sendbatch?group=G` with"
+        " 10 JSON messages of one random group out of 100, `GET /queue/1/bench/poll?ttl=30&limit=10`"
+        " (no long poll on this face: an empty poll pauses 20 ms), then `POST /queue/1/bench/ack` of the"
+        " polled ids with their lease token (`X-Strictq-Lease`; one ack per distinct token, normally one)."
+        " SQS face: FIFO queue `bench.fifo` with content-based deduplication (bodies made unique), "
+        " SendMessageBatch of 10 with one random MessageGroupId, ReceiveMessage 10 (WaitTimeSeconds 1),"
+        " DeleteMessageBatch of what came; every request SigV4-signed by the generator. The internal-API row"
+        " is this run's e2e-100 figure (there each message draws its own group; here one group per send"
+        " request, as the EmoDB face takes one group per request).\n"
+    )
+    add(LOAD_HEADER)
+    if internal:
+        add(_load_row("queue server internal API, 100 groups (e2e-100, reference)", internal))
+    for key, label in loads:
+        add(_load_row(label, results[key]))
+    add("")
+    if loads:
+        add(
+            "| face | end-to-end msg/s | internal API msg/s | edge cost = 1 - gateway / internal"
+            " | server CPU µs/msg | over the internal API, µs/msg | requests per message | empty polls |"
+        )
+        add("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for key, label in loads:
+            g = results[key]
+            requests = g["send_requests"] + g["receive_requests"] + g["ack_requests"]
+            add(
+                f"| {label} | {_n(g['ack_rate'])} | {_n(g['internal_rate'])} | {100 * g['edge_cost']:.0f}% |"
+                f" {_n(g['server_us_per_message'], 1)} |"
+                f" {g['server_us_per_message'] - g['internal_us_per_message']:+.1f} |"
+                f" {requests / g['acked'] if g['acked'] else float('nan'):.2f} | {_n(g['empty_receives'])} |"
+            )
+        add("")
+    e, q = results.get("gw-emodb"), results.get("gw-sqs")
+    if e and q:
+        sig = q.get("sigv4") or {}
+        per_request = (q["send_requests"] + q["receive_requests"] + q["ack_requests"]) / max(1, q["acked"])
+        extra = q["server_us_per_message"] - e["server_us_per_message"]
+        add("### SigV4 and the SQS face, separately\n")
+        items = [
+            f"SQS face / EmoDB face, end-to-end: {q['ack_rate'] / e['ack_rate']:.2f}"
+            f" ({_n(q['ack_rate'])} / {_n(e['ack_rate'])} msg/s).",
+            f"Gateway CPU per message: SQS {q['server_us_per_message']:.1f} µs vs EmoDB"
+            f" {e['server_us_per_message']:.1f} µs, {extra:+.1f} µs per message, i.e."
+            f" {extra / per_request:+.0f} µs per SQS request ({per_request:.2f} requests per message)."
+            " This is the whole SQS face: SigV4 verification, plus per-message MD5s, content-based"
+            " deduplication (SHA-256 of each body), receipt handles and the SQS JSON shapes.",
+        ]
+        if sig:
+            items.append(
+                f"SigV4 verification alone (`gateway.sqs_auth.verify`, botocore computing the expected"
+                " signature; measured in the benchmark process on an idle machine):"
+                f" {sig['verify_us']:.0f} µs"
+                f" per request, i.e. ~{sig['verify_us'] / per_request:.0f} µs per message at batch 10, or"
+                f" {100 * sig['verify_us'] * per_request**-1 / q['server_us_per_message']:.0f}% of the SQS"
+                " face's gateway CPU per message."
+            )
+        sign_line = (
+            f"SigV4 signing in the generators under load (botocore SigV4Auth.add_auth):"
+            f" {q.get('sign_us', float('nan')):.0f} µs per request over {_n(q.get('signs'))} requests"
+        )
+        if sig:
+            sign_line += f"; {sig['sign_us']:.0f} µs per request on an idle machine."
+        items.append(sign_line + " The generators share the machine's cores with the gateway.")
+        for item in items:
+            add(f"- {item}")
+        add("")
+    if lat:
+        add("### Latency at half of the EmoDB face's peak (open loop, HTTPS)\n")
+        add(
+            f"Peak = {_n(lat['peak'])} msg/s (gw-emodb, this run); offered {_n(lat['target_rate'])} msg/s:"
+            " `_sendbatch` of 10 on a fixed schedule and poll(10)+ack on a schedule 1.1x as frequent, each"
+            " started on time whether or not earlier ones finished (64 keep-alive connections per generator"
+            f" process); latency counts from the scheduled start. Achieved {_n(lat['send_rate'])} sent/s and"
+            f" {_n(lat['ack_rate'])} acked/s; {lat['dropped']} requests dropped for exceeding the outstanding"
+            f" bound; {lat['errors']} errors; gateway {lat['server_cores']:.2f} cores.\n"
+        )
+        add("| operation | p50 ms | p99 ms | max ms | samples |\n|---|---:|---:|---:|---:|")
+        for key, label in (
+            ("send_latency", "_sendbatch (10, durable)"),
+            ("receive_ack_latency", "poll (10) + ack"),
+            ("delivery_latency", "delivery: send stamp in the payload → polled by a consumer"),
+        ):
+            block = lat.get(key)
+            if block:
+                add(
+                    f"| {label} | {block['p50_ms']:.2f} | {block['p99_ms']:.2f} | {block['max_ms']:.1f} |"
+                    f" {block['n']:,} |"
+                )
+        add("")
+    for key, label in loads:
+        prof = results[key].get("profile")
+        if prof:
+            add(
+                f"### Where the gateway's time goes: {label} (py-spy,"
+                f" {_n(prof['summary']['ack_rate'])} msg/s while sampled)\n"
+            )
+            add(prof["markdown"])
 
 
 def computed_notes(results: dict[str, Any]) -> list[str]:

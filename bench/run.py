@@ -1,7 +1,9 @@
 """`python -m bench.run [--quick] [--only NAME[,NAME]] [--profile]`: run benchmarks, write docs/benchmarks.md.
 
-Scenarios, in order: core, e2e-100, e2e-10k, latency, backlog (with restart and RSS), redis, and with
---profile, profile. `--only e2e` means both e2e scenarios; `restart` and `rss` mean backlog.
+Scenarios, in order: core, e2e-100, e2e-10k, latency, gw-emodb, gw-sqs, gw-latency (the HTTPS gateway's
+EmoDB and SQS faces, and latency at half the EmoDB face's peak), backlog (with restart and RSS), redis, and
+with --profile, profile (and py-spy on the gateway in gw-emodb/gw-sqs). `--only e2e` means both e2e
+scenarios; `gw` (or `gateway`) the three gateway scenarios; `restart` and `rss` mean backlog.
 Raw outputs (server logs, profiles, results.json) go to bench/out/ (ignored by git).
 """
 

@@ -16,9 +16,10 @@ from .harness import LoadSummary, run_load
 from .loadgen import LoadSpec
 from .preload import preload
 from .profiling import RATE, analyze_pyspy, pyspy_binary, render_pyspy, start_pyspy
-from .servers import QueueServer, RedisServer
+from .servers import GatewayServer, QueueServer, RedisServer
 
 QUEUE = "bench"
+SQS_QUEUE = "bench.fifo"
 Progress = Callable[[str], None]
 
 
@@ -214,6 +215,183 @@ def scenario_latency(st: Settings, progress: Progress) -> None:
     st.results["latency"] = _summary(summary, peak=peak, target_rate=rate)
 
 
+# ------------------------------------------------------------------------------------------- gateway
+def _gateway_spec(st: Settings, target: str, gw: GatewayServer, **changes: Any) -> LoadSpec:
+    """The e2e-100 load for a face of the gateway: the producer credential sends, worker-1..n consume."""
+    creds = gw.credentials()
+    producer = next(k for k, v in creds.items() if v["role"] == "producer")
+    workers = sorted(k for k, v in creds.items() if v["role"] == "worker")
+    credentials = {
+        "producer": [producer, creds[producer]["secret"]],
+        "workers": [[w, creds[w]["secret"]] for w in workers],
+        "tenant": creds[producer]["tenant"],
+    }
+    queue = SQS_QUEUE if target == "sqs" else QUEUE
+    return st.spec(target, gw.url, queue=queue, ca=gw.ca, credentials=credentials, **changes)
+
+
+def _create_sqs_queue(gw: GatewayServer, spec: LoadSpec) -> str:
+    """CreateQueue `bench.fifo` (FIFO, content-based deduplication) with the producer credential, SigV4."""
+    import ssl
+
+    import orjson
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    key, secret = spec.credentials["producer"]
+    payload = orjson.dumps(
+        {"QueueName": SQS_QUEUE, "Attributes": {"FifoQueue": "true", "ContentBasedDeduplication": "true"}}
+    )
+    signed = AWSRequest(
+        method="POST",
+        url=gw.url + "/",
+        data=payload,
+        headers={"Content-Type": "application/x-amz-json-1.0", "X-Amz-Target": "AmazonSQS.CreateQueue"},
+    )
+    SigV4Auth(Credentials(key, secret), "sqs", "us-east-1").add_auth(signed)
+    request = urllib.request.Request(
+        gw.url + "/", data=payload, method="POST", headers=dict(signed.headers.items())
+    )
+    context = ssl.create_default_context(cafile=gw.ca)
+    with urllib.request.urlopen(request, timeout=30, context=context) as response:
+        return str(orjson.loads(response.read())["QueueUrl"])
+
+
+def sigv4_verify_us(rounds: int = 2000) -> dict[str, float]:
+    """The gateway's own SigV4 check (`gateway.sqs_auth.verify`, botocore computing the expected signature)
+    on a signed ReceiveMessage request, in this process, and botocore signing the same request: µs each."""
+    import orjson
+    from aiohttp.test_utils import make_mocked_request
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    from gateway.keys import Credential
+    from gateway.sqs_auth import parse_authorization, verify
+
+    host = "127.0.0.1:8443"
+    body = orjson.dumps(
+        {"QueueUrl": f"https://{host}/dev/{SQS_QUEUE}", "MaxNumberOfMessages": 10, "WaitTimeSeconds": 1}
+    )
+    signer = SigV4Auth(Credentials("worker-1", "s3cret-s3cret-s3cret"), "sqs", "us-east-1")
+    started = time.perf_counter()
+    for _ in range(rounds):
+        signed = AWSRequest(
+            method="POST",
+            url=f"http://{host}/",  # the scheme is not signed; the mocked request below is plain http
+            data=body,
+            headers={
+                "Content-Type": "application/x-amz-json-1.0",
+                "X-Amz-Target": "AmazonSQS.ReceiveMessage",
+            },
+        )
+        signer.add_auth(signed)
+    sign_us = 1e6 * (time.perf_counter() - started) / rounds
+    headers = {**dict(signed.headers.items()), "Host": host}
+    request = make_mocked_request("POST", "/", headers=headers)
+    credential = Credential("worker-1", "s3cret-s3cret-s3cret", "worker", "dev")
+    verify(request, body, parse_authorization(request), credential)  # raises if the check fails
+    started = time.perf_counter()
+    for _ in range(rounds):
+        verify(request, body, parse_authorization(request), credential)
+    return {"verify_us": 1e6 * (time.perf_counter() - started) / rounds, "sign_us": sign_us}
+
+
+def _internal_peak(st: Settings, progress: Progress, key: str) -> dict[str, Any]:
+    internal = st.results.get("e2e-100")
+    if not internal:
+        progress(f"{key}: no internal-API figure in this run; measuring e2e-100 first")
+        scenario_e2e_100(st, progress)
+        internal = st.results["e2e-100"]
+    return internal
+
+
+def _gateway(st: Settings, progress: Progress, key: str, target: str) -> None:
+    internal = _internal_peak(st, progress, key)
+    face = {"emodb": "EmoDB face", "sqs": "SQS JSON face (SigV4)"}[target]
+    progress(
+        f"{key}: gateway (`strictq serve`, HTTPS, core in-process), {face}, send/poll/ack batch 10, 100"
+        f" groups (one per send), {st.procs} generator processes x ({st.producers} producers +"
+        f" {st.consumers} consumers), {st.warmup:g}s warm-up + {st.duration:g}s"
+    )
+    gw = GatewayServer(st.work_dir / key / "data", st.out_dir / f"{key}.server.log")
+    profile = None
+    try:
+        gw.start()
+        spec = _gateway_spec(st, target, gw)
+        if target == "sqs":
+            progress(f"  created {_create_sqs_queue(gw, spec)} (FIFO, ContentBasedDeduplication)")
+        summary = _measure(st, spec, gw.pid, progress, key)
+        if st.profile and pyspy_binary() is not None:
+            progress(f"{key}: one more run with py-spy on the gateway (not counted)")
+            profile = _pyspy_run(st, progress, gw, f"{key}-profile", spec)
+    finally:
+        gw.stop()
+    progress(_load_line(key, summary) + f"; empty polls {summary.empty_receives:,}")
+    sigv4 = None
+    if target == "sqs":
+        sigv4 = sigv4_verify_us()
+        progress(
+            f"  SigV4 in isolation (this process, idle machine): the gateway's verify"
+            f" {sigv4['verify_us']:.0f} us per request, botocore signing {sigv4['sign_us']:.0f} us"
+        )
+    edge = 1.0 - summary.ack_rate / internal["ack_rate"] if internal["ack_rate"] else float("nan")
+    extra_us = summary.server_us_per_message() - internal["server_us_per_message"]
+    line = (
+        f"  edge cost = 1 - {summary.ack_rate:,.0f} / {internal['ack_rate']:,.0f} (internal API, e2e-100) ="
+        f" {100 * edge:.0f}%; server CPU {extra_us:+.1f} us/msg over the internal API"
+    )
+    if summary.signs:
+        line += f"; SigV4 signing in the generator {summary.sign_us:.0f} us per request"
+    progress(line)
+    st.results[key] = _summary(
+        summary,
+        face=target,
+        internal_rate=internal["ack_rate"],
+        internal_us_per_message=internal["server_us_per_message"],
+        edge_cost=edge,
+        profile=profile,
+        sigv4=sigv4,
+    )
+
+
+def scenario_gw_emodb(st: Settings, progress: Progress) -> None:
+    _gateway(st, progress, "gw-emodb", "emodb")
+
+
+def scenario_gw_sqs(st: Settings, progress: Progress) -> None:
+    _gateway(st, progress, "gw-sqs", "sqs")
+
+
+def scenario_gw_latency(st: Settings, progress: Progress) -> None:
+    peak = (st.results.get("gw-emodb") or {}).get("ack_rate")
+    if not peak:
+        progress("gw-latency: no EmoDB-face peak in this run; measuring gw-emodb first")
+        scenario_gw_emodb(st, progress)
+        peak = st.results["gw-emodb"]["ack_rate"]
+    rate = 0.5 * peak
+    progress(
+        f"gw-latency: EmoDB face over HTTPS, open loop at 50% of its peak ({peak:,.0f} msg/s): {rate:,.0f}"
+        f" msg/s sent as _sendbatch of 10 and poll(10)+ack 1.1x as often, {st.procs} generator processes"
+    )
+    gw = GatewayServer(st.work_dir / "gw-latency" / "data", st.out_dir / "gw-latency.server.log")
+    try:
+        gw.start()
+        summary = run_load(_gateway_spec(st, "emodb", gw, mode="open", rate=rate), st.procs, gw.pid)
+    finally:
+        gw.stop()
+    progress(
+        f"  gw-latency: send p50 {summary.latency_ms('send_latency', 50):.2f} ms p99"
+        f" {summary.latency_ms('send_latency', 99):.2f} ms; poll+ack p50"
+        f" {summary.latency_ms('receive_ack_latency', 50):.2f} ms p99"
+        f" {summary.latency_ms('receive_ack_latency', 99):.2f} ms; achieved {summary.send_rate:,.0f} sent/s,"
+        f" {summary.ack_rate:,.0f} acked/s; server {100 * summary.server_cores:.0f}% CPU;"
+        f" dropped {summary.dropped}; errors {summary.errors}"
+    )
+    st.results["gw-latency"] = _summary(summary, peak=peak, target_rate=rate)
+
+
 # ------------------------------------------------------------------------------ backlog, restart, RSS
 def scenario_backlog(st: Settings, progress: Progress) -> None:
     """Empty-queue baseline, then a preloaded backlog: start-up time, idle RSS, receive rate, restart."""
@@ -344,15 +522,17 @@ def _profile_pyspy(st: Settings, progress: Progress) -> None:
         server.stop()
 
 
-def _pyspy_run(st: Settings, progress: Progress, server: QueueServer, name: str) -> dict[str, Any]:
-    """One e2e-100 load run with py-spy attached to `server` for the window; the run's figures are kept
-    apart (sampling pauses the server) and only the breakdown is reported."""
+def _pyspy_run(
+    st: Settings, progress: Progress, server: QueueServer, name: str, spec: LoadSpec | None = None
+) -> dict[str, Any]:
+    """One e2e-100 load run (or `spec`) with py-spy attached to `server` for the window; the run's figures
+    are kept apart (sampling pauses the server) and only the breakdown is reported."""
     raw = st.out_dir / f"{name}.pyspy.txt"
     raw.unlink(missing_ok=True)
     spies: list[subprocess.Popen[bytes]] = []
     try:
         summary = run_load(
-            st.spec("strictq", server.url),
+            spec or st.spec("strictq", server.url),
             st.procs,
             server.pid,
             on_window=lambda seconds: spies.append(start_pyspy(server.pid, seconds, raw)),
@@ -424,8 +604,17 @@ SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "e2e-100": scenario_e2e_100,
     "e2e-10k": scenario_e2e_10k,
     "latency": scenario_latency,
+    "gw-emodb": scenario_gw_emodb,
+    "gw-sqs": scenario_gw_sqs,
+    "gw-latency": scenario_gw_latency,
     "backlog": scenario_backlog,
     "redis": scenario_redis,
     "profile": scenario_profile,
 }
-ALIASES = {"e2e": ["e2e-100", "e2e-10k"], "restart": ["backlog"], "rss": ["backlog"]}
+ALIASES = {
+    "gw": ["gw-emodb", "gw-sqs", "gw-latency"],
+    "gateway": ["gw-emodb", "gw-sqs", "gw-latency"],
+    "e2e": ["e2e-100", "e2e-10k"],
+    "restart": ["backlog"],
+    "rss": ["backlog"],
+}

@@ -29,6 +29,9 @@ def strictq_command() -> list[str]:
 class QueueServer:
     """`strictq queue-server --port 0` on loopback; start() returns once it printed its URL."""
 
+    SUBCOMMAND = "queue-server"
+    READY = LISTENING  # start() returns once a line starting with this was printed
+
     def __init__(self, data_dir: Path, log_path: Path, *, profile_to: Path | None = None) -> None:
         self.data_dir = data_dir
         self.log_path = log_path
@@ -48,7 +51,7 @@ class QueueServer:
     def start(self, timeout: float = 120.0) -> QueueServer:
         command = [
             *strictq_command(),
-            "queue-server",
+            self.SUBCOMMAND,
             "--host",
             "127.0.0.1",
             "--port",
@@ -92,8 +95,9 @@ class QueueServer:
             if line.startswith(LISTENING) and not self.url:
                 self.startup_seconds = time.perf_counter() - started
                 self.url = line[len(LISTENING) :].strip()
-                self._listening.set()
             self._lines.append(line)
+            if line.startswith(self.READY) and self.url:
+                self._listening.set()
         self._listening.set()  # EOF: exited (start() notices the missing URL)
 
     def restored_seconds(self) -> float | None:
@@ -120,6 +124,36 @@ class QueueServer:
             self._log_file.close()
             self._log_file = None
         return proc.returncode
+
+
+class GatewayServer(QueueServer):
+    """`strictq serve --port 0`: the HTTPS gateway (SQS and EmoDB faces) with the queue core in-process.
+
+    start() returns once it printed its `client env` line; then `ca` (the CA to trust), `keys` (the
+    development key file it wrote) and the credentials read from it are known.
+    """
+
+    SUBCOMMAND = "serve"
+    READY = "strictq: client env "
+
+    def printed(self, prefix: str) -> str:
+        """The rest of the first stdout line starting with `strictq: <prefix> `."""
+        head = f"strictq: {prefix} "
+        return next((line[len(head) :].strip() for line in self._lines if line.startswith(head)), "")
+
+    @property
+    def ca(self) -> str:
+        return self.printed("ca")
+
+    def credentials(self) -> dict[str, dict[str, str]]:
+        """id -> {"secret", "role", "tenant"} from the key file the gateway wrote."""
+        import tomllib
+
+        data = tomllib.loads(Path(self.printed("keys")).read_text())
+        return {
+            c["id"]: {"secret": c["secret"], "role": c["role"], "tenant": c["tenant"]}
+            for c in data.get("credential", [])
+        }
 
 
 def free_port() -> int:
