@@ -322,28 +322,25 @@ async def read_ids(request: web.Request) -> list[str]:
 
 
 def query_number(request: web.Request, name: str, default: float, low: float, high: float) -> float:
-    raw = request.query.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise InvalidArgument(f"{name} must be a number, got {raw[:40]!r}", field=name) from None
-    if not math.isfinite(value) or not low <= value <= high:
-        raise InvalidArgument(f"{name} must be between {low:g} and {high:g}, got {raw[:40]!r}", field=name)
-    return value
+    return _query(request, name, default, low, high, float, "a number")
 
 
 def query_int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    return _query(request, name, default, low, high, int, "an integer")
+
+
+def _query[N: (int, float)](
+    request: web.Request, name: str, default: N, low: N, high: N, parse: Callable[[str], N], kind: str
+) -> N:
     raw = request.query.get(name)
     if raw is None or raw == "":
         return default
     try:
-        value = int(raw)
+        value = parse(raw)
     except ValueError:
-        raise InvalidArgument(f"{name} must be an integer, got {raw[:40]!r}", field=name) from None
-    if not low <= value <= high:
-        raise InvalidArgument(f"{name} must be between {low} and {high}, got {value}", field=name)
+        raise InvalidArgument(f"{name} must be {kind}, got {raw[:40]!r}", field=name) from None
+    if not math.isfinite(value) or not low <= value <= high:
+        raise InvalidArgument(f"{name} must be between {low:g} and {high:g}, got {raw[:40]!r}", field=name)
     return value
 
 

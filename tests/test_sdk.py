@@ -119,20 +119,20 @@ def test_config_from_environment() -> None:
 
 # ------------------------------------------------------------------------------------------ workers
 async def test_slow_handler_outlives_the_ttl_by_heartbeating(gateway: Gateway) -> None:
-    """ttl 1 s, handler 2.5 s: heartbeats keep the claim; processed exactly once; the other worker never
+    """ttl 0.6 s, handler 1.5 s: heartbeats keep the claim; processed exactly once; the other worker never
     sees it."""
     seen: list[tuple[str, str, int]] = []
 
     async def slow(msg: Message) -> None:
         seen.append(("w1", msg.id, msg.attempt))
-        await asyncio.sleep(2.5)
+        await asyncio.sleep(1.5)
 
     async def other(msg: Message) -> None:
         seen.append(("w2", msg.id, msg.attempt))
 
     await send(gateway, "slow", [{"n": 1}], "g")
-    w1 = Worker("slow", slow, config=config(gateway, "worker-1"), ttl=1.0)
-    w2 = Worker("slow", other, config=config(gateway, "worker-2"), ttl=1.0)
+    w1 = Worker("slow", slow, config=config(gateway, "worker-1"), ttl=0.6)
+    w2 = Worker("slow", other, config=config(gateway, "worker-2"), ttl=0.6)
     async with asyncio.timeout(TEST_TIMEOUT), running(w1):
         await wait_until(lambda: bool(seen), what="the slow handler to start")
         async with running(w2):
@@ -219,7 +219,7 @@ async def test_superseded_claim_cancels_the_handler(gateway: Gateway) -> None:
     async def stuck(msg: Message) -> None:
         events.append("w1 started")
         try:
-            await asyncio.sleep(5)
+            await asyncio.Event().wait()  # runs until cancelled
         except asyncio.CancelledError:
             events.append("w1 cancelled")
             raise
@@ -318,7 +318,7 @@ async def test_proxy_verdict_cancels_the_handler(
         except CallFenced as exc:
             events.append(f"fenced {exc.action}")
         try:
-            await asyncio.sleep(5)
+            await asyncio.Event().wait()  # runs until cancelled
             events.append("went on")
         except asyncio.CancelledError:
             events.append("cancelled")
