@@ -183,3 +183,33 @@ def test_serve_refuses_a_broken_key_file(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "credential #1" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_serve_can_require_client_certificates(tmp_path: Path) -> None:
+    """--client-ca: a worker without a certificate from that CA is refused during the TLS handshake."""
+    import trustme
+
+    client_ca = trustme.CA()
+    client_ca_file = tmp_path / "client-ca.pem"
+    client_ca.cert_pem.write_to_path(str(client_ca_file))
+    data_dir = tmp_path / "data"
+    command = [sys.executable, "-m", "strictq", "serve", "--port", "0", "--data-dir", str(data_dir)]
+    proc = subprocess.Popen(
+        [*command, "--client-ca", str(client_ca_file)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().split()[-1]
+        server_ca = str(data_dir / "tls" / "ca.pem")
+        without = ssl.create_default_context(cafile=server_ca)
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+            urllib.request.urlopen(url + "/healthz", context=without, timeout=10)
+        with_cert = ssl.create_default_context(cafile=server_ca)
+        client_ca.issue_cert("worker-1").configure_cert(with_cert)
+        with urllib.request.urlopen(url + "/healthz", context=with_cert, timeout=10) as response:
+            assert response.status == 200
+    finally:
+        assert _stop(proc) == 0
