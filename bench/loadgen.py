@@ -420,7 +420,7 @@ class GatewayClient:
             return None
 
 
-EMPTY_POLL_PAUSE = 0.02  # the EmoDB face has no long poll: an empty poll waits this long before the next
+EMPTY_POLL_PAUSE = 0.02  # polls skip the face's `wait` long poll: an empty poll waits this long
 
 
 class EmoDbClient(GatewayClient):

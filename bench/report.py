@@ -59,6 +59,19 @@ LOAD_HEADER = (
 )
 
 
+def latency_table(add: Any, lat: dict[str, Any], rows: tuple[tuple[str, str], ...]) -> None:
+    """One latency table (p50/p99/max per operation) of an open-loop run."""
+    add("| operation | p50 ms | p99 ms | max ms | samples |\n|---|---:|---:|---:|---:|")
+    for key, label in rows:
+        block = lat.get(key)
+        if block:
+            add(
+                f"| {label} | {block['p50_ms']:.2f} | {block['p99_ms']:.2f} | {block['max_ms']:.1f} |"
+                f" {block['n']:,} |"
+            )
+    add("")
+
+
 def targets(results: dict[str, Any], quick: bool) -> list[tuple[str, str, str, str]]:
     rows: list[tuple[str, str, str, str]] = []
     for key, label in (("e2e-100", "100 groups"), ("e2e-10k", "10,000 groups")):
@@ -271,19 +284,15 @@ def render(
             f" {_n(lat['send_rate'])} sent/s and {_n(lat['ack_rate'])} acked/s; {lat['dropped']} requests"
             f" dropped for exceeding the outstanding bound; server {lat['server_cores']:.2f} cores.\n"
         )
-        add("| operation | p50 ms | p99 ms | max ms | samples |\n|---|---:|---:|---:|---:|")
-        for key, label in (
-            ("send_latency", "send (batch 10, durable)"),
-            ("receive_ack_latency", "receive (10) + ack"),
-            ("delivery_latency", "delivery: send stamp in the body → received by a consumer"),
-        ):
-            block = lat.get(key)
-            if block:
-                add(
-                    f"| {label} | {block['p50_ms']:.2f} | {block['p99_ms']:.2f} | {block['max_ms']:.1f} |"
-                    f" {block['n']:,} |"
-                )
-        add("")
+        latency_table(
+            add,
+            lat,
+            (
+                ("send_latency", "send (batch 10, durable)"),
+                ("receive_ack_latency", "receive (10) + ack"),
+                ("delivery_latency", "delivery: send stamp in the body → received by a consumer"),
+            ),
+        )
 
     gateway_section(results, add)
 
@@ -433,7 +442,8 @@ def gateway_section(results: dict[str, Any], add: Any) -> None:
         "The same closed-loop load as e2e-100, through the gateway over HTTPS (TLS terminated by the"
         " gateway; queue core in the same process). EmoDB face: `POST /queue/1/_sendbatch?group=G` with"
         " 10 JSON messages of one random group out of 100, `GET /queue/1/bench/poll?ttl=30&limit=10`"
-        " (no long poll on this face: an empty poll pauses 20 ms), then `POST /queue/1/bench/ack` of the"
+        " (without the face's `wait` long poll: an empty poll pauses 20 ms),"
+        " then `POST /queue/1/bench/ack` of the"
         " polled ids with their lease token (`X-Strictq-Lease`; one ack per distinct token, normally one)."
         " SQS face: FIFO queue `bench.fifo` with content-based deduplication (bodies made unique), "
         " SendMessageBatch of 10 with one random MessageGroupId, ReceiveMessage 10 (WaitTimeSeconds 1),"
@@ -507,19 +517,15 @@ def gateway_section(results: dict[str, Any], add: Any) -> None:
             f" {_n(lat['ack_rate'])} acked/s; {lat['dropped']} requests dropped for exceeding the outstanding"
             f" bound; {lat['errors']} errors; gateway {lat['server_cores']:.2f} cores.\n"
         )
-        add("| operation | p50 ms | p99 ms | max ms | samples |\n|---|---:|---:|---:|---:|")
-        for key, label in (
-            ("send_latency", "_sendbatch (10, durable)"),
-            ("receive_ack_latency", "poll (10) + ack"),
-            ("delivery_latency", "delivery: send stamp in the payload → polled by a consumer"),
-        ):
-            block = lat.get(key)
-            if block:
-                add(
-                    f"| {label} | {block['p50_ms']:.2f} | {block['p99_ms']:.2f} | {block['max_ms']:.1f} |"
-                    f" {block['n']:,} |"
-                )
-        add("")
+        latency_table(
+            add,
+            lat,
+            (
+                ("send_latency", "_sendbatch (10, durable)"),
+                ("receive_ack_latency", "poll (10) + ack"),
+                ("delivery_latency", "delivery: send stamp in the payload → polled by a consumer"),
+            ),
+        )
     for key, label in loads:
         prof = results[key].get("profile")
         if prof:

@@ -53,6 +53,7 @@ from queue_core.machine import (
     NotFound,
     NotInFlight,
     QueueError,
+    QueueMetrics,
     QueueNotFound,
     SendRequest,
     SendResult,
@@ -523,24 +524,25 @@ async def peek(call: Call) -> web.StreamResponse:
 
 
 async def size(call: Call) -> web.StreamResponse:
-    queue = call.queue()
     # EmoDB's limit: exact up to it, estimated beyond. The core counts exactly in O(1), so it is checked
     # and otherwise has no effect.
     query_int(call.request, "limit", 0, 0, MAX_TOKEN)
-    try:
-        total = call.service_for_queue(queue).metrics(queue).total
-    except QueueNotFound:
-        total = 0
-    return json_response(total)
+    metrics = _metrics(call)
+    return json_response(metrics.total if metrics else 0)
 
 
 async def claimcount(call: Call) -> web.StreamResponse:
+    metrics = _metrics(call)
+    return json_response(metrics.in_flight if metrics else 0)
+
+
+def _metrics(call: Call) -> QueueMetrics | None:
+    """The queue's counts, or None for a queue nobody sent to (EmoDB: an empty queue)."""
     queue = call.queue()
     try:
-        in_flight = call.service_for_queue(queue).metrics(queue).in_flight
+        return call.service_for_queue(queue).metrics(queue)
     except QueueNotFound:
-        in_flight = 0
-    return json_response(in_flight)
+        return None
 
 
 async def purge(call: Call) -> web.StreamResponse:
