@@ -1,0 +1,85 @@
+"""What the addons know about one outbound call, shared through `flow.metadata`.
+
+The addons run in a fixed order (see `fencing.addons.ordered_addons`): auth sets the worker, tagging
+parses the `X-Strictq-*` tags, the guards (fence, lease guard) may answer the call themselves through
+`refuse()`, and capture writes one wire-log record from this context whatever happened. Keeping it one
+small dataclass is what lets each addon stay ignorant of the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import orjson
+from mitmproxy import http
+
+METADATA_KEY = "strictq"
+PROXY_ACTION_HEADER = "X-Strictq-Proxy-Action"
+
+# The actions of the design note's wire-log schema (`action` field) and of X-Strictq-Proxy-Action.
+ACTIONS = ("pass", "block", "mimic", "stale-lease", "unsynced", "unmatched")
+
+
+@dataclass(slots=True)
+class CallContext:
+    """One call through the proxy. Fields stay None until the addon responsible fills them."""
+
+    started: float  # time.time() when the request headers arrived
+    worker: str | None = None  # authenticated worker id (Proxy-Authorization)
+    tenant: str | None = None  # the worker credential's tenant
+    # The tags, as the SDK sent them (queue is the name the worker sees, without tenant).
+    queue: str | None = None
+    message_id: str | None = None
+    group: str | None = None
+    lease: int | None = None
+    attempt: int | None = None
+    call: int | None = None
+    tagged: bool = False
+    # What the proxy did: "pass" unless a guard answered the call itself.
+    action: str = "pass"
+    code: str | None = None  # machine-readable reason when the proxy answered itself
+    replayed_from: str | None = None  # wire-log record id a mimicked response came from
+    error: str | None = None  # upstream or proxy error text
+    # How mimicry and replay recognise "the same request": method, host, path, query and body sha256,
+    # all after redaction (set by the redact addon, before the guards run).
+    request_identity: tuple[str, str, str, str, str] | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def internal_queue(self) -> str | None:
+        """The core's name for the tagged queue (`<tenant>.<name>`), the scope of fencing tokens."""
+        if self.queue is None or self.tenant is None:
+            return None
+        return f"{self.tenant}.{self.queue}"
+
+
+def context_of(flow: http.HTTPFlow) -> CallContext | None:
+    value = flow.metadata.get(METADATA_KEY)
+    return value if isinstance(value, CallContext) else None
+
+
+def refuse(
+    flow: http.HTTPFlow,
+    ctx: CallContext,
+    *,
+    status: int,
+    action: str,
+    code: str,
+    message: str,
+    extra_headers: dict[str, str] | None = None,
+    announce: bool = True,
+) -> None:
+    """Answer the call from the proxy itself: the request never reaches the backend.
+
+    Setting `flow.response` in `requestheaders`/`request` is what stops mitmproxy from connecting
+    upstream (with the lazy connection strategy no upstream socket is opened at all). `announce=False`
+    for refusals that are not a verdict on the worker's claim (400 malformed tags, 407): the wire log
+    records them as `block` with the code, but no X-Strictq-Proxy-Action header tells the SDK to cancel.
+    """
+    ctx.action = action
+    ctx.code = code
+    body = orjson.dumps({"code": code, "action": action, "message": message})
+    headers = {"Content-Type": "application/json", **(extra_headers or {})}
+    if announce:
+        headers[PROXY_ACTION_HEADER] = action
+    flow.response = http.Response.make(status, body, headers)
