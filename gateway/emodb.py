@@ -378,7 +378,7 @@ def ttl_of(request: web.Request) -> float:
 async def ensure_queue(call: Call, service: QueueService, queue: str) -> None:
     """EmoDB queues exist implicitly; dedup queues must be created with their kind before the first send."""
     try:
-        service.attributes(queue)
+        await service.attributes(queue)
     except QueueNotFound:
         await service.create_queue(queue, call.face.create_attributes)
 
@@ -527,20 +527,20 @@ async def size(call: Call) -> web.StreamResponse:
     # EmoDB's limit: exact up to it, estimated beyond. The core counts exactly in O(1), so it is checked
     # and otherwise has no effect.
     query_int(call.request, "limit", 0, 0, MAX_TOKEN)
-    metrics = _metrics(call)
+    metrics = await _metrics(call)
     return json_response(metrics.total if metrics else 0)
 
 
 async def claimcount(call: Call) -> web.StreamResponse:
-    metrics = _metrics(call)
+    metrics = await _metrics(call)
     return json_response(metrics.in_flight if metrics else 0)
 
 
-def _metrics(call: Call) -> QueueMetrics | None:
+async def _metrics(call: Call) -> QueueMetrics | None:
     """The queue's counts, or None for a queue nobody sent to (EmoDB: an empty queue)."""
     queue = call.queue()
     try:
-        return call.service_for_queue(queue).metrics(queue)
+        return await call.service_for_queue(queue).metrics(queue)
     except QueueNotFound:
         return None
 
@@ -582,7 +582,7 @@ async def start_move(call: Call) -> web.StreamResponse:
 
 async def move_status(call: Call) -> web.StreamResponse:
     reference = call.request.match_info["reference"]
-    move = call.request.app[ROUTER].for_queue("").move_status(reference)
+    move = await call.request.app[ROUTER].for_queue("").move_status(reference)
     source = call.face.visible(call.credential, move.source)
     destination = call.face.visible(call.credential, move.destination)
     if source is None or destination is None:  # another tenant's (or the other service's) move

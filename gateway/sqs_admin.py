@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from queue_core.machine import NotFound, QueueError, QueueNotFound
+from queue_core.machine import NotFound, NotInFlight, QueueError, QueueNotFound
 
 from .sqs_call import PURGE_INTERVAL, Call, MoveRecord, Queue
 from .sqs_errors import NO_QUEUE, SqsError, from_core
@@ -33,13 +33,13 @@ from .sqs_queues import (
 from .tenancy import visible_names
 
 Result = dict[str, Any]
-MOVE_STATUS = {"running": "RUNNING", "done": "COMPLETED", "failed": "FAILED"}
+MOVE_STATUS = {"running": "RUNNING", "done": "COMPLETED", "failed": "FAILED", "cancelled": "CANCELLED"}
 
 
 def _dlq_resolver(call: Call, source: str | None) -> DlqResolver:
-    def resolve(arn: str) -> tuple[str, bool]:
+    async def resolve(arn: str) -> tuple[str, bool]:
         try:
-            dlq = call.queue_from_arn(arn, "InvalidAttributeValue")
+            dlq = await call.queue_from_arn(arn, "InvalidAttributeValue")
         except SqsError:
             raise SqsError(
                 "InvalidAttributeValue",
@@ -68,10 +68,10 @@ async def create_queue(call: Call) -> Result:
         raise SqsError("AccessDenied", f"Access to the queue name {name} is denied for this credential.")
     internal = f"{call.tenant}.{name}"
     others = {k: v for k, v in attributes.items() if k != "FifoQueue"}
-    core, labels = to_core(others, fifo=fifo, resolve_dlq=_dlq_resolver(call, internal))
+    core, labels = await to_core(others, fifo=fifo, resolve_dlq=_dlq_resolver(call, internal))
     service = call.service(internal)
     try:
-        existing = service.attributes(internal)
+        existing = await service.attributes(internal)
     except QueueNotFound:
         existing = None
     if existing is not None:
@@ -96,7 +96,7 @@ async def get_queue_url(call: Call) -> Result:
     owner = call.optional_string("QueueOwnerAWSAccountId")
     if owner is not None and not call.is_own_account(owner):
         raise SqsError("QueueDoesNotExist", NO_QUEUE)
-    queue = call.queue_named(name)
+    queue = await call.queue_named(name)
     return {"QueueUrl": call.url(queue.name)}
 
 
@@ -119,7 +119,7 @@ def _page(call: Call, names: list[str], key: str) -> Result:
 
 async def list_queues(call: Call) -> Result:
     prefix = call.string("QueueNamePrefix", required=False)
-    names = visible_names(call.credential, call.service().list_queues(f"{call.tenant}."), prefix)
+    names = visible_names(call.credential, await call.service().list_queues(f"{call.tenant}."), prefix)
     result = _page(call, sorted(names), "QueueUrls")
     if not result["QueueUrls"]:
         del result["QueueUrls"]
@@ -127,18 +127,18 @@ async def list_queues(call: Call) -> Result:
 
 
 async def list_dead_letter_source_queues(call: Call) -> Result:
-    dlq = call.queue()
+    dlq = await call.queue()
     service = call.service()
     sources = [
         internal
-        for internal in service.list_queues(f"{call.tenant}.")
-        if service.attributes(internal).dead_letter_queue == dlq.internal
+        for internal in await service.list_queues(f"{call.tenant}.")
+        if (await service.attributes(internal)).dead_letter_queue == dlq.internal
     ]
     return _page(call, sorted(visible_names(call.credential, sources)), "queueUrls")
 
 
 async def delete_queue(call: Call) -> Result:
-    queue = call.queue()
+    queue = await call.queue()
     try:
         await queue.service.delete_queue(queue.internal)
     except QueueError as exc:
@@ -148,15 +148,15 @@ async def delete_queue(call: Call) -> Result:
 
 
 async def get_queue_attributes(call: Call) -> Result:
-    queue = call.queue()
+    queue = await call.queue()
     names = call.strings("AttributeNames")
     unknown = [n for n in names if n not in ALL_NAMES and n != "All"]
     if unknown:
         raise SqsError("InvalidAttributeName", f"Unknown Attribute {unknown[0]}.")
     if not names:
         return {}
-    created_at = queue.service.created_at(queue.internal)
-    metrics = queue.service.metrics(queue.internal)
+    created_at = await queue.service.created_at(queue.internal)
+    metrics = await queue.service.metrics(queue.internal)
     everything = describe(queue.attributes, metrics, created_at, call.arn(queue.name), call.arn_of)
     if "All" not in names:
         everything = {k: v for k, v in everything.items() if k in names}
@@ -164,11 +164,11 @@ async def get_queue_attributes(call: Call) -> Result:
 
 
 async def set_queue_attributes(call: Call) -> Result:
-    queue = call.queue()
+    queue = await call.queue()
     attributes = call.mapping("Attributes", required=True)
     if "FifoQueue" in attributes:
         raise SqsError("InvalidAttributeName", "FifoQueue can only be set when the queue is created.")
-    core, labels = to_core(attributes, fifo=queue.fifo, resolve_dlq=_dlq_resolver(call, queue.internal))
+    core, labels = await to_core(attributes, fifo=queue.fifo, resolve_dlq=_dlq_resolver(call, queue.internal))
     await _update(queue, core, labels)
     return {}
 
@@ -185,7 +185,7 @@ async def _update(queue: Queue, core: dict[str, Any], labels: dict[str, str | No
 
 
 async def purge_queue(call: Call) -> Result:
-    queue = call.queue()
+    queue = await call.queue()
     now = time.monotonic()
     last = call.state.purged_at.get(queue.internal)
     if last is not None and now - last < PURGE_INTERVAL:
@@ -199,14 +199,14 @@ async def purge_queue(call: Call) -> Result:
 
 
 async def tag_queue(call: Call) -> Result:
-    queue = call.queue()
+    queue = await call.queue()
     changes = tag_changes(call.params.get("Tags"), tags_of(queue.attributes))
     await _update(queue, {}, changes)
     return {}
 
 
 async def untag_queue(call: Call) -> Result:
-    queue = call.queue()
+    queue = await call.queue()
     keys = call.strings("TagKeys")
     if not keys:
         raise SqsError("MissingParameter", "The request must contain the parameter TagKeys.")
@@ -215,7 +215,7 @@ async def untag_queue(call: Call) -> Result:
 
 
 async def list_queue_tags(call: Call) -> Result:
-    tags = tags_of(call.queue().attributes)
+    tags = tags_of((await call.queue()).attributes)
     return {"Tags": tags} if tags else {}
 
 
@@ -237,19 +237,19 @@ def _move_of_handle(call: Call, handle: str) -> MoveRecord:
 
 async def start_message_move_task(call: Call) -> Result:
     source_arn = call.string("SourceArn")
-    source = call.queue_from_arn(source_arn)
+    source = await call.queue_from_arn(source_arn)
     service = source.service
     rate = call.integer("MaxNumberOfMessagesPerSecond", 1, 500)
     origins = [
         internal
-        for internal in service.list_queues(f"{call.tenant}.")
-        if service.attributes(internal).dead_letter_queue == source.internal
+        for internal in await service.list_queues(f"{call.tenant}.")
+        if (await service.attributes(internal)).dead_letter_queue == source.internal
     ]
     if not origins:
         raise SqsError("InvalidParameterValue", "Source queue must be configured as a Dead Letter Queue.")
     destination_arn = call.optional_string("DestinationArn")
     if destination_arn is not None:
-        destination = call.queue_from_arn(destination_arn).internal
+        destination = (await call.queue_from_arn(destination_arn)).internal
     elif len(origins) == 1:
         destination = origins[0]
     else:
@@ -261,7 +261,7 @@ async def start_message_move_task(call: Call) -> Result:
     if destination == source.internal:
         raise SqsError("InvalidParameterValue", "The destination must differ from the source queue.")
     for record in call.state.moves.values():
-        if record.source == source.internal and _status(call, record) == "running":
+        if record.source == source.internal and await _status(call, record) == "running":
             raise SqsError(
                 "InvalidParameterValue",
                 "There is already a task running. Only one active task is allowed for each source queue arn"
@@ -277,23 +277,23 @@ async def start_message_move_task(call: Call) -> Result:
     return {"TaskHandle": _handle(move.id, source_arn)}
 
 
-def _status(call: Call, record: MoveRecord) -> str | None:
+async def _status(call: Call, record: MoveRecord) -> str | None:
     try:
-        return call.service(record.source).move_status(record.move_id).state
+        return (await call.service(record.source).move_status(record.move_id)).state
     except NotFound:
         return None
 
 
 async def list_message_move_tasks(call: Call) -> Result:
     source_arn = call.string("SourceArn")
-    source = call.queue_from_arn(source_arn)
+    source = await call.queue_from_arn(source_arn)
     limit = call.integer("MaxResults", 1, 10) or 1
     results = []
     for record in reversed(list(call.state.moves.values())):
         if record.source != source.internal:
             continue
         try:
-            move = source.service.move_status(record.move_id)
+            move = await source.service.move_status(record.move_id)
         except NotFound:  # started before a restart: the core no longer knows it
             continue
         status = MOVE_STATUS.get(move.state, move.state.upper())
@@ -320,9 +320,14 @@ async def list_message_move_tasks(call: Call) -> Result:
 
 
 async def cancel_message_move_task(call: Call) -> Result:
-    _move_of_handle(call, call.string("TaskHandle"))
-    raise SqsError(
-        "UnsupportedOperation",
-        "Message move tasks cannot be cancelled yet: the queue core runs every move to completion (messages"
-        " already moved stay moved).",
-    )
+    """Stop a RUNNING task; messages already moved stay moved (SQS). A finished task cannot be cancelled."""
+    record = _move_of_handle(call, call.string("TaskHandle"))
+    try:
+        move = await call.service(record.source).cancel_move(record.move_id)
+    except NotFound:
+        raise SqsError("ResourceNotFoundException", "The specified task does not exist.") from None
+    except NotInFlight:
+        raise SqsError(
+            "ResourceNotFoundException", "Only a message move task with status RUNNING can be cancelled."
+        ) from None
+    return {"ApproximateNumberOfMessagesMoved": move.moved}

@@ -187,7 +187,7 @@ class Call:
         return entries
 
     # -------------------------------------------------------------------------------- queues
-    def queue(self, param: str = "QueueUrl") -> Queue:
+    async def queue(self, param: str = "QueueUrl") -> Queue:
         url = self.string(param)
         parts = urlsplit(url)
         segments = parts.path.strip("/").split("/")
@@ -196,23 +196,23 @@ class Call:
         owner, name = segments
         if not self.is_own_account(owner):
             raise SqsError("QueueDoesNotExist", NO_QUEUE)
-        return self.queue_named(name)
+        return await self.queue_named(name)
 
-    def queue_named(self, name: str, missing: str = "QueueDoesNotExist") -> Queue:
+    async def queue_named(self, name: str, missing: str = "QueueDoesNotExist") -> Queue:
         try:
             internal = internal_name(self.credential, name)
             service = self.service(internal)
-            attributes = service.attributes(internal)
+            attributes = await service.attributes(internal)
         except QueueNotFound:
             raise SqsError(missing, NO_QUEUE) from None
         return Queue(name, internal, attributes, service)
 
-    def queue_from_arn(self, arn: str, missing: str = "ResourceNotFoundException") -> Queue:
+    async def queue_from_arn(self, arn: str, missing: str = "ResourceNotFoundException") -> Queue:
         parts = arn.split(":")
         if len(parts) != 6 or parts[:3] != ["arn", "aws", "sqs"] or not self.is_own_account(parts[4]):
             raise SqsError(missing, f"The resource {arn} does not exist.")
         try:
-            return self.queue_named(parts[5], missing)
+            return await self.queue_named(parts[5], missing)
         except SqsError:
             raise SqsError(missing, f"The resource {arn} does not exist.") from None
 

@@ -154,7 +154,7 @@ def _sent(queue: Queue, item: Prepared, result: SendResult) -> Result:
 
 
 async def send_message(call: Call) -> Result:
-    queue = call.queue()
+    queue = await call.queue()
     item = _prepare(call, queue, call.params)
     (result,) = await _send(call, queue, [item])
     if isinstance(result, QueueError):
@@ -163,7 +163,7 @@ async def send_message(call: Call) -> Result:
 
 
 async def send_message_batch(call: Call) -> Result:
-    queue = call.queue()
+    queue = await call.queue()
     entries = call.entries()
     failed: list[Result] = []
     ready: list[tuple[str, Prepared]] = []
@@ -195,7 +195,7 @@ async def send_message_batch(call: Call) -> Result:
 
 # ------------------------------------------------------------------------------------------- receive
 async def receive_message(call: Call) -> Result:
-    queue = call.queue()
+    queue = await call.queue()
     limit = call.integer("MaxNumberOfMessages", 1, 10) or 1
     ttl = call.integer("VisibilityTimeout", 0, MAX_VISIBILITY)
     wait = call.integer("WaitTimeSeconds", 0, 20)
@@ -268,7 +268,7 @@ def _ack_error(outcome: AckOutcome, *, gone_ok: bool) -> SqsError | None:
 
 
 async def delete_message(call: Call) -> Result:
-    queue = call.queue()
+    queue = await call.queue()
     item = _receipt(call.params)
     (outcome,) = await queue.service.ack(queue.internal, [item])
     error = _ack_error(outcome, gone_ok=True)  # deleting a deleted message succeeds, as in SQS
@@ -278,7 +278,7 @@ async def delete_message(call: Call) -> Result:
 
 
 async def change_message_visibility(call: Call) -> Result:
-    queue = call.queue()
+    queue = await call.queue()
     item = _receipt(call.params)
     ttl = call.integer("VisibilityTimeout", 0, MAX_VISIBILITY)
     if ttl is None:
@@ -291,7 +291,7 @@ async def change_message_visibility(call: Call) -> Result:
 
 
 async def delete_message_batch(call: Call) -> Result:
-    queue = call.queue()
+    queue = await call.queue()
     failed: list[Result] = []
     ids: list[str] = []
     items: list[tuple[str, int]] = []
@@ -313,7 +313,7 @@ async def delete_message_batch(call: Call) -> Result:
 
 
 async def change_message_visibility_batch(call: Call) -> Result:
-    queue = call.queue()
+    queue = await call.queue()
     failed: list[Result] = []
     by_ttl: dict[int, list[tuple[str, tuple[str, int]]]] = {}
     for entry in call.entries():

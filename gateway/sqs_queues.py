@@ -8,7 +8,7 @@ live there under `tag:<key>`.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -52,7 +52,7 @@ READ_ONLY = frozenset(
 ALL_NAMES = SETTABLE | READ_ONLY | {"FifoQueue"}
 
 # resolves a dead-letter target ARN to (internal name, is FIFO); raises SqsError when it is not usable
-DlqResolver = Callable[[str], tuple[str, bool]]
+DlqResolver = Callable[[str], Awaitable[tuple[str, bool]]]
 
 
 def is_fifo(attributes: QueueAttributes) -> bool:
@@ -81,7 +81,7 @@ def check_new_queue_name(name: str, fifo_attribute: str | None) -> bool:
     return False
 
 
-def to_core(
+async def to_core(
     changes: dict[str, str], *, fifo: bool, resolve_dlq: DlqResolver
 ) -> tuple[dict[str, Any], dict[str, str | None]]:
     """SQS attribute changes as (core attribute changes, label changes; None removes a label).
@@ -101,7 +101,7 @@ def to_core(
             else:
                 core[target] = number
         elif name == "RedrivePolicy":
-            core.update(_redrive(value, fifo, resolve_dlq))
+            core.update(await _redrive(value, fifo, resolve_dlq))
         elif name == "ContentBasedDeduplication":
             core["content_based_dedup"] = _boolean(name, value) == "true"
         elif name == "DeduplicationScope":
@@ -141,7 +141,7 @@ def _boolean(name: str, value: str) -> str:
     return value.lower()
 
 
-def _redrive(value: str, fifo: bool, resolve_dlq: DlqResolver) -> dict[str, Any]:
+async def _redrive(value: str, fifo: bool, resolve_dlq: DlqResolver) -> dict[str, Any]:
     if value == "":
         return {"dead_letter_queue": None, "max_receive_count": 0}
     try:
@@ -163,7 +163,7 @@ def _redrive(value: str, fifo: bool, resolve_dlq: DlqResolver) -> dict[str, Any]
             "Value for parameter RedrivePolicy is invalid. Reason: Invalid value for maxReceiveCount: must be"
             " an integer from 1 to 1000.",
         )
-    internal, dlq_fifo = resolve_dlq(policy["deadLetterTargetArn"])
+    internal, dlq_fifo = await resolve_dlq(policy["deadLetterTargetArn"])
     if dlq_fifo != fifo:
         raise SqsError(
             "InvalidAttributeValue",

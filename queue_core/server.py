@@ -291,7 +291,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def list_queues(request: web.Request) -> web.Response:
-    return json_response({"queues": service_of(request).list_queues(request.query.get("prefix", ""))})
+    return json_response({"queues": await service_of(request).list_queues(request.query.get("prefix", ""))})
 
 
 async def read_attributes(request: web.Request, default: dict[str, Any] | None) -> dict[str, Any]:
@@ -314,9 +314,16 @@ async def put_queue(request: web.Request) -> web.Response:
 async def get_queue(request: web.Request) -> web.Response:
     service = service_of(request)
     name = request.match_info["queue"]
-    attributes = service.attributes(name)
+    attributes = await service.attributes(name)
+    metrics = await service.metrics(name)
+    created_at = await service.created_at(name)
     return json_response(
-        {"queue": name, "attributes": attributes.to_dict(), "metrics": service.metrics(name).to_dict()}
+        {
+            "queue": name,
+            "attributes": attributes.to_dict(),
+            "metrics": metrics.to_dict(),
+            "created_at": created_at,
+        }
     )
 
 
@@ -408,12 +415,12 @@ async def peek(request: web.Request) -> web.Response:
 async def size(request: web.Request) -> web.Response:
     # Counts are kept exactly in O(1), so EmoDB's `limit` (exact up to, estimate beyond) is always exact.
     integer(request.query, "limit", 0)
-    metrics = service_of(request).metrics(request.match_info["queue"])
+    metrics = await service_of(request).metrics(request.match_info["queue"])
     return json_response({"size": metrics.total, "exact": True})
 
 
 async def claimcount(request: web.Request) -> web.Response:
-    metrics = service_of(request).metrics(request.match_info["queue"])
+    metrics = await service_of(request).metrics(request.match_info["queue"])
     return json_response({"claimcount": metrics.in_flight})
 
 
@@ -422,7 +429,7 @@ async def group_info(request: web.Request) -> web.Response:
     name = request.query.get("name")
     if not name:
         raise InvalidArgument("give the group as ?name=", field="name")
-    return json_response(service_of(request).group_metrics(request.match_info["queue"], name))
+    return json_response(await service_of(request).group_metrics(request.match_info["queue"], name))
 
 
 async def start_move(request: web.Request) -> web.Response:
@@ -435,7 +442,11 @@ async def start_move(request: web.Request) -> web.Response:
 
 
 async def move_status(request: web.Request) -> web.Response:
-    return json_response(service_of(request).move_status(request.match_info["move"]).to_dict())
+    return json_response((await service_of(request).move_status(request.match_info["move"])).to_dict())
+
+
+async def cancel_move(request: web.Request) -> web.Response:
+    return json_response((await service_of(request).cancel_move(request.match_info["move"])).to_dict())
 
 
 def make_app(service: QueueService) -> web.Application:
@@ -464,6 +475,7 @@ def make_app(service: QueueService) -> web.Application:
             web.get(q + "/group", group_info),
             web.post("/v1/moves", start_move),
             web.get("/v1/moves/{move}", move_status),
+            web.post("/v1/moves/{move}/cancel", cancel_move),
         ]
     )
     return app

@@ -238,19 +238,19 @@ class QueueService:
         self._notify(name)
         await self._durable(future)
 
-    def list_queues(self, prefix: str = "") -> list[str]:
+    async def list_queues(self, prefix: str = "") -> list[str]:
         return self.core.list_queues(prefix)
 
-    def attributes(self, name: str) -> QueueAttributes:
+    async def attributes(self, name: str) -> QueueAttributes:
         return self.core.queue(name).attributes
 
-    def created_at(self, name: str) -> float:
+    async def created_at(self, name: str) -> float:
         return self.core.queue(name).created_at
 
-    def metrics(self, name: str) -> QueueMetrics:
+    async def metrics(self, name: str) -> QueueMetrics:
         return self.core.metrics(name, self.clock())
 
-    def group_metrics(self, name: str, group: str) -> dict[str, Any]:
+    async def group_metrics(self, name: str, group: str) -> dict[str, Any]:
         return self.core.group_metrics(name, group, self.clock())
 
     # -------------------------------------------------------------------------------- messages
@@ -340,5 +340,8 @@ class QueueService:
         await self._durable(future)
         return move
 
-    def move_status(self, move_id: str) -> MoveStatus:
+    async def move_status(self, move_id: str) -> MoveStatus:
         return self.core.move_status(move_id)
+
+    async def cancel_move(self, move_id: str) -> MoveStatus:
+        return self.core.cancel_move(move_id, self.clock())

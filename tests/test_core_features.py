@@ -8,7 +8,15 @@ import heapq
 import pytest
 from support import T0, Clock, ack, ids, make_core, send, send_group, statuses
 
-from queue_core.machine import InvalidArgument, NotFound, QueueCore, QueueNotFound, SendRequest, SendResult
+from queue_core.machine import (
+    InvalidArgument,
+    NotFound,
+    NotInFlight,
+    QueueCore,
+    QueueNotFound,
+    SendRequest,
+    SendResult,
+)
 from queue_core.machine import heap as heap_module
 from queue_core.machine.core import MOVE_CHUNK
 from queue_core.machine.effects import DedupSaved, MessagesDeleted
@@ -289,6 +297,27 @@ def test_move_waits_for_claimed_groups_and_skips_later_messages() -> None:
     assert core.move_status(move.id).state == "done"
     assert ids(core.receive("dst", 10, None, "w", clock.now)) == ["a2", "b1"]
     assert ids(core.receive("src", 10, None, "w", clock.now)) == ["b2"]
+
+
+def test_cancelled_move_keeps_what_it_moved_and_moves_nothing_more() -> None:
+    clock = Clock()
+    core = make_core("src")
+    send(core, "src", clock.now, ("a1", "A"), ("a2", "A"), ("b1", "B"))
+    claim = core.receive("src", 1, 60.0, "w", clock.advance(1))  # group A in flight: the move waits for it
+    move = core.start_move("src", "dst", clock.advance(1))
+    core.handle_timer(clock.now)
+    assert (core.move_status(move.id).state, core.move_status(move.id).moved) == ("running", 1)
+
+    cancelled = core.cancel_move(move.id, clock.advance(1))
+    assert (cancelled.state, cancelled.moved, cancelled.finished_at) == ("cancelled", 1, clock.now)
+    ack(core, "src", claim, clock.advance(1))  # the claim ends: a running move would take a2 now
+    core.handle_timer(clock.now)
+    assert ids(core.receive("src", 10, None, "w", clock.now)) == ["a2"]
+    assert ids(core.receive("dst", 10, None, "w", clock.now)) == ["b1"]
+    with pytest.raises(NotInFlight):  # only a running move can be cancelled
+        core.cancel_move(move.id, clock.now)
+    with pytest.raises(NotFound):
+        core.cancel_move("mv-nope", clock.now)
 
 
 def test_move_validation() -> None:

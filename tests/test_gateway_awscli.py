@@ -86,4 +86,4 @@ async def test_aws_cli_sends_and_receives(gateway: Gateway) -> None:
         "--receipt-handle",
         message["ReceiptHandle"],
     )
-    assert gateway.service.metrics("t1.cli.fifo").total == 0
+    assert (await gateway.service.metrics("t1.cli.fifo")).total == 0

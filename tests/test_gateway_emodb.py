@@ -343,7 +343,7 @@ async def test_unknown_queues_behave_like_emodb(emo: Callable[..., Emo], gateway
     assert await admin.ok("POST", "/never-sent/renew", ["x"]) == {"success": True}
     assert await admin.ok("POST", "/never-sent/unclaimall") == {"success": True}
     assert await admin.ok("DELETE", "/never-sent") == {"success": True}
-    assert gateway.service.list_queues() == []  # none of that created a queue
+    assert await gateway.service.list_queues() == []  # none of that created a queue
 
 
 async def test_move_runs_to_completion(emo: Callable[..., Emo]) -> None:
@@ -505,14 +505,14 @@ async def test_dedupq_collapses_duplicates_at_poll_time(emo: Callable[..., Emo],
     assert [m["payload"] for m in await worker.poll("dq", ttl=60)] == [{"m": 1}]
     # The same name on the queue service is another queue, and a dedup queue in the core.
     assert await emo().size("dq") == 0
-    assert gateway.service.attributes("t1_dedupq.dq").kind == "dedup"
-    assert "t1.dq" not in gateway.service.list_queues()
+    assert (await gateway.service.attributes("t1_dedupq.dq")).kind == "dedup"
+    assert "t1.dq" not in await gateway.service.list_queues()
     # _sendbatch and _move on the dedup service stay on dedup queues.
     status, _ = await producer.call("POST", "/_sendbatch", {"dq2": ["a", "b"]})
     assert status == 200
     moved = await admin.ok("POST", "/_move", params={"from": "dq2", "to": "dq3"})
     await eventually(lambda: _move_state(admin, moved["id"], "COMPLETE"))
-    assert gateway.service.attributes("t1_dedupq.dq3").kind == "dedup"
+    assert (await gateway.service.attributes("t1_dedupq.dq3")).kind == "dedup"
     assert [m["payload"] for m in await worker.poll("dq3")] == ["a", "b"]
 
 

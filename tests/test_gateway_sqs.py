@@ -363,12 +363,51 @@ async def test_dead_letter_queue_and_redrive_restore_group_order(gateway: Gatewa
     await until(completed, "the move task to complete")
     (task,) = (await call(admin.list_message_move_tasks, SourceArn=dlq_arn, MaxResults=10))["Results"]
     assert task["ApproximateNumberOfMessagesMoved"] == 5 and task["DestinationArn"] == source_arn
-    with pytest.raises(admin.exceptions.UnsupportedOperation, match="cannot be cancelled"):
-        await call(admin.cancel_message_move_task, TaskHandle=handle)
+    with pytest.raises(admin.exceptions.ResourceNotFoundException, match="RUNNING"):
+        await call(admin.cancel_message_move_task, TaskHandle=handle)  # a completed task
     got, receipts = await bodies_of(worker, url, MaxNumberOfMessages=10)
     assert got == order  # back in the source in their original group order
     await delete_all(worker, url, receipts)
     assert await _visible(admin, dlq_url, 0)
+
+
+async def test_cancel_message_move_task_stops_a_running_redrive(gateway: Gateway) -> None:
+    admin, producer, worker = (sqs_client(gateway, k) for k in ("admin-1", "producer-1", "worker-1"))
+    dlq_url = await fifo_queue(admin, "jobs-dlq.fifo")
+    dlq_arn = f"arn:aws:sqs:{REGION}:t1:jobs-dlq.fifo"
+    policy = f'{{"deadLetterTargetArn": "{dlq_arn}", "maxReceiveCount": "1"}}'
+    url = await fifo_queue(admin, "jobs.fifo", RedrivePolicy=policy)
+    for body in ("a1", "b1", "a2"):
+        await call(
+            producer.send_message,
+            QueueUrl=url,
+            MessageBody=body,
+            MessageGroupId=body[0],
+            MessageDeduplicationId=body,
+        )
+    await bodies_of(worker, url, MaxNumberOfMessages=10, VisibilityTimeout=0)
+    await until(lambda: _visible(admin, dlq_url, 3), "three dead-lettered messages")
+    # Group a is in flight in the DLQ: the redrive moves b1 and then waits for group a's claim to end.
+    held = await call(worker.receive_message, QueueUrl=dlq_url, MaxNumberOfMessages=1, VisibilityTimeout=60)
+    assert [m["Body"] for m in held["Messages"]] == ["a1"]
+    handle = (await call(admin.start_message_move_task, SourceArn=dlq_arn))["TaskHandle"]
+
+    async def moved_one() -> bool:
+        (task,) = (await call(admin.list_message_move_tasks, SourceArn=dlq_arn))["Results"]
+        return task["Status"] == "RUNNING" and task["ApproximateNumberOfMessagesMoved"] == 1
+
+    await until(moved_one, "the redrive to move b1 and wait for group a")
+    cancelled = await call(admin.cancel_message_move_task, TaskHandle=handle)
+    assert cancelled["ApproximateNumberOfMessagesMoved"] == 1
+    (task,) = (await call(admin.list_message_move_tasks, SourceArn=dlq_arn))["Results"]
+    assert task["Status"] == "CANCELLED" and "TaskHandle" not in task
+    await delete_all(worker, dlq_url, [held["Messages"][0]["ReceiptHandle"]])
+    got, _ = await bodies_of(worker, dlq_url, MaxNumberOfMessages=10, VisibilityTimeout=0)
+    assert got == ["a2"]  # not moved after the cancel
+    got, _ = await bodies_of(worker, url, MaxNumberOfMessages=10, VisibilityTimeout=0)
+    assert got == ["b1"]  # moved before it
+    with pytest.raises(admin.exceptions.ResourceNotFoundException):
+        await call(admin.cancel_message_move_task, TaskHandle=handle)
 
 
 # ---------------------------------------------------------------------------- fencing and visibility
@@ -573,7 +612,7 @@ async def test_queue_management(gateway: Gateway) -> None:
         "FifoThroughputLimit": "perMessageGroupId",
     }
     assert int(attributes["LastModifiedTimestamp"]) >= int(attributes["CreatedTimestamp"])
-    internal = gateway.service.attributes("t1.jobs.fifo")
+    internal = await gateway.service.attributes("t1.jobs.fifo")
     assert (internal.visibility_timeout, internal.dedup_scope, internal.content_based_dedup) == (
         20.0,
         "group",
@@ -586,7 +625,7 @@ async def test_queue_management(gateway: Gateway) -> None:
     await call(admin.tag_queue, QueueUrl=tagged, Tags={"env": "test", "team": "x"})
     await call(admin.untag_queue, QueueUrl=tagged, TagKeys=["env"])
     assert (await call(admin.list_queue_tags, QueueUrl=tagged))["Tags"] == {"team": "x"}
-    assert gateway.service.attributes("t1.a-1").labels["tag:team"] == "x"
+    assert (await gateway.service.attributes("t1.a-1")).labels["tag:team"] == "x"
 
     await call(admin.send_message, QueueUrl=tagged, MessageBody="x")
     await call(admin.purge_queue, QueueUrl=tagged)

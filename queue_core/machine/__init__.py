@@ -13,6 +13,7 @@ from .errors import (
     QueueNotFound,
     StaleClaim,
     TooLarge,
+    error_from_dict,
 )
 from .inputs import SendRequest, Snapshot, parse_receipt
 from .records import AckOutcome, Delivery, MoveStatus, PeekItem, QueueMetrics, SendResult
@@ -38,5 +39,6 @@ __all__ = [
     "Snapshot",
     "StaleClaim",
     "TooLarge",
+    "error_from_dict",
     "parse_receipt",
 ]

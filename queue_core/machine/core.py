@@ -557,6 +557,15 @@ class QueueCore:
             )
         return move
 
+    def cancel_move(self, move_id: str, now: float) -> MoveStatus:
+        """Stop a running move (SQS CancelMessageMoveTask): messages already moved stay moved."""
+        move = self.move_status(move_id)
+        if move.state != "running":
+            raise NotInFlight(f"move {move_id!r} is {move.state}, not running", reference=move_id)
+        move.state, move.finished_at = "cancelled", now
+        move.pending_groups.clear()
+        return move
+
     def _step_moves(self, now: float) -> None:
         for move in self.moves.values():
             if move.state != "running" or not move.pending_groups:

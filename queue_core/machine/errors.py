@@ -60,3 +60,21 @@ class TooLarge(QueueError):
 
 class LimitExceeded(QueueError):
     code = "limit_exceeded"
+
+
+def _subclasses(root: type[QueueError]) -> list[type[QueueError]]:
+    out = [root]
+    for sub in root.__subclasses__():
+        out += _subclasses(sub)
+    return out
+
+
+def error_from_dict(body: dict[str, Any]) -> QueueError:
+    """Rebuild a core error from its `to_dict()` form (a remote queue server's answer), same class by code."""
+    code = str(body.get("code", "queue_error"))
+    by_code = {cls.code: cls for cls in _subclasses(QueueError)}
+    details = body.get("details")
+    error = by_code.get(code, QueueError)(
+        str(body.get("message", code)), **(details if isinstance(details, dict) else {})
+    )
+    return error

@@ -151,7 +151,7 @@ class MoveStatus:
     destination: str
     moved: int = 0
     remaining: int = 0
-    state: str = "running"  # running | done | failed
+    state: str = "running"  # running | done | failed | cancelled
     error: str = ""
     started_at: float = 0.0
     finished_at: float = 0.0
