@@ -1,8 +1,43 @@
-"""Fence addon: block or mimic fenced workers (stub, being filled in)."""
+"""Fence addon: cut a fenced worker off from the backends, or answer it from recordings.
+
+The core decides fences (the control stream is the only source; see `Control`). For a fenced worker:
+- `block`: every call, tagged or not, gets 403 `block` from the proxy. No upstream connection is ever
+  opened for it: the connection strategy is lazy (a CONNECT tunnel dials nothing by itself) and
+  upstream certificates are not sniffed (the interception certificate comes from the SNI alone), so
+  the answer is given before anything would dial out. This addon enforces both options at start-up.
+- `mimic`: the call is answered from the wire log's recorded responses (`fencing.mimic`), with
+  `ctx.action = "mimic"` and `ctx.replayed_from` = the record id; nothing matching: 503 `unmatched`.
+
+When a worker is fenced (either mode) its open upstream connections, in-flight streams and idle
+keep-alive ones alike, are closed at once: from that moment nothing it sent earlier keeps flowing.
+mitmproxy 12 cannot kill a flow in transit (`Flow.kill` only acts at the next hook), so this closes the
+server connections through the connection handlers of the `proxyserver` addon (pinned 12.2.3 API).
+
+Options: `mimic_wirelog` (directory of recordings; empty: the capture addon's wire-log directory when
+it declares one), `mimic_refresh` (seconds: a miss re-reads new segments at most this often),
+`mimic_max_records`, `mimic_max_bytes` (index bounds).
+"""
 
 from __future__ import annotations
 
-from fencing.control_client import ControlState
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any
+
+from mitmproxy import connection, ctx, exceptions, http
+
+from fencing.context import PROXY_ACTION_HEADER, CallContext, context_of, refuse
+from fencing.control_client import ControlState, FenceInfo
+from fencing.mimic import Cursors, RecordingIndex, scan
+
+logger = logging.getLogger(__name__)
+
+# Wire-log directory options other addons may declare; read when mimic_wirelog is empty.
+WIRELOG_OPTIONS = ("wirelog", "wirelog_dir", "capture_dir")
+REQUIRED_OPTIONS = {"connection_strategy": "lazy", "upstream_cert": False}
 
 
 class Fence:
@@ -10,3 +45,250 @@ class Fence:
 
     def __init__(self, state: ControlState) -> None:
         self.state = state
+        self.cursors = Cursors()
+        self.index: RecordingIndex | None = None
+        self._loading: asyncio.Task[None] | None = None
+        self._directory: Path | None = None
+        self._refresh = 2.0
+        self._max_records = 200_000
+        self._max_bytes = 256 * 1024 * 1024
+        self._master: Any = None
+        self._enforced = False  # set once running() has put the required options in place
+        # Which client connections (mitmproxy client ids) carry which worker's calls.
+        self._worker_of_client: dict[str, str] = {}
+        self._clients_of_worker: dict[str, set[str]] = {}
+        self.closed_connections = 0
+        self.blocked = 0
+        self.mimicked = 0
+        self.unmatched = 0
+        state.add_listener(self._on_fence_change)
+
+    # -- options ------------------------------------------------------------------------------------------
+    def load(self, loader: Any) -> None:
+        self._master = loader.master
+        loader.add_option("mimic_wirelog", str, "", "Wire-log directory mimicry replays from.")
+        loader.add_option("mimic_refresh", float, 2.0, "Seconds between re-reads of the wire log on a miss.")
+        loader.add_option("mimic_max_records", int, 200_000, "Recordings kept in memory for mimicry.")
+        loader.add_option("mimic_max_bytes", int, 256 * 1024 * 1024, "Bytes of recordings kept in memory.")
+
+    def configure(self, updated: set[str]) -> None:
+        opts = ctx.options
+        if updated & {"mimic_wirelog", *WIRELOG_OPTIONS}:
+            self._directory = self._wirelog_directory()
+            self.index = None  # reloaded lazily from the new place
+        if "mimic_refresh" in updated:
+            if opts.mimic_refresh < 0:
+                raise exceptions.OptionsError("mimic_refresh must be >= 0")
+            self._refresh = opts.mimic_refresh
+        if updated & {"mimic_max_records", "mimic_max_bytes"}:
+            if opts.mimic_max_records < 1 or opts.mimic_max_bytes < 1:
+                raise exceptions.OptionsError("mimic_max_records and mimic_max_bytes must be positive")
+            self._max_records, self._max_bytes = opts.mimic_max_records, opts.mimic_max_bytes
+            self.index = None
+        if self._enforced and not updated.isdisjoint(REQUIRED_OPTIONS) and self._wrong_options():
+            raise exceptions.OptionsError(
+                "the fence needs connection_strategy=lazy and upstream_cert=false "
+                "(a blocked worker must never make the proxy dial its backend)"
+            )
+
+    @staticmethod
+    def _wrong_options() -> dict[str, object]:
+        opts = ctx.options
+        return {k: v for k, v in REQUIRED_OPTIONS.items() if k in opts and getattr(opts, k) != v}
+
+    def running(self) -> None:
+        """Enforce the options that keep a blocked worker from ever causing an upstream dial."""
+        wrong = self._wrong_options()
+        if wrong:
+            logger.info("fence: setting %s", ", ".join(f"{k}={v}" for k, v in wrong.items()))
+            ctx.options.update(**wrong)
+        self._enforced = True
+        if any(f.mode == "mimic" for f in self.state.fences.values()):
+            self._start_loading()
+
+    def _wirelog_directory(self) -> Path | None:
+        opts = ctx.options
+        for name in ("mimic_wirelog", *WIRELOG_OPTIONS):
+            value = getattr(opts, name, None) if name in opts else None
+            if isinstance(value, str) and value:
+                return Path(value)
+        return None
+
+    # -- hooks --------------------------------------------------------------------------------------------
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        ctx_ = context_of(flow)
+        if ctx_ is not None and ctx_.worker is not None:
+            self._track(flow, ctx_.worker)
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None:
+            return
+        call = context_of(flow)
+        if call is None or call.worker is None:
+            return
+        self._track(flow, call.worker)
+        fence = self.state.fences.get(call.worker)
+        if fence is None:
+            return
+        # Neither mode may stream the request upstream before `request`: buffer the body.
+        flow.request.stream = False
+        if fence.mode == "block":
+            self._block(flow, call, fence)
+
+    def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        if flow.response is not None:
+            return None
+        call = context_of(flow)
+        if call is None or call.worker is None:
+            return None
+        self._track(flow, call.worker)
+        fence = self.state.fences.get(call.worker)
+        if fence is None:
+            return None
+        if fence.mode == "block":
+            self._block(flow, call, fence)
+            return None
+        return self._mimic(flow, call)
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        worker = self._worker_of_client.pop(client.id, None)
+        if worker is not None:
+            clients = self._clients_of_worker.get(worker)
+            if clients is not None:
+                clients.discard(client.id)
+                if not clients:
+                    del self._clients_of_worker[worker]
+
+    def _track(self, flow: http.HTTPFlow, worker: str) -> None:
+        client_id = flow.client_conn.id
+        if self._worker_of_client.get(client_id) != worker:
+            self._worker_of_client[client_id] = worker
+            self._clients_of_worker.setdefault(worker, set()).add(client_id)
+
+    # -- block --------------------------------------------------------------------------------------------
+    def _block(self, flow: http.HTTPFlow, call: CallContext, fence: FenceInfo) -> None:
+        self.blocked += 1
+        refuse(
+            flow,
+            call,
+            status=403,
+            action="block",
+            code="fenced",
+            message=f"worker {fence.worker} is fenced (block): {fence.reason}",
+        )
+        flow.request.stream = False
+
+    # -- mimic --------------------------------------------------------------------------------------------
+    def _mimic(self, flow: http.HTTPFlow, call: CallContext) -> Awaitable[None] | None:
+        index = self.index
+        if index is None:
+            return self._mimic_after_load(flow, call)
+        if self._answer(flow, call, index):
+            return None
+        if time.monotonic() - index.loaded_at >= self._refresh:
+            return self._mimic_after_load(flow, call)  # maybe it was recorded since the last read
+        self._unmatched(flow, call)
+        return None
+
+    async def _mimic_after_load(self, flow: http.HTTPFlow, call: CallContext) -> None:
+        await self._start_loading()
+        index = self.index
+        if index is None or not self._answer(flow, call, index):
+            self._unmatched(flow, call)
+
+    def _answer(self, flow: http.HTTPFlow, call: CallContext, index: RecordingIndex) -> bool:
+        identity = call.request_identity
+        if identity is None:
+            return False
+        found = index.candidates(identity, call.message_id, call.call)
+        if found is None:
+            return False
+        key, sequence = found
+        assert call.worker is not None
+        recording = self.cursors.next(call.worker, key, sequence)
+        call.action = "mimic"
+        call.code = None
+        call.replayed_from = recording.record_id
+        headers = http.Headers([(k.encode(), v.encode()) for k, v in recording.headers])
+        headers[PROXY_ACTION_HEADER] = "mimic"
+        flow.response = http.Response.make(recording.status, recording.body, headers)
+        self.mimicked += 1
+        return True
+
+    def _unmatched(self, flow: http.HTTPFlow, call: CallContext) -> None:
+        self.unmatched += 1
+        method, host, path = flow.request.method, flow.request.pretty_host, flow.request.path
+        refuse(
+            flow,
+            call,
+            status=503,
+            action="unmatched",
+            code="unmatched",
+            message=f"worker {call.worker} is fenced (mimic) and no recording matched {method} {host}{path}",
+        )
+
+    def _start_loading(self) -> asyncio.Task[None]:
+        """One (re)load at a time: readers of the same miss share it."""
+        if self._loading is None or self._loading.done():
+            self._loading = asyncio.get_running_loop().create_task(self._load(), name="mimic: load wire log")
+        return self._loading
+
+    async def _load(self) -> None:
+        directory = self._directory
+        if directory is None:
+            logger.warning("mimic: no wire-log directory configured; every mimicked call is unmatched")
+            if self.index is None:
+                self.index = RecordingIndex(self._max_records, self._max_bytes)
+            self.index.loaded_at = time.monotonic()
+            return
+        index = self.index or RecordingIndex(self._max_records, self._max_bytes)
+        try:
+            result = await asyncio.to_thread(scan, directory, dict(index.files), set(index.ids))
+        except Exception:
+            logger.exception("mimic: cannot read the wire log in %s", directory)
+            index.loaded_at = time.monotonic()
+            self.index = index
+            return
+        added = index.merge(result)
+        self.index = index
+        logger.info("mimic: %d new recordings from %s (%d in memory)", added, directory, len(index))
+
+    # -- fence changes ------------------------------------------------------------------------------------
+    def _on_fence_change(self, kind: str, worker: str, fence: FenceInfo | None) -> None:
+        self.cursors.reset(worker)  # a new fence (or none) starts the worker's sequences over
+        if kind != "fence" or fence is None:
+            if self.index is not None and not any(f.mode == "mimic" for f in self.state.fences.values()):
+                self.index = None  # nobody to mimic for: free the memory, reload when needed
+            return
+        self.close_upstream(worker)
+        if fence.mode == "mimic":
+            try:
+                self._start_loading()
+            except RuntimeError:  # no running loop (state applied outside the proxy): load lazily
+                pass
+
+    def close_upstream(self, worker: str) -> int:
+        """Close every server connection opened for this worker's client connections."""
+        master = self._master
+        proxyserver = master.addons.get("proxyserver") if master is not None else None
+        if proxyserver is None:
+            return 0
+        closed = 0
+        for client_id in list(self._clients_of_worker.get(worker, ())):
+            handler = proxyserver.connections.get(client_id)
+            if handler is None:
+                continue
+            for conn in list(handler.transports):
+                if (
+                    isinstance(conn, connection.Server)
+                    and conn.state is not connection.ConnectionState.CLOSED
+                ):
+                    try:
+                        handler.close_connection(conn)
+                    except (KeyError, AssertionError):  # already going away
+                        continue
+                    closed += 1
+        if closed:
+            logger.info("fence: closed %d upstream connection(s) of worker %s", closed, worker)
+        self.closed_connections += closed
+        return closed
