@@ -8,7 +8,9 @@ small dataclass is what lets each addon stay ignorant of the others.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 from mitmproxy import http
@@ -44,6 +46,12 @@ class CallContext:
     # all after redaction (set by the redact addon, before the guards run).
     request_identity: tuple[str, str, str, str, str] | None = None
     extra: dict[str, object] = field(default_factory=dict)
+    # The redacted views the wire log gets (schema v1 `request` / `response` objects), built by the
+    # redact addon; nothing else in the proxy writes request or response content to disk.
+    request_view: dict[str, Any] | None = None
+    response_view: dict[str, Any] | None = None
+    log_level: str = "full"  # the endpoint's level: full | headers-omitted | metadata | on-failure
+    recorded: bool = False  # capture wrote this call's record (a flow can reach two final hooks)
 
     @property
     def internal_queue(self) -> str | None:
@@ -56,6 +64,16 @@ class CallContext:
 def context_of(flow: http.HTTPFlow) -> CallContext | None:
     value = flow.metadata.get(METADATA_KEY)
     return value if isinstance(value, CallContext) else None
+
+
+def ensure_context(flow: http.HTTPFlow) -> CallContext:
+    """The flow's context, created on first use (by the first addon that sees the call: auth)."""
+    value = flow.metadata.get(METADATA_KEY)
+    if isinstance(value, CallContext):
+        return value
+    ctx = CallContext(started=time.time())
+    flow.metadata[METADATA_KEY] = ctx
+    return ctx
 
 
 def refuse(
