@@ -118,10 +118,19 @@ def recording_from_record(record: dict[str, Any]) -> Recording | None:
 
 
 def segment_files(directory: Path) -> list[Path]:
-    """Wire-log segment files (open `.jsonl` and closed `.jsonl.gz`) under the directory."""
+    """Wire-log segments under the directory and its subdirectories (one per writer process), one file
+    per segment in its most final state, as wirelog's reader lists them."""
+    from wirelog.reader import segments
+
     if not directory.is_dir():
         return []
-    return sorted(p for p in directory.rglob("*") if ".jsonl" in p.name and p.is_file())
+    found: list[Path] = []
+    for folder in [directory, *sorted(p for p in directory.rglob("*") if p.is_dir())]:
+        try:
+            found.extend(segments(folder, include_open=True))
+        except Exception as exc:  # a folder vanishing mid-scan, or unreadable
+            logger.debug("mimic: skipping %s: %s", folder, exc)
+    return found
 
 
 def read_file_records(path: Path) -> Iterator[dict[str, Any]]:

@@ -3,12 +3,12 @@
 Construct once and hand `control.state` to the guards (`Fence`, `LeaseGuard`), which only read it.
 
 Options:
-- `control_url`: the core's control stream (`https://host:port/admin/v1/control`). Empty: standalone
-  testing, the state counts as synchronised with no fences and no floors (`strictq serve` and
-  `strictq proxy` always pass one, so production never runs unguarded by accident).
-- `control_key`: secret of a `proxy` (or `admin`) credential. Empty: the first `proxy`-role credential
-  of the key file (option `control_keys`, or the auth addon's key-file option when declared).
-- `control_ca`: PEM file trusted for the control URL (the core's CA); empty: the system store.
+- `strictq_control`: the core's control stream (`https://host:port/admin/v1/control`). Empty:
+  standalone testing, the state counts as synchronised with no fences and no floors (`strictq serve`
+  always passes one, so the embedded default never runs unguarded).
+- `strictq_control_key`: secret of a `proxy` (or `admin`) credential. Empty: the first `proxy`-role
+  credential of the key file (the auth addon's `strictq_keys`).
+- `strictq_control_ca`: PEM file trusted for the control URL (the core's CA); empty: the system store.
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ from fencing.control_client import ControlClient, ControlState
 
 logger = logging.getLogger(__name__)
 
-OPTIONS = ("control_url", "control_key", "control_ca", "control_keys")
-# Key-file options other addons may declare; read when control_keys is empty.
-KEY_FILE_OPTIONS = ("keys", "keys_file", "key_file", "proxy_keys")
+OPTIONS = ("strictq_control", "strictq_control_key", "strictq_control_ca")
+KEY_FILE_OPTION = "strictq_keys"  # declared by the auth addon
 
 
 def proxy_key_from_file(path: str) -> str:
@@ -55,24 +54,27 @@ class Control:
         self._swap_task: asyncio.Task[None] | None = None
 
     def load(self, loader) -> None:  # type: ignore[no-untyped-def]
-        loader.add_option("control_url", str, "", "Control stream URL of the core; empty: standalone.")
-        loader.add_option("control_key", str, "", "Secret of a proxy-role credential for the control stream.")
-        loader.add_option("control_ca", str, "", "PEM file to trust for the control stream's TLS.")
-        loader.add_option("control_keys", str, "", "Key file to take the proxy-role credential from.")
+        loader.add_option(
+            "strictq_control", str, "", "Control stream URL of the core; empty: standalone (no fences)."
+        )
+        loader.add_option(
+            "strictq_control_key", str, "", "Proxy-role secret for the control stream; empty: the key file's."
+        )
+        loader.add_option("strictq_control_ca", str, "", "PEM file to trust for the control stream's TLS.")
 
     def configure(self, updated: set[str]) -> None:
-        if not updated & {*OPTIONS, *KEY_FILE_OPTIONS}:
+        if not updated & {*OPTIONS, KEY_FILE_OPTION}:
             return
-        url = ctx.options.control_url.strip()
+        url = ctx.options.strictq_control.strip()
         if not url:
             settings = None
         else:
             if not url.startswith(("http://", "https://")):
-                raise exceptions.OptionsError(f"control_url must be http(s)://...: {url!r}")
-            key = ctx.options.control_key or self._key_from_files()
-            ca = ctx.options.control_ca or None
+                raise exceptions.OptionsError(f"strictq_control must be http(s)://...: {url!r}")
+            key = ctx.options.strictq_control_key or self._key_from_file()
+            ca = ctx.options.strictq_control_ca or None
             if ca is not None and not Path(ca).is_file():
-                raise exceptions.OptionsError(f"control_ca {ca} is not a file")
+                raise exceptions.OptionsError(f"strictq_control_ca {ca} is not a file")
             settings = (url, key, ca)
         if settings == self._settings and self.client is not None:
             return
@@ -82,12 +84,14 @@ class Control:
         elif settings is None:
             self._standalone()
 
-    def _key_from_files(self) -> str:
-        for name in ("control_keys", *KEY_FILE_OPTIONS):
-            path = getattr(ctx.options, name, None) if name in ctx.options else None
-            if isinstance(path, str) and path:
-                return proxy_key_from_file(path)
-        raise exceptions.OptionsError("control_url needs control_key or a key file with a proxy credential")
+    @staticmethod
+    def _key_from_file() -> str:
+        path = getattr(ctx.options, KEY_FILE_OPTION, "") if KEY_FILE_OPTION in ctx.options else ""
+        if not path:
+            raise exceptions.OptionsError(
+                "strictq_control needs strictq_control_key, or strictq_keys with a proxy credential"
+            )
+        return proxy_key_from_file(path)
 
     def _standalone(self) -> None:
         """No core to ask: nothing is fenced and no floor is known (documented standalone mode)."""

@@ -13,9 +13,9 @@ keep-alive ones alike, are closed at once: from that moment nothing it sent earl
 mitmproxy 12 cannot kill a flow in transit (`Flow.kill` only acts at the next hook), so this closes the
 server connections through the connection handlers of the `proxyserver` addon (pinned 12.2.3 API).
 
-Options: `mimic_wirelog` (directory of recordings; empty: the capture addon's wire-log directory when
-it declares one), `mimic_refresh` (seconds: a miss re-reads new segments at most this often),
-`mimic_max_records`, `mimic_max_bytes` (index bounds).
+Options: `strictq_mimic_wirelog` (directory of recordings; empty: the capture addon's
+`strictq_wirelog`, the proxy's own wire log), `strictq_mimic_refresh` (seconds: a miss re-reads new
+segments at most this often), `strictq_mimic_max_records`, `strictq_mimic_max_bytes` (index bounds).
 """
 
 from __future__ import annotations
@@ -35,8 +35,7 @@ from fencing.mimic import Cursors, RecordingIndex, scan
 
 logger = logging.getLogger(__name__)
 
-# Wire-log directory options other addons may declare; read when mimic_wirelog is empty.
-WIRELOG_OPTIONS = ("wirelog", "wirelog_dir", "capture_dir")
+WIRELOG_OPTION = "strictq_wirelog"  # the capture addon's: read when strictq_mimic_wirelog is empty
 REQUIRED_OPTIONS = {"connection_strategy": "lazy", "upstream_cert": False}
 
 
@@ -66,24 +65,26 @@ class Fence:
     # -- options ------------------------------------------------------------------------------------------
     def load(self, loader: Any) -> None:
         self._master = loader.master
-        loader.add_option("mimic_wirelog", str, "", "Wire-log directory mimicry replays from.")
-        loader.add_option("mimic_refresh", float, 2.0, "Seconds between re-reads of the wire log on a miss.")
-        loader.add_option("mimic_max_records", int, 200_000, "Recordings kept in memory for mimicry.")
-        loader.add_option("mimic_max_bytes", int, 256 * 1024 * 1024, "Bytes of recordings kept in memory.")
+        add = loader.add_option
+        add("strictq_mimic_wirelog", str, "", "Wire-log directory to mimic from; empty: strictq_wirelog.")
+        add("strictq_mimic_refresh", float, 2.0, "Seconds between re-reads of the wire log on a miss.")
+        add("strictq_mimic_max_records", int, 200_000, "Recordings kept in memory for mimicry.")
+        add("strictq_mimic_max_bytes", int, 256 * 1024 * 1024, "Bytes of recordings kept in memory.")
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
-        if updated & {"mimic_wirelog", *WIRELOG_OPTIONS}:
+        if updated & {"strictq_mimic_wirelog", WIRELOG_OPTION}:
             self._directory = self._wirelog_directory()
             self.index = None  # reloaded lazily from the new place
-        if "mimic_refresh" in updated:
-            if opts.mimic_refresh < 0:
-                raise exceptions.OptionsError("mimic_refresh must be >= 0")
-            self._refresh = opts.mimic_refresh
-        if updated & {"mimic_max_records", "mimic_max_bytes"}:
-            if opts.mimic_max_records < 1 or opts.mimic_max_bytes < 1:
-                raise exceptions.OptionsError("mimic_max_records and mimic_max_bytes must be positive")
-            self._max_records, self._max_bytes = opts.mimic_max_records, opts.mimic_max_bytes
+        if "strictq_mimic_refresh" in updated:
+            if opts.strictq_mimic_refresh < 0:
+                raise exceptions.OptionsError("strictq_mimic_refresh must be >= 0")
+            self._refresh = opts.strictq_mimic_refresh
+        if updated & {"strictq_mimic_max_records", "strictq_mimic_max_bytes"}:
+            records, size = opts.strictq_mimic_max_records, opts.strictq_mimic_max_bytes
+            if records < 1 or size < 1:
+                raise exceptions.OptionsError("strictq_mimic_max_records and _max_bytes must be positive")
+            self._max_records, self._max_bytes = records, size
             self.index = None
         if self._enforced and not updated.isdisjoint(REQUIRED_OPTIONS) and self._wrong_options():
             raise exceptions.OptionsError(
@@ -108,7 +109,7 @@ class Fence:
 
     def _wirelog_directory(self) -> Path | None:
         opts = ctx.options
-        for name in ("mimic_wirelog", *WIRELOG_OPTIONS):
+        for name in ("strictq_mimic_wirelog", WIRELOG_OPTION):
             value = getattr(opts, name, None) if name in opts else None
             if isinstance(value, str) and value:
                 return Path(value)

@@ -1,0 +1,294 @@
+"""The fence addon (`fencing.addons.fence`, `fencing.mimic`): block and mimic fenced workers.
+
+Unit tests drive the addon with mitmproxy's test flows and a wire log written by wirelog's writer;
+end-to-end tests run a real `strictq proxy` following a control stream, with real HTTP and HTTPS
+backends that count accepted sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from mitmproxy import http
+from mitmproxy.test import taddons, tflow
+
+from fencing.addons.fence import Fence
+from fencing.context import METADATA_KEY, PROXY_ACTION_HEADER, CallContext
+from fencing.control_client import ControlState, FenceInfo
+from fencing.mimic import RecordingIndex, identity_from_url, recording_from_record
+from wirelog.record import http_record, http_request, http_response
+from wirelog.writer import WireLogWriter
+
+BACKEND = "https://api.example:8443"
+
+
+def fenced(state: ControlState, worker: str, mode: str) -> None:
+    state.set_fence(FenceInfo(worker, mode, "test", 1.0, None))
+
+
+def call_flow(
+    worker: str = "worker-1",
+    *,
+    method: str = "GET",
+    url: str = f"{BACKEND}/status?job=1",
+    body: bytes = b"",
+    message_id: str | None = "m-1",
+    call: int | None = 1,
+    client: Any = None,
+) -> http.HTTPFlow:
+    """A flow as auth, tagging and redact leave it: the worker, the tags and the request identity."""
+    request = http.Request.make(method, url, body)
+    flow = tflow.tflow(req=request, client_conn=client) if client else tflow.tflow(req=request)
+    identity = identity_from_url(method, url, hashlib.sha256(body).hexdigest())
+    flow.metadata[METADATA_KEY] = CallContext(
+        started=0.0, worker=worker, tenant="t1", queue="orders" if message_id else None,
+        message_id=message_id, group="g1" if message_id else None, lease=1 if message_id else None,
+        attempt=1 if message_id else None, call=call, tagged=message_id is not None,
+        request_identity=identity,
+    )  # fmt: skip
+    return flow
+
+
+def recorded(
+    rid: str,
+    ts: float,
+    status: int,
+    answer: str,
+    *,
+    method: str = "GET",
+    url: str = f"{BACKEND}/status?job=1",
+    body: bytes = b"",
+    message_id: str | None = None,
+    call: int | None = None,
+    action: str = "pass",
+) -> dict[str, Any]:
+    record = http_record(
+        request=http_request(method=method, url=url, headers=[["Host", "api.example"]], body=body),
+        response=http_response(
+            status=status, headers=[["Content-Type", "application/json"], ["Content-Length", "99"]],
+            body=orjson.dumps({"answer": answer}),
+        ),
+        action=action, ts=ts, worker="worker-9", message_id=message_id, call=call,
+    )  # fmt: skip
+    record["id"] = rid
+    return record
+
+
+def without_id(record: dict[str, Any]) -> dict[str, Any]:
+    """For wirelog's writer, which assigns ids itself."""
+    return {k: v for k, v in record.items() if k != "id"}
+
+
+def index_of(*records: dict[str, Any]) -> RecordingIndex:
+    index = RecordingIndex()
+    for record in records:
+        recording = recording_from_record(record)
+        if recording is not None:
+            index.add(recording)
+    return index
+
+
+def answer_of(flow: http.HTTPFlow) -> str:
+    assert flow.response is not None
+    return str(orjson.loads(flow.response.content or b"")["answer"])
+
+
+async def run_request(fence: Fence, flow: http.HTTPFlow) -> None:
+    """Both hooks, as mitmproxy runs them (request may return an awaitable on the slow path)."""
+    fence.requestheaders(flow)
+    pending = fence.request(flow)
+    if pending is not None:
+        await pending
+
+
+# ------------------------------------------------------------------------------------------- block
+async def test_block_answers_403_tagged_and_untagged_and_counts() -> None:
+    state = ControlState()
+    fence = Fence(state)
+    fenced(state, "worker-1", "block")
+    for flow in (call_flow(), call_flow(message_id=None, call=None)):
+        fence.requestheaders(flow)
+        assert flow.response is not None and flow.response.status_code == 403
+        assert flow.response.headers[PROXY_ACTION_HEADER] == "block"
+        body = orjson.loads(flow.response.content or b"")
+        assert body["action"] == "block" and "fenced" in body["message"]
+        assert flow.metadata[METADATA_KEY].action == "block"
+    other = call_flow("worker-2")
+    await run_request(fence, other)
+    assert other.response is None  # only the fenced worker
+    assert fence.blocked == 2
+
+
+async def test_unfence_restores_pass_through() -> None:
+    state = ControlState()
+    fence = Fence(state)
+    fenced(state, "worker-1", "block")
+    state.remove_fence("worker-1")
+    flow = call_flow()
+    await run_request(fence, flow)
+    assert flow.response is None and flow.metadata[METADATA_KEY].action == "pass"
+
+
+def test_running_enforces_lazy_connections_and_no_upstream_cert() -> None:
+    from mitmproxy.addons.proxyserver import Proxyserver
+
+    fence = Fence(ControlState())
+    with taddons.context(Proxyserver(), fence) as tctx:
+        assert tctx.options.connection_strategy == "eager" and tctx.options.upstream_cert
+        fence.running()
+        assert tctx.options.connection_strategy == "lazy" and not tctx.options.upstream_cert
+        with pytest.raises(Exception, match="lazy"):
+            tctx.options.update(connection_strategy="eager")
+        assert tctx.options.connection_strategy == "lazy"
+
+
+# ------------------------------------------------------------------------------------------- mimic
+def mimic_fence(index: RecordingIndex, *workers: str) -> Fence:
+    state = ControlState()
+    fence = Fence(state)
+    for worker in workers:
+        fenced(state, worker, "mimic")
+    fence.index = index
+    return fence
+
+
+async def test_mimic_replays_a_recorded_sequence_in_order_then_repeats_the_last() -> None:
+    index = index_of(
+        recorded("r2", 2.0, 200, "running"),
+        recorded("r1", 1.0, 202, "queued"),  # out of order on disk: recording time decides
+        recorded("r3", 3.0, 200, "done"),
+        recorded("x", 4.0, 500, "other endpoint", url=f"{BACKEND}/other"),
+        recorded("y", 5.0, 200, "not passed", action="mimic"),
+    )
+    fence = mimic_fence(index, "worker-1")
+    seen = []
+    for call in range(1, 6):
+        flow = call_flow(call=call)
+        await run_request(fence, flow)
+        assert flow.response is not None
+        assert flow.response.headers[PROXY_ACTION_HEADER] == "mimic"
+        assert "content-length" not in {k.lower() for k in flow.response.headers if k != "content-length"}
+        ctx = flow.metadata[METADATA_KEY]
+        assert ctx.action == "mimic"
+        seen.append((flow.response.status_code, answer_of(flow), ctx.replayed_from))
+    assert seen == [
+        (202, "queued", "r1"),
+        (200, "running", "r2"),
+        (200, "done", "r3"),
+        (200, "done", "r3"),
+        (200, "done", "r3"),
+    ]
+
+
+async def test_mimic_matches_the_message_and_call_first_then_the_request() -> None:
+    post = {"method": "POST", "url": f"{BACKEND}/charge", "body": b'{"amount": 5}'}
+    index = index_of(
+        recorded("any-1", 1.0, 201, "generic charge", **post),
+        recorded("m7-c2", 2.0, 201, "m-7 call 2", message_id="m-7", call=2, **post),
+        recorded("m7-c3", 3.0, 409, "m-7 call 3", message_id="m-7", call=3, **post),
+    )
+    fence = mimic_fence(index, "worker-1")
+    flows = [
+        call_flow(message_id="m-7", call=2, **post),  # this message's own call 2
+        call_flow(message_id="m-7", call=3, **post),  # and its call 3
+        call_flow(message_id="m-8", call=2, **post),  # another message: by request identity
+        call_flow(message_id="m-7", call=2, method="POST", url=f"{BACKEND}/charge", body=b'{"amount": 6}'),
+    ]
+    for flow in flows:
+        await run_request(fence, flow)
+    assert [f.metadata[METADATA_KEY].replayed_from for f in flows[:3]] == ["m7-c2", "m7-c3", "any-1"]
+    # A different body is a different request: nothing matches.
+    last = flows[3]
+    assert last.response is not None and last.response.status_code == 503
+    assert last.response.headers[PROXY_ACTION_HEADER] == "unmatched"
+    assert "no recording matched" in orjson.loads(last.response.content or b"")["message"]
+    assert last.metadata[METADATA_KEY].action == "unmatched"
+
+
+async def test_two_mimicked_workers_each_get_the_whole_sequence() -> None:
+    index = index_of(*(recorded(f"r{i}", float(i), 200, f"step {i}") for i in range(1, 5)))
+    fence = mimic_fence(index, "worker-1", "worker-2")
+
+    async def worker(name: str) -> list[str]:
+        answers = []
+        for call in range(1, 5):
+            flow = call_flow(name, call=call)
+            await run_request(fence, flow)
+            answers.append(answer_of(flow))
+            await asyncio.sleep(0)  # interleave the two workers
+        return answers
+
+    one, two = await asyncio.gather(worker("worker-1"), worker("worker-2"))
+    assert one == two == ["step 1", "step 2", "step 3", "step 4"]
+
+
+async def test_sequences_are_per_message_and_restart_on_a_new_fence() -> None:
+    index = index_of(recorded("r1", 1.0, 200, "first"), recorded("r2", 2.0, 200, "second"))
+    fence = mimic_fence(index, "worker-1")
+    answers = []
+    for message_id in ("m-1", "m-2", "m-1"):
+        flow = call_flow(message_id=message_id)
+        await run_request(fence, flow)
+        answers.append(answer_of(flow))
+    assert answers == ["first", "first", "second"]
+    fenced(fence.state, "worker-1", "mimic")  # fenced anew (another reason): sequences start over
+    fence.index = index
+    flow = call_flow(message_id="m-1")
+    await run_request(fence, flow)
+    assert answer_of(flow) == "first"
+
+
+async def test_mimic_loads_the_wire_log_lazily_and_rereads_on_a_miss(tmp_path: Path) -> None:
+    directory = tmp_path / "wirelog"
+    writer = WireLogWriter(directory, "proxy", fsync="never", compress=False)
+    first = writer.write(without_id(recorded("r1", 1.0, 200, "from disk")))
+    writer.flush()
+    state = ControlState()
+    fence = Fence(state)
+    with taddons.context(fence) as tctx:
+        tctx.options.update(strictq_mimic_wirelog=str(directory), strictq_mimic_refresh=0.0)
+        fenced(state, "worker-1", "mimic")  # starts loading in the background
+        flow = call_flow()
+        await run_request(fence, flow)
+        assert answer_of(flow) == "from disk"
+        assert flow.metadata[METADATA_KEY].replayed_from == first
+        # Recorded after the first load: a miss re-reads the new part of the log.
+        writer.write(without_id(recorded("r9", 9.0, 200, "later", url=f"{BACKEND}/later")))
+        writer.flush()
+        later = call_flow(url=f"{BACKEND}/later")
+        await run_request(fence, later)
+        assert answer_of(later) == "later"
+        assert fence.index is not None and len(fence.index) == 2
+        # Nobody left to mimic for: the index is dropped.
+        state.remove_fence("worker-1")
+        assert fence.index is None
+    writer.close()
+
+
+def test_index_is_bounded_and_forgets_the_oldest() -> None:
+    index = RecordingIndex(max_records=3)
+    for i in range(1, 6):
+        recording = recording_from_record(recorded(f"r{i}", float(i), 200, f"s{i}"))
+        assert recording is not None
+        index.add(recording)
+    assert len(index) == 3 and index.evicted == 2
+    found = index.candidates(
+        identity_from_url("GET", f"{BACKEND}/status?job=1", hashlib.sha256().hexdigest()), None, None
+    )
+    assert found is not None and [r.record_id for r in found[1]] == ["r3", "r4", "r5"]
+
+
+def test_unusable_records_are_skipped() -> None:
+    base = recorded("r", 1.0, 200, "x")
+    errored = {**base, "error": "connection reset"}
+    no_response = {**base, "response": None}
+    metadata_only = {**base, "response": {**base["response"], "body": None, "body_b64": None}}
+    refused = {**base, "action": "block"}
+    for record in (errored, no_response, metadata_only, refused):
+        assert recording_from_record(record) is None
+    assert recording_from_record(base) is not None
