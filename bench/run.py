@@ -70,6 +70,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="report path (default docs/benchmarks.md)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary data directories")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the figures of scenarios not run now from the previous run's bench/out/results.json"
+        " (the report says which ones are older)",
+    )
     return parser.parse_args(argv)
 
 
@@ -144,6 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         f"strictq benchmarks: {', '.join(names)} ({'quick' if args.quick else 'full'}); work dir {work_dir}"
     )
     failures: dict[str, str] = {}
+    carried: list[str] = []
+    previous = out_dir / "results.json"
+    if args.merge and previous.exists():
+        earlier = json.loads(previous.read_text()).get("results", {})
+        carried = [name for name in earlier if name not in names]
+        settings.results.update({name: earlier[name] for name in carried})
+        progress(f"merging earlier figures of: {', '.join(carried) or 'nothing'}")
     try:
         for name in names:
             if name in settings.results:  # e.g. latency already ran e2e-100 for its peak
@@ -161,6 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_facts()
     machine["code"] = code_version()
     report = render(settings.results, machine, command, plain, elapsed)
+    if carried:
+        report = report.replace(
+            "## Machine\n",
+            f"**Merged run:** the figures of {', '.join(carried)} come from the previous run's results"
+            f" (`--merge`); only {', '.join(names)} ran now.\n\n## Machine\n",
+            1,
+        )
     if failures:
         report += (
             "\n## Failures in this run\n\n" + "\n".join(f"- {k}: {v}" for k, v in failures.items()) + "\n"

@@ -16,6 +16,7 @@ from .harness import LoadSummary, run_load
 from .loadgen import LoadSpec
 from .preload import preload
 from .profiling import RATE, analyze_pyspy, pyspy_binary, render_pyspy, start_pyspy
+from .proxy_scenario import scenario_proxy
 from .servers import GatewayServer, QueueServer, RedisServer
 
 QUEUE = "bench"
@@ -609,6 +610,7 @@ SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "gw-latency": scenario_gw_latency,
     "backlog": scenario_backlog,
     "redis": scenario_redis,
+    "proxy": scenario_proxy,
     "profile": scenario_profile,
 }
 ALIASES = {

@@ -32,8 +32,16 @@ class QueueServer:
     SUBCOMMAND = "queue-server"
     READY = LISTENING  # start() returns once a line starting with this was printed
 
-    def __init__(self, data_dir: Path, log_path: Path, *, profile_to: Path | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        log_path: Path,
+        *,
+        profile_to: Path | None = None,
+        extra_args: list[str] | None = None,
+    ) -> None:
         self.data_dir = data_dir
+        self.extra_args = list(extra_args or [])
         self.log_path = log_path
         self.profile_to = profile_to
         self.proc: subprocess.Popen[str] | None = None
@@ -58,6 +66,7 @@ class QueueServer:
             "0",
             "--data-dir",
             str(self.data_dir),
+            *self.extra_args,
         ]
         if self.profile_to is not None:
             # pyinstrument runs the same script; it samples the main thread (the event loop) only.
