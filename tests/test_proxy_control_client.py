@@ -8,153 +8,25 @@ conditions with deadlines, never fixed sleeps standing in for "long enough".
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncIterator
+from pathlib import Path
 
-import orjson
 import pytest
-from aiohttp import web
+from control_support import (
+    KEY,
+    FakeControlServer,
+    QueueServer,
+    event_number,
+    fence,
+    fence_worker,
+    unfence_worker,
+    until,
+)
+from proxy_support import credential, write_keys
 
 from fencing.control_client import ControlClient, ControlState, FenceInfo
-
-KEY = "proxy-secret-0123456789"
-
-
-async def until(predicate: Callable[[], bool], within: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
-def fence(worker: str, mode: str = "block", reason: str = "test") -> dict[str, Any]:
-    return {"worker": worker, "mode": mode, "reason": reason, "since": 1.0, "expires": None}
-
-
-@dataclass
-class FakeControlServer:
-    """The server side of the protocol, in memory: fences, floors, a ring of events, live streams."""
-
-    instance: int = 1
-    ring_size: int = 10_000
-    fences: dict[str, dict[str, Any]] = field(default_factory=dict)
-    floors: dict[tuple[str, str], int] = field(default_factory=dict)
-    ring: list[tuple[int, str, bytes]] = field(default_factory=list)  # (n, event, data)
-    counter: int = 0
-    port: int = 0
-    # What each connection asked with and got first: (Last-Event-ID header, "snapshot" | "replay").
-    connections: list[tuple[str | None, str]] = field(default_factory=list)
-    _streams: set[asyncio.Queue[bytes | None]] = field(default_factory=set)
-    _runner: web.AppRunner | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/admin/v1/control"
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_get("/admin/v1/control", self._handle)
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-        await site.start()
-        if not self.port:
-            assert site._server is not None
-            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-    async def stop(self) -> None:
-        for stream in list(self._streams):
-            stream.put_nowait(None)
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def restart(self) -> None:
-        """A new process: the instance is bumped, the ring starts empty, fences and floors persist."""
-        await self.stop()
-        self.instance += 1
-        self.ring.clear()
-        self.counter = 0
-        await self.start()
-
-    def drop_connections(self) -> None:
-        for stream in list(self._streams):
-            stream.put_nowait(None)
-
-    def publish(self, event: str, data: dict[str, Any]) -> str:
-        if event == "fence":
-            self.fences[data["worker"]] = data
-        elif event == "unfence":
-            self.fences.pop(data["worker"], None)
-        elif event == "floor":
-            for queue, group, token in data["floors"]:
-                self.floors[(queue, group)] = max(token, self.floors.get((queue, group), 0))
-        self.counter += 1
-        payload = orjson.dumps(data)
-        self.ring.append((self.counter, event, payload))
-        del self.ring[: -self.ring_size]
-        frame = self._frame(f"{self.instance}-{self.counter}", event, payload)
-        for stream in self._streams:
-            stream.put_nowait(frame)
-        return f"{self.instance}-{self.counter}"
-
-    @staticmethod
-    def _frame(event_id: str, event: str, data: bytes) -> bytes:
-        return b"id: " + event_id.encode() + b"\nevent: " + event.encode() + b"\ndata: " + data + b"\n\n"
-
-    def _catch_up(self, last_event_id: str | None) -> tuple[str, list[bytes]]:
-        if last_event_id:
-            instance, _, n = last_event_id.partition("-")
-            if instance == str(self.instance) and n.isdigit():
-                after = int(n)
-                oldest = self.ring[0][0] if self.ring else self.counter + 1
-                if after >= oldest - 1 and after <= self.counter:
-                    frames = [self._frame(f"{self.instance}-{k}", e, d) for k, e, d in self.ring if k > after]
-                    return "replay", frames
-        snapshot = {
-            "instance": self.instance,
-            "fences": list(self.fences.values()),
-            "floors": [[q, g, t] for (q, g), t in self.floors.items() if t > 0],
-        }
-        return "snapshot", [
-            self._frame(f"{self.instance}-{self.counter}", "snapshot", orjson.dumps(snapshot))
-        ]
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        if request.headers.get("X-BV-API-Key") != KEY:
-            return web.json_response({"code": "unauthorized"}, status=401)
-        stream: asyncio.Queue[bytes | None] = asyncio.Queue()
-        self._streams.add(stream)
-        try:
-            response = web.StreamResponse(
-                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-            )
-            await response.prepare(request)
-            last = request.headers.get("Last-Event-ID")
-            how, frames = self._catch_up(last)
-            self.connections.append((last, how))
-            await response.write(b": hello\n\n")
-            for frame in frames:
-                await response.write(frame)
-            synced = orjson.dumps({"instance": self.instance})
-            await response.write(self._frame(f"{self.instance}-{self.counter}", "synced", synced))
-            while True:
-                try:
-                    frame = await asyncio.wait_for(stream.get(), timeout=0.5)
-                except TimeoutError:
-                    await response.write(b": keepalive\n\n")
-                    continue
-                if frame is None:
-                    break
-                await response.write(frame)
-            return response
-        finally:
-            self._streams.discard(stream)
+from queue_core.client import QueueClient
 
 
 @pytest.fixture
@@ -303,3 +175,46 @@ def test_snapshot_replaces_fences_and_notifies_only_changes() -> None:
     state.replace_fences([a, FenceInfo("b", "block", "r", 2.0, None)])
     state.replace_fences([])
     assert heard == [("fence", "a"), ("fence", "b"), ("fence", "b"), ("unfence", "a"), ("unfence", "b")]
+
+
+# ---------------------------------------------------------------------------- against the real core
+async def test_against_a_real_queue_server_fences_floors_and_restart(tmp_path: Path) -> None:
+    keys = write_keys(tmp_path / "keys.toml")
+    admin = credential("admin-1").secret
+    server = QueueServer(tmp_path / "core", keys).start()
+    try:
+        async with client_for_url(server.control_url) as client:
+            state = client.state
+            await until(lambda: state.synced, what="synced with the core")
+            # A claim raises the group's floor: the proxy learns the claim's own token.
+            async with QueueClient(server.url) as core:
+                await core.send_one("t1.orders", "hello", group="g1")
+                (message,) = await core.receive("t1.orders", limit=1, worker="worker-1")
+            await until(lambda: state.floor("t1.orders", "g1") == message["token"], what="floor event")
+            await fence_worker(server, admin, "worker-1", "mimic")
+            await until(lambda: "worker-1" in state.fences, what="fence event")
+            assert state.fences["worker-1"].mode == "mimic"
+            before = state.last_event_id
+            # The core restarts on the same port: the proxy notices, fails closed, resynchronises.
+            server.stop()
+            await until(lambda: not state.synced, what="unsynced while the core is down")
+            server.start()
+            await until(lambda: state.synced and state.last_event_id != before, what="resync")
+            assert event_number(state.last_event_id)[0] > event_number(before)[0]  # a new instance
+            assert state.fences["worker-1"].mode == "mimic"  # fences are durable in the core
+            assert state.floor("t1.orders", "g1") == message["token"]
+            await unfence_worker(server, admin, "worker-1")
+            await until(lambda: "worker-1" not in state.fences, what="unfence event")
+            assert client.snapshots == 2
+    finally:
+        server.stop()
+
+
+@contextlib.asynccontextmanager
+async def client_for_url(url: str) -> AsyncIterator[ControlClient]:
+    client = ControlClient(url, KEY, reconnect_min=0.05, reconnect_max=0.3)
+    client.start()
+    try:
+        yield client
+    finally:
+        await client.stop()

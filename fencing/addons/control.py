@@ -53,6 +53,11 @@ class Control:
         self._running = False
         self._swap_task: asyncio.Task[None] | None = None
 
+    @property
+    def enabled(self) -> bool:
+        """Whether a control stream is configured (False: standalone, synced with no fences)."""
+        return self._settings is not None
+
     def load(self, loader) -> None:  # type: ignore[no-untyped-def]
         loader.add_option(
             "strictq_control", str, "", "Control stream URL of the core; empty: standalone (no fences)."

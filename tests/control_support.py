@@ -1,0 +1,289 @@
+"""Control-plane fixtures for the guards' tests: an in-test SSE server following docs/control-stream.md,
+a real `strictq queue-server` subprocess (the core, its control stream and fence API), admin calls to
+fence and unfence, and a way to wait until a proxy has seen a given control event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "proxy-secret-0123456789"  # proxy_support.PROXY_CREDENTIAL's secret
+LISTENING = "strictq: listening on "
+
+
+async def until(predicate: Callable[[], bool], within: float = 10.0, what: str = "condition") -> None:
+    """Poll a condition with a deadline (the only way these tests wait)."""
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def fence(worker: str, mode: str = "block", reason: str = "test") -> dict[str, Any]:
+    """A FENCE object of the protocol."""
+    return {"worker": worker, "mode": mode, "reason": reason, "since": 1.0, "expires": None}
+
+
+@dataclass
+class FakeControlServer:
+    """The server side of the protocol, in memory: fences, floors, a ring of events, live streams."""
+
+    instance: int = 1
+    ring_size: int = 10_000
+    fences: dict[str, dict[str, Any]] = field(default_factory=dict)
+    floors: dict[tuple[str, str], int] = field(default_factory=dict)
+    ring: list[tuple[int, str, bytes]] = field(default_factory=list)  # (n, event, data)
+    counter: int = 0
+    port: int = 0
+    # What each connection asked with and got first: (Last-Event-ID header, "snapshot" | "replay").
+    connections: list[tuple[str | None, str]] = field(default_factory=list)
+    _streams: set[asyncio.Queue[bytes | None]] = field(default_factory=set)
+    _runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/admin/v1/control"
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/admin/v1/control", self._handle)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        await site.start()
+        if not self.port:
+            assert site._server is not None
+            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        for stream in list(self._streams):
+            stream.put_nowait(None)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def restart(self) -> None:
+        """A new process: the instance is bumped, the ring starts empty, fences and floors persist."""
+        await self.stop()
+        self.instance += 1
+        self.ring.clear()
+        self.counter = 0
+        await self.start()
+
+    def drop_connections(self) -> None:
+        for stream in list(self._streams):
+            stream.put_nowait(None)
+
+    def publish(self, event: str, data: dict[str, Any]) -> str:
+        if event == "fence":
+            self.fences[data["worker"]] = data
+        elif event == "unfence":
+            self.fences.pop(data["worker"], None)
+        elif event == "floor":
+            for queue, group, token in data["floors"]:
+                self.floors[(queue, group)] = max(token, self.floors.get((queue, group), 0))
+        self.counter += 1
+        payload = orjson.dumps(data)
+        self.ring.append((self.counter, event, payload))
+        del self.ring[: -self.ring_size]
+        frame = self._frame(f"{self.instance}-{self.counter}", event, payload)
+        for stream in self._streams:
+            stream.put_nowait(frame)
+        return f"{self.instance}-{self.counter}"
+
+    @staticmethod
+    def _frame(event_id: str, event: str, data: bytes) -> bytes:
+        return b"id: " + event_id.encode() + b"\nevent: " + event.encode() + b"\ndata: " + data + b"\n\n"
+
+    def _catch_up(self, last_event_id: str | None) -> tuple[str, list[bytes]]:
+        if last_event_id:
+            instance, _, n = last_event_id.partition("-")
+            if instance == str(self.instance) and n.isdigit():
+                after = int(n)
+                oldest = self.ring[0][0] if self.ring else self.counter + 1
+                if after >= oldest - 1 and after <= self.counter:
+                    frames = [self._frame(f"{self.instance}-{k}", e, d) for k, e, d in self.ring if k > after]
+                    return "replay", frames
+        snapshot = {
+            "instance": self.instance,
+            "fences": list(self.fences.values()),
+            "floors": [[q, g, t] for (q, g), t in self.floors.items() if t > 0],
+        }
+        return "snapshot", [
+            self._frame(f"{self.instance}-{self.counter}", "snapshot", orjson.dumps(snapshot))
+        ]
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if request.headers.get("X-BV-API-Key") != KEY:
+            return web.json_response({"code": "unauthorized"}, status=401)
+        stream: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._streams.add(stream)
+        try:
+            response = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
+            await response.prepare(request)
+            last = request.headers.get("Last-Event-ID")
+            how, frames = self._catch_up(last)
+            self.connections.append((last, how))
+            await response.write(b": hello\n\n")
+            for frame in frames:
+                await response.write(frame)
+            synced = orjson.dumps({"instance": self.instance})
+            await response.write(self._frame(f"{self.instance}-{self.counter}", "synced", synced))
+            while True:
+                try:
+                    frame = await asyncio.wait_for(stream.get(), timeout=0.5)
+                except TimeoutError:
+                    await response.write(b": keepalive\n\n")
+                    continue
+                if frame is None:
+                    break
+                await response.write(frame)
+            return response
+        finally:
+            self._streams.discard(stream)
+
+
+# ------------------------------------------------------------------------------- real queue server
+class QueueServer:
+    """A `strictq queue-server` subprocess: the core, its control stream and its fence API."""
+
+    def __init__(self, data_dir: Path, keys: Path, port: int = 0) -> None:
+        self.data_dir = data_dir
+        self.keys = keys
+        self.port = port
+        self.url = ""
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir.parent / f"{data_dir.name}.log"
+
+    @property
+    def control_url(self) -> str:
+        return f"{self.url}/admin/v1/control"
+
+    def start(self, timeout: float = 30.0) -> QueueServer:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            *(sys.executable, "-m", "strictq", "queue-server", "--host", "127.0.0.1"),
+            *("--port", str(self.port), "--data-dir", str(self.data_dir), "--keys", str(self.keys)),
+            *("--partitions", "4"),
+        ]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                args,
+                cwd=ROOT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=log,
+            )
+        lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+
+        def drain(stream: Any) -> None:
+            for raw in stream:
+                lines.put(raw.decode(errors="replace").rstrip("\n"))
+            lines.put(None)
+
+        threading.Thread(target=drain, args=(self.proc.stdout,), daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = lines.get(timeout=max(0.05, deadline - time.monotonic()))
+            except queue.Empty:
+                line = None
+            if line is None:
+                self.kill()
+                raise RuntimeError(f"queue-server did not start: {self.log_path.read_text()[-3000:]}")
+            if line.startswith(LISTENING):
+                self.url = line[len(LISTENING) :].strip().rstrip("/")
+                self.port = int(self.url.rsplit(":", 1)[1])
+                return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM and wait; the same port can be reused by `start()` (a core restart)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=15)
+
+
+@contextlib.contextmanager
+def running_queue_server(data_dir: Path, keys: Path) -> Iterator[QueueServer]:
+    server = QueueServer(data_dir, keys).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def admin_call(
+    url: str, secret: str, method: str, path: str, body: Any = None
+) -> tuple[int, dict[str, Any]]:
+    async with aiohttp.ClientSession() as session:
+        async with session.request(method, url + path, json=body, headers={"X-BV-API-Key": secret}) as resp:
+            return resp.status, orjson.loads(await resp.read() or b"{}")
+
+
+async def fence_worker(server: QueueServer, admin_secret: str, worker: str, mode: str) -> dict[str, Any]:
+    status, body = await admin_call(
+        server.url, admin_secret, "PUT", f"/admin/v1/fences/{worker}", {"mode": mode, "reason": "test"}
+    )
+    assert status == 200, body
+    return body
+
+
+async def unfence_worker(server: QueueServer, admin_secret: str, worker: str) -> None:
+    status, body = await admin_call(server.url, admin_secret, "DELETE", f"/admin/v1/fences/{worker}")
+    assert status == 200, body
+
+
+async def proxy_control(admin_url: str) -> dict[str, Any]:
+    """The proxy's view of the control stream, from its admin /metrics."""
+    async with aiohttp.ClientSession() as session:
+        async with session.get(admin_url.rstrip("/") + "/metrics") as resp:
+            return dict((await resp.json())["control"])
+
+
+def event_number(event_id: str | None) -> tuple[int, int]:
+    if not event_id:
+        return (-1, -1)
+    instance, _, n = event_id.partition("-")
+    return (int(instance), int(n))
+
+
+async def wait_proxy_saw(admin_url: str, event_id: str | None, within: float = 10.0) -> dict[str, Any]:
+    """Until the proxy has processed the control event `event_id` (or a later one) and is synchronised."""
+    target = event_number(event_id)
+    deadline = time.monotonic() + within
+    while True:
+        control = await proxy_control(admin_url)
+        if control["synced"] and event_number(control["last_event_id"]) >= target:
+            return control
+        if time.monotonic() > deadline:
+            raise AssertionError(f"proxy never reached control event {event_id}: {control}")
+        await asyncio.sleep(0.02)
