@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from queue_core.admin_http import add_admin_routes
+from queue_core.control import ControlHub
 from queue_core.service import QueueService
 
 from .keys import KeyRing
@@ -29,7 +31,9 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"ready": False}, status=503)
 
 
-def make_gateway_app(service: QueueService, keys: KeyRing) -> web.Application:
+def make_gateway_app(
+    service: QueueService, keys: KeyRing, *, control: ControlHub | None = None
+) -> web.Application:
     from . import emodb, sqs  # the faces register their own routes
 
     app = web.Application(client_max_size=MAX_EDGE_BODY)
@@ -40,4 +44,6 @@ def make_gateway_app(service: QueueService, keys: KeyRing) -> web.Application:
     app.router.add_get("/readyz", readyz)
     sqs.add_routes(app)
     emodb.add_routes(app)
+    if isinstance(service, QueueService):  # the core is in this process: its control stream and fences too
+        add_admin_routes(app, control or ControlHub(service), keys)
     return app

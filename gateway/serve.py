@@ -16,6 +16,8 @@ from pathlib import Path
 
 from aiohttp import web
 
+from queue_core.control import ControlHub
+from queue_core.fences import FenceRegistry
 from queue_core.service import QueueService
 
 from .app import make_gateway_app
@@ -47,6 +49,8 @@ def client_env(url: str, ca: Path | None, keys: KeyRing) -> str:
         lines.append(f"STRICTQ_CA_FILE={ca.resolve()}")
     if producer is not None:
         lines.append(f"STRICTQ_API_KEY={producer.secret}")
+    if (admin := _first(keys, "admin")) is not None:
+        lines.append(f"STRICTQ_ADMIN_KEY={admin.secret}")  # strictq fence / unfence / fences
     if worker is not None:
         lines += [f"STRICTQ_WORKER_ID={worker.id}", f"STRICTQ_WORKER_SECRET={worker.secret}"]
     if producer is not None:
@@ -83,7 +87,13 @@ async def serve(options: ServeOptions) -> None:
     await service.start()
     gc.freeze()  # see queue_core.server: the restored backlog stays out of collections
     gc.set_threshold(50_000, 20, 100)
-    runner = web.AppRunner(make_gateway_app(service, keys), access_log=None, handle_signals=False)
+    # With the core in-process, this process serves the control stream and fences (<data-dir>/fences.json).
+    control = None
+    if isinstance(service, QueueService):
+        control = ControlHub(service, FenceRegistry(data_dir / "fences.json"))
+    runner = web.AppRunner(
+        make_gateway_app(service, keys, control=control), access_log=None, handle_signals=False
+    )
     await runner.setup()
     context = server_context(tls, options.client_ca) if tls is not None else None
     site = web.TCPSite(runner, options.host, options.port, ssl_context=context, reuse_address=True)

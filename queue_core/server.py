@@ -21,6 +21,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from gateway.keys import KeyRing, write_development_keys
+
+from .admin_http import add_admin_routes
+from .control import ControlHub
 from .machine import (
     AckOutcome,
     AlreadyExists,
@@ -482,7 +486,11 @@ def make_app(service: QueueService) -> web.Application:
 
 
 # ------------------------------------------------------------------------------------- the process
-async def serve(host: str, port: int, data_dir: Path, partitions: int) -> None:
+async def serve(host: str, port: int, data_dir: Path, partitions: int, keys: Path | None = None) -> None:
+    # The admin routes (control stream, fences) authenticate with the key file; a missing default one is
+    # created with development credentials, as `strictq serve` does.
+    keys_path = keys or data_dir / "keys.toml"
+    key_ring = KeyRing.load(keys_path) if keys or keys_path.exists() else write_development_keys(keys_path)
     service = QueueService(data_dir, partitions=partitions)
     await service.start()
     # The restored backlog lives as long as the process: keep it out of every future collection, and
@@ -490,7 +498,9 @@ async def serve(host: str, port: int, data_dir: Path, partitions: int) -> None:
     # cycles). Measured: the collector took ~7% of the loop under load with the defaults.
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
-    runner = web.AppRunner(make_app(service), access_log=None, handle_signals=False)
+    app = make_app(service)
+    add_admin_routes(app, ControlHub(service), key_ring)  # fences in <data-dir>/fences.json
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()
@@ -502,6 +512,7 @@ async def serve(host: str, port: int, data_dir: Path, partitions: int) -> None:
     bound_host, bound_port = runner.addresses[0][:2]
     url = f"http://{_url_host(bound_host)}:{bound_port}"
     print(f"strictq: listening on {url}", flush=True)
+    print(f"strictq: keys {keys_path.resolve()}", flush=True)
     command = sys.argv[0] if Path(sys.argv[0]).name == "strictq" else "strictq"  # e.g. .venv/bin/strictq
     print(
         f"strictq: try  STRICTQ_URL={url} {command} send orders --group customer-1 '{{\"order\": 1}}'",
@@ -520,11 +531,11 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def run(host: str, port: int, data_dir: Path, partitions: int) -> None:
+def run(host: str, port: int, data_dir: Path, partitions: int, keys: Path | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         import uvloop
 
-        uvloop.run(serve(host, port, data_dir, partitions))
+        uvloop.run(serve(host, port, data_dir, partitions, keys))
     except ImportError:  # uvloop is pinned, but the server still runs on plain asyncio without it
-        asyncio.run(serve(host, port, data_dir, partitions))
+        asyncio.run(serve(host, port, data_dir, partitions, keys))

@@ -9,6 +9,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+from .admin_cli import register as register_admin_commands
+
 CLIENT_ENV_HELP = (
     "Client commands read STRICTQ_URL (default http://127.0.0.1:8470), STRICTQ_CA_FILE, STRICTQ_API_KEY "
     "and STRICTQ_WORKER_ID from the environment."
@@ -57,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=64,
         help="hash partitions, fixed per deployment (default: %(default)s)",
+    )
+    server.add_argument(
+        "--keys",
+        type=Path,
+        help="credential file for the admin routes (control stream, fences; default: <data-dir>/keys.toml, "
+        "created with development keys)",
     )
     server.set_defaults(handler=cmd_queue_server)
 
@@ -167,11 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
     queues = commands.add_parser("queues", help="list queues", description=CLIENT_ENV_HELP)
     queues.add_argument("--prefix", default="", help="only names starting with this")
     queues.set_defaults(handler=cmd_queues)
+    register_admin_commands(commands)  # strictq fence / unfence / fences
     return parser
 
 
 # ------------------------------------------------------------------------------------------ server
 def cmd_queue_server(args: argparse.Namespace) -> int:
+    from gateway.keys import KeyFileError
+    from queue_core.fences import FenceFileError
     from queue_core.server import run
 
     if not 0 <= args.port <= 65535:
@@ -180,7 +191,11 @@ def cmd_queue_server(args: argparse.Namespace) -> int:
     if not 1 <= args.partitions <= 65536:
         print("strictq: --partitions must be 1-65536", file=sys.stderr)
         return 2
-    run(args.host, args.port, args.data_dir, args.partitions)
+    try:
+        run(args.host, args.port, args.data_dir, args.partitions, args.keys)
+    except (KeyFileError, FenceFileError) as exc:
+        print(f"strictq: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

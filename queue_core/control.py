@@ -1,0 +1,336 @@
+"""The control stream's server side: what the egress proxies must know, published by the core's process.
+
+One `ControlHub` per process holding the core (docs/control-stream.md is the wire contract). It turns
+floor raises of the core and fence changes of the `FenceRegistry` into numbered events, keeps the last
+`buffer` of them so a reconnecting proxy resumes with `Last-Event-ID` instead of a full snapshot, and
+fans them out to subscribers.
+
+Nothing here may slow the core down: the floor listener runs inside every claim, so it only updates a
+dict (raises are coalesced into at most one `floor` event per `floor_interval`), and a subscriber that
+falls `subscriber_limit` frames behind is cut off (it resumes or gets a snapshot) instead of buffering
+without bound or making anyone wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import orjson
+
+from .fences import MAX_REASON, Fence, FenceMode, FenceRegistry, InvalidFence, validate_fence
+from .machine.effects import FloorRaised
+from .service import QueueService
+
+log = logging.getLogger("strictq.control")
+T = TypeVar("T")
+KEEPALIVE_FRAME = b": keepalive\n\n"
+SHUTDOWN_GRACE = 0.5  # seconds streams get to end cleanly on shutdown before their sockets are aborted
+EXPIRY_RETRY = 1.0  # seconds before retrying to lift an expired fence whose file write failed
+
+
+class StreamClosed(Exception):
+    """The hub ended a subscription: the process is shutting down, or the subscriber fell behind."""
+
+
+class Subscription:
+    """One connected stream: its catch-up frames, then live frames from a bounded queue.
+
+    The queue is bounded by hand (not asyncio.Queue's maxsize) so that the end marker always fits.
+    """
+
+    def __init__(self, hub: ControlHub, catch_up: bytes, resumed: bool, limit: int) -> None:
+        self.catch_up = catch_up  # replayed events or one snapshot, then `synced`
+        self.resumed = resumed  # True: Last-Event-ID replay; False: snapshot
+        self.ended: str | None = None  # why the hub ended it ("shutdown" | "behind"), None while live
+        # Set by the HTTP handler: aborts the connection, so a write stuck on a client that stopped
+        # reading is interrupted too.
+        self.abort: Callable[[], None] | None = None
+        self._hub = hub
+        self._limit = limit
+        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.finished = asyncio.Event()
+
+    async def next(self, idle: float) -> bytes | None:
+        """The next frame; None when nothing came within `idle` seconds (time for a keepalive)."""
+        if self.ended is not None and self._queue.empty():
+            raise StreamClosed(self.ended)
+        try:
+            frame = await asyncio.wait_for(self._queue.get(), idle)
+        except TimeoutError:
+            return None
+        if frame is None:
+            raise StreamClosed(self.ended or "closed")
+        return frame
+
+    def close(self) -> None:
+        """The handler is done with it (client gone, or it ended): stop feeding it."""
+        self._hub._subscribers.discard(self)
+        self.finished.set()
+
+    def _offer(self, frame: bytes) -> None:
+        if self.ended is not None:
+            return
+        if self._queue.qsize() >= self._limit:
+            log.warning("control stream subscriber fell %d events behind: disconnecting it", self._limit)
+            self._end("behind", abort=True)
+            return
+        self._queue.put_nowait(frame)
+
+    def _end(self, reason: str, *, abort: bool) -> None:
+        if self.ended is None:
+            self.ended = reason
+            # Drop what is queued: the client resumes from the ring (or a snapshot) anyway.
+            while not self._queue.empty():
+                self._queue.get_nowait()
+            self._queue.put_nowait(None)
+        if abort and self.abort is not None:
+            self.abort()
+
+
+class ControlHub:
+    """Fences, floors and the event stream of one core process.
+
+    Python API (used by the admin HTTP routes, and by failure management inside the core process):
+    `await hub.fence(worker, mode, reason, ttl)`, `await hub.unfence(worker, reason)`, `hub.fences()`,
+    `hub.subscribe(last_event_id)`. Start it after the service (`await hub.start()`), end the streams on
+    shutdown (`await hub.shutdown_streams()`), then `await hub.close()`.
+    """
+
+    def __init__(
+        self,
+        service: QueueService,
+        registry: FenceRegistry | None = None,
+        *,
+        floor_interval: float = 0.05,
+        keepalive: float = 15.0,
+        buffer: int = 10_000,
+        subscriber_limit: int = 1_000,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        if floor_interval < 0 or keepalive <= 0 or buffer < 1 or subscriber_limit < 1:
+            raise ValueError("floor_interval >= 0, keepalive > 0, buffer >= 1 and subscriber_limit >= 1")
+        self.service = service
+        self.registry = registry if registry is not None else FenceRegistry(service.data_dir / "fences.json")
+        self.floor_interval = floor_interval
+        self.keepalive = keepalive
+        self.subscriber_limit = subscriber_limit
+        self.instance = 0  # the core's epoch, read at start
+        self._clock = clock or service.clock
+        self._n = 0
+        self._ring: deque[tuple[int, bytes]] = deque(maxlen=buffer)
+        self._subscribers: set[Subscription] = set()
+        self._pending_floors: dict[tuple[str, str], int] = {}
+        self._flush_handle: asyncio.TimerHandle | None = None
+        self._last_flush = -math.inf
+        self._expiry_handle: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._streams_closed = False
+        self._closed = False
+
+    # ------------------------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Load the fences, take the core's epoch as instance, listen to floor raises, lift due fences."""
+        self._loop = asyncio.get_running_loop()
+        self.registry.load()
+        self.instance = self.service.core.epoch
+        self.service.floor_listeners.append(self._on_floor)
+        await self._expire_due()  # fences that expired while the process was down
+        log.info("control stream: instance %d, %d fences", self.instance, len(self.registry.fences))
+
+    async def shutdown_streams(self, grace: float = SHUTDOWN_GRACE) -> None:
+        """End every open stream now (and refuse new ones), so an SSE response never holds up shutdown."""
+        self._streams_closed = True
+        for subscription in list(self._subscribers):
+            subscription._end("shutdown", abort=False)
+        if self._subscribers:
+            waiting = [asyncio.ensure_future(s.finished.wait()) for s in self._subscribers]
+            _, pending = await asyncio.wait(waiting, timeout=grace)
+            for future in pending:
+                future.cancel()
+        for subscription in list(self._subscribers):  # a client that stopped reading: cut it off
+            subscription._end("shutdown", abort=True)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        await self.shutdown_streams()
+        self._closed = True
+        if self._on_floor in self.service.floor_listeners:
+            self.service.floor_listeners.remove(self._on_floor)
+        for handle in (self._flush_handle, self._expiry_handle):
+            if handle is not None:
+                handle.cancel()
+        self._flush_handle = self._expiry_handle = None
+        if self._tasks:  # fence changes in flight finish their write: they may already be on disk
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    @property
+    def last_event_id(self) -> str:
+        return f"{self.instance}-{self._n}"
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subscribers)
+
+    # --------------------------------------------------------------------------------------- fences
+    def fences(self) -> list[Fence]:
+        return self.registry.sorted()
+
+    async def fence(self, worker: str, mode: FenceMode, reason: str, ttl: float | None = None) -> Fence:
+        """Fence (or re-fence) a worker: durable first, then the `fence` event; `ttl` seconds or None."""
+        validate_fence(worker, mode, reason, ttl)
+        return await self._shielded(self._fence(worker, mode, reason, ttl))
+
+    async def unfence(self, worker: str, reason: str = "operator") -> Fence:
+        """Lift a worker's fence (NotFenced if none): durable first, then the `unfence` event."""
+        if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON:
+            raise InvalidFence(f"reason must be 1-{MAX_REASON} characters", "bad-reason")
+        return await self._shielded(self._unfence(worker, reason))
+
+    async def _fence(self, worker: str, mode: FenceMode, reason: str, ttl: float | None) -> Fence:
+        async with self.registry.lock:
+            now = self._clock()
+            fence = Fence(worker, mode, reason, now, None if ttl is None else now + ttl)
+            await self.registry.put(fence)
+            self._emit("fence", fence.to_dict())
+        self._arm_expiry()
+        return fence
+
+    async def _unfence(self, worker: str, reason: str) -> Fence:
+        async with self.registry.lock:
+            fence = await self.registry.remove(worker)
+            self._emit("unfence", {"worker": worker, "reason": reason})
+        self._arm_expiry()
+        return fence
+
+    async def _shielded(self, work: Coroutine[Any, Any, T]) -> T:
+        """A caller that goes away (client hung up) must not leave the file and the events disagreeing."""
+        if self._loop is None or self._closed:
+            work.close()
+            raise RuntimeError("control hub is not running")
+        return await asyncio.shield(self._spawn(work))
+
+    def _spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _arm_expiry(self) -> None:
+        if self._expiry_handle is not None:
+            self._expiry_handle.cancel()
+            self._expiry_handle = None
+        at = self.registry.next_expiry()
+        if at is None or self._closed or self._loop is None:
+            return
+        self._expiry_handle = self._loop.call_later(max(0.0, at - self._clock()), self._on_expiry_timer)
+
+    def _on_expiry_timer(self) -> None:
+        self._expiry_handle = None
+        self._spawn(self._expire_due())
+
+    async def _expire_due(self) -> None:
+        try:
+            async with self.registry.lock:
+                now = self._clock()
+                for fence in list(self.registry.fences.values()):
+                    if fence.expires is not None and fence.expires <= now:
+                        await self.registry.remove(fence.worker)
+                        self._emit("unfence", {"worker": fence.worker, "reason": "expired"})
+        except OSError:
+            log.exception("cannot lift expired fences; retrying in %.0f s", EXPIRY_RETRY)
+            if self._loop is not None and not self._closed:
+                self._expiry_handle = self._loop.call_later(EXPIRY_RETRY, self._on_expiry_timer)
+            return
+        self._arm_expiry()
+
+    # --------------------------------------------------------------------------------------- floors
+    def _on_floor(self, effect: FloorRaised) -> None:
+        """Called by the service inside every claim: remember the highest token, flush later."""
+        key = (effect.queue, effect.group)
+        if effect.token > self._pending_floors.get(key, 0):
+            self._pending_floors[key] = effect.token
+        if self._flush_handle is None and self._loop is not None and not self._closed:
+            delay = self._last_flush + self.floor_interval - self._loop.time()
+            self._flush_handle = self._loop.call_later(max(0.0, delay), self._flush_floors)
+
+    def _flush_floors(self) -> None:
+        self._flush_handle = None
+        assert self._loop is not None
+        self._last_flush = self._loop.time()
+        pending, self._pending_floors = self._pending_floors, {}
+        if pending:
+            self._emit("floor", {"floors": [[q, g, token] for (q, g), token in pending.items()]})
+
+    def current_floors(self) -> list[list[Any]]:
+        """Every group the core holds with a floor above zero, as `[queue, group, token]`."""
+        return [
+            [queue.name, group.name, group.floor]
+            for queue in self.service.core.queues.values()
+            for group in queue.groups.values()
+            if group.floor > 0
+        ]
+
+    # --------------------------------------------------------------------------------------- stream
+    def _emit(self, event: str, data: dict[str, Any]) -> None:
+        self._n += 1
+        frame = _frame(f"{self.instance}-{self._n}", event, orjson.dumps(data))
+        self._ring.append((self._n, frame))
+        for subscription in list(self._subscribers):
+            subscription._offer(frame)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "instance": self.instance,
+            "fences": [fence.to_dict() for fence in self.registry.sorted()],
+            "floors": self.current_floors(),
+        }
+
+    def subscribe(self, last_event_id: str | None = None) -> Subscription:
+        """A new stream: replay after `last_event_id` when the ring still has it all, else a snapshot.
+
+        Synchronous on purpose: catch-up and registration happen with no await in between, so no event
+        can fall into the gap.
+        """
+        if self._streams_closed or self._loop is None:
+            raise StreamClosed("shutdown")
+        last = self.last_event_id
+        replay = self._replay_after(last_event_id)
+        if replay is None:
+            frames = [_frame(last, "snapshot", orjson.dumps(self.snapshot()))]
+        else:
+            frames = replay
+        frames.append(_frame(last, "synced", orjson.dumps({"instance": self.instance})))
+        subscription = Subscription(self, b"".join(frames), replay is not None, self.subscriber_limit)
+        self._subscribers.add(subscription)
+        return subscription
+
+    def _replay_after(self, last_event_id: str | None) -> list[bytes] | None:
+        if not last_event_id:
+            return None
+        instance, _, n_text = last_event_id.strip().rpartition("-")
+        try:
+            same_instance = int(instance) == self.instance
+            n = int(n_text)
+        except ValueError:
+            return None
+        if not same_instance or n < 0 or n > self._n:
+            return None
+        if n == self._n:
+            return []
+        if not self._ring or self._ring[0][0] > n + 1:
+            return None  # some of what followed is gone from the ring
+        start = n + 1 - self._ring[0][0]
+        return [frame for _, frame in itertools.islice(self._ring, start, None)]
+
+
+def _frame(event_id: str, event: str, data: bytes) -> bytes:
+    """One SSE event; orjson never emits newlines, so the JSON is always a single `data:` line."""
+    return b"id: %s\nevent: %s\ndata: %s\n\n" % (event_id.encode(), event.encode(), data)

@@ -1,0 +1,210 @@
+"""Durable fences: which workers the egress proxy must cut off, how, and until when.
+
+A fence is an operator's (or the failure manager's) decision; the proxy only ever learns it from the
+control stream. Losing one on a restart would silently let a fenced worker's side effects through, so a
+change is on disk (one JSON file, replaced atomically: write, fsync, rename, fsync the directory) before
+it becomes visible to anyone: the API answer and the stream event both come after the rename.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import orjson
+
+FenceMode = Literal["block", "mimic"]
+MODES: tuple[FenceMode, ...] = ("block", "mimic")
+MAX_REASON = 500
+MAX_WORKER = 128
+FILE_VERSION = 1
+
+
+class FenceError(Exception):
+    """A fence request the registry refuses; `code` is the stable machine-readable reason."""
+
+    code = "bad-request"
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+
+class InvalidFence(FenceError):
+    """Bad mode, reason, ttl or worker id (HTTP 400)."""
+
+
+class UnknownWorker(FenceError):
+    """The worker is not a `worker` credential of the key file (HTTP 404)."""
+
+    code = "unknown-worker"
+
+
+class NotFenced(FenceError):
+    """Unfencing a worker that has no fence (HTTP 404)."""
+
+    code = "not-fenced"
+
+
+class FenceFileError(Exception):
+    """fences.json is unreadable or malformed: refuse to start rather than forget fences."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """One worker's fence; times are float seconds since the epoch, `expires` None = until lifted."""
+
+    worker: str
+    mode: FenceMode
+    reason: str
+    since: float
+    expires: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "worker": self.worker,
+            "mode": self.mode,
+            "reason": self.reason,
+            "since": self.since,
+            "expires": self.expires,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Fence:
+        if not isinstance(data, dict):
+            raise ValueError("a fence must be a JSON object")
+        worker, mode, reason = data.get("worker"), data.get("mode"), data.get("reason")
+        since, expires = data.get("since"), data.get("expires")
+        validate_fence(worker, mode, reason, None)
+        if isinstance(since, bool) or not isinstance(since, int | float):
+            raise ValueError("since must be a number")
+        if expires is not None and (isinstance(expires, bool) or not isinstance(expires, int | float)):
+            raise ValueError("expires must be a number or null")
+        return cls(
+            cast(str, worker),
+            cast(FenceMode, mode),
+            cast(str, reason),
+            float(since),
+            None if expires is None else float(expires),
+        )
+
+
+def validate_fence(worker: Any, mode: Any, reason: Any, ttl: Any) -> None:
+    """The one check of fence input, shared by the HTTP API, the Python API and the file loader."""
+    if not isinstance(worker, str) or not worker or len(worker) > MAX_WORKER or not worker.isprintable():
+        raise InvalidFence(f"worker must be 1-{MAX_WORKER} printable characters", "bad-worker")
+    if mode not in MODES:
+        raise InvalidFence(f"mode must be one of {', '.join(MODES)}", "bad-mode")
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidFence("reason must be a non-empty string", "bad-reason")
+    if len(reason) > MAX_REASON:
+        raise InvalidFence(f"reason must be at most {MAX_REASON} characters", "bad-reason")
+    if ttl is not None and (
+        isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl) or ttl <= 0
+    ):
+        raise InvalidFence("ttl must be a positive number of seconds (or absent: no expiry)", "bad-ttl")
+
+
+class FenceRegistry:
+    """The fence set in memory, mirrored in `path`; every change is written durably before it applies.
+
+    Changes are serialised by one lock, so the file always holds the state the last change produced and
+    callers see changes in the order they were written.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._fences: dict[str, Fence] = {}
+        self._lock = asyncio.Lock()
+
+    def load(self) -> None:
+        """Read the file left by an earlier run (none yet: no fences)."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            self._fences = {}
+            return
+        except OSError as exc:
+            raise FenceFileError(f"cannot read {self.path}: {exc}") from exc
+        try:
+            data = orjson.loads(raw)
+            if not isinstance(data, dict) or data.get("version") != FILE_VERSION:
+                raise ValueError(f"expected an object with version {FILE_VERSION}")
+            entries = data.get("fences")
+            if not isinstance(entries, list):
+                raise ValueError("fences must be a list")
+            fences = [Fence.from_dict(entry) for entry in entries]
+        except (orjson.JSONDecodeError, ValueError, FenceError) as exc:
+            raise FenceFileError(f"{self.path} is malformed ({exc}); fix or remove it") from exc
+        self._fences = {fence.worker: fence for fence in fences}
+
+    @property
+    def fences(self) -> Mapping[str, Fence]:
+        """The current fences by worker (read-only view)."""
+        return self._fences
+
+    def get(self, worker: str) -> Fence | None:
+        return self._fences.get(worker)
+
+    def sorted(self) -> list[Fence]:
+        return [self._fences[w] for w in sorted(self._fences)]
+
+    def next_expiry(self) -> float | None:
+        times = [f.expires for f in self._fences.values() if f.expires is not None]
+        return min(times) if times else None
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held while a change is written; the hub emits its event under it, so events follow the file."""
+        return self._lock
+
+    async def put(self, fence: Fence) -> None:
+        """Add or replace a worker's fence (caller holds `lock`)."""
+        changed = {**self._fences, fence.worker: fence}
+        await self._write(changed)
+        self._fences = changed
+
+    async def remove(self, worker: str) -> Fence:
+        """Lift a worker's fence (caller holds `lock`); NotFenced if it has none."""
+        fence = self._fences.get(worker)
+        if fence is None:
+            raise NotFenced(f"worker {worker!r} is not fenced")
+        changed = {w: f for w, f in self._fences.items() if w != worker}
+        await self._write(changed)
+        self._fences = changed
+        return fence
+
+    async def _write(self, fences: dict[str, Fence]) -> None:
+        data = orjson.dumps(
+            {"version": FILE_VERSION, "fences": [fences[w].to_dict() for w in sorted(fences)]},
+            option=orjson.OPT_INDENT_2,
+        )
+        # A thread: fsync can take milliseconds, and the core shares this event loop.
+        await asyncio.to_thread(_replace_file, self.path, data)
+
+
+def _replace_file(path: Path, data: bytes) -> None:
+    """Write-then-rename, so a crash leaves either the old file or the new one, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
