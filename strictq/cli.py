@@ -9,6 +9,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+from fencing.cli import register as register_proxy_commands
+
 from .admin_cli import register as register_admin_commands
 
 CLIENT_ENV_HELP = (
@@ -175,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     queues = commands.add_parser("queues", help="list queues", description=CLIENT_ENV_HELP)
     queues.add_argument("--prefix", default="", help="only names starting with this")
     queues.set_defaults(handler=cmd_queues)
+    register_proxy_commands(commands)  # strictq proxy / proxy ca (fencing.cli)
     register_admin_commands(commands)  # strictq fence / unfence / fences
     return parser
 

@@ -5,7 +5,9 @@
 - `STRICTQ_API_KEY`: a producer's EmoDB API key (its credential's secret);
 - `STRICTQ_WORKER_ID`, `STRICTQ_WORKER_SECRET`: the worker's own credential; the secret is its EmoDB API
   key at the gateway, id:secret its Proxy-Authorization (basic) at the egress proxy;
-- `STRICTQ_PROXY_URL`: the egress proxy for outbound calls (unset: calls go straight out);
+- `STRICTQ_PROXY_URL`: the egress proxy for outbound calls (unset: calls go straight out); a
+  comma-separated list when the proxy runs several processes (`strictq proxy --processes N`): each
+  worker uses one, picked by a stable hash of its worker id, so its calls stay on one process;
 - `STRICTQ_PROXY_CA_FILE`: PEM of the proxy's CA, trusted for outbound HTTPS (the proxy intercepts TLS).
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import os
 import ssl
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -84,6 +87,17 @@ class ClientConfig:
                 "a worker needs STRICTQ_WORKER_ID and STRICTQ_WORKER_SECRET (its own credential)"
             )
         return self.worker_secret
+
+    def proxy_for(self, worker_id: str | None = None) -> str | None:
+        """The egress proxy this worker uses: with several (comma-separated), a stable choice by worker id
+        (the same worker always lands on the same proxy process, across restarts)."""
+        if not self.proxy_url:
+            return None
+        urls = [u.strip() for u in self.proxy_url.split(",") if u.strip()]
+        if len(urls) <= 1:
+            return urls[0] if urls else None
+        key = (worker_id if worker_id is not None else self.worker_id) or ""
+        return urls[zlib.crc32(key.encode()) % len(urls)]
 
     # -- TLS -----------------------------------------------------------------------------------------
 

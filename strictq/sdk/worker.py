@@ -135,6 +135,7 @@ class Worker:
         self.retry_backoff = retry_backoff
         self.stats = WorkerStats()
         self._proxy_headers = proxy_authorization(self.config.worker_id, self.config.worker_secret)
+        self._proxy_url = self.config.proxy_for(self.worker_id)  # one of several proxy processes
         self._stopping = asyncio.Event()
         self._changed = asyncio.Event()  # a run finished or stop was asked: the poller may go on
         self._stop_now = asyncio.Event()  # the grace is over (or a second stop/signal)
@@ -326,7 +327,7 @@ class Worker:
     def _session(self, tags: Tags | None) -> aiohttp.ClientSession:
         assert self._connector is not None
         return tagged_session(
-            self._connector, bound=tags, proxy_url=self.config.proxy_url, proxy_headers=self._proxy_headers
+            self._connector, bound=tags, proxy_url=self._proxy_url, proxy_headers=self._proxy_headers
         )
 
     async def _invoke(self, message: Message, tags: Tags) -> BaseException | None:

@@ -1,0 +1,147 @@
+"""Auth addon: who is calling. Workers authenticate with `Proxy-Authorization: Basic id:secret`, their
+own credential from the gateway's key file (design note, "Worker identity").
+
+- HTTPS goes through a CONNECT tunnel: the credential is on the CONNECT (`http_connect`), and the worker
+  is remembered for that client connection, so every request inside the tunnel is attributed to it.
+- Plain HTTP is sent to the proxy in absolute form: the credential rides on each request.
+- Missing, unknown or wrong credentials (or a role other than worker/admin) get 407 with
+  `Proxy-Authenticate` and a JSON body; the call is still recorded by capture.
+- The Proxy-Authorization header never leaves the proxy (removed before anything else sees the flow).
+"""
+
+from __future__ import annotations
+
+import binascii
+import hmac
+import logging
+from pathlib import Path
+
+from mitmproxy import connection, exceptions, http
+
+from fencing.context import CallContext, ensure_context, refuse
+from fencing.runtime import ProxyRuntime
+from gateway.keys import Credential, KeyFileError, KeyRing
+
+log = logging.getLogger("strictq.proxy.auth")
+
+ALLOWED_ROLES = frozenset({"worker", "admin"})
+REALM = "strictq egress proxy"
+CACHE_LIMIT = 4096  # validated header values remembered (a worker sends the same value every time)
+
+
+class Auth:
+    """Authenticates every call and sets `CallContext.worker` / `.tenant`."""
+
+    def __init__(self, runtime: ProxyRuntime) -> None:
+        self.runtime = runtime
+        self.keys: KeyRing | None = None
+        # client connection id -> credential, for requests inside an authenticated CONNECT tunnel
+        self.tunnels: dict[str, Credential] = {}
+        # exact header value -> credential: skips base64 and the constant-time compare on repeat calls
+        self._valid: dict[str, Credential] = {}
+
+    def load(self, loader: object) -> None:
+        loader.add_option(  # type: ignore[attr-defined]
+            "strictq_keys",
+            str,
+            "",
+            "Key file (TOML, the gateway's) with the workers' credentials; empty: every call gets 407.",
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        if "strictq_keys" not in updated:
+            return
+        from mitmproxy import ctx
+
+        path = ctx.options.strictq_keys
+        self._valid.clear()
+        if not path:
+            self.keys = None
+            return
+        try:
+            self.keys = KeyRing.load(Path(path))
+        except KeyFileError as exc:
+            raise exceptions.OptionsError(str(exc)) from exc
+
+    # ----------------------------------------------------------------------------------------- hooks
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        ctx = ensure_context(flow)
+        credential = self._authenticate(flow, ctx)
+        if credential is not None:
+            self.tunnels[flow.client_conn.id] = credential
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        ctx = ensure_context(flow)
+        credential = self.tunnels.get(flow.client_conn.id)
+        if credential is not None:  # inside an authenticated tunnel
+            ctx.worker = credential.id
+            ctx.tenant = credential.tenant
+            if "proxy-authorization" in flow.request.headers:
+                del flow.request.headers["proxy-authorization"]
+            return
+        self._authenticate(flow, ctx)
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        self.tunnels.pop(client.id, None)
+
+    # -------------------------------------------------------------------------------------- internals
+    def _authenticate(self, flow: http.HTTPFlow, ctx: CallContext) -> Credential | None:
+        headers = flow.request.headers
+        value = headers.get("proxy-authorization")
+        if value is not None:
+            del headers["proxy-authorization"]  # never forwarded, never logged
+        credential = self._valid.get(value) if value is not None else None
+        if credential is None:
+            credential, code = self._check(value)
+            if credential is None:
+                self.runtime.count(f"auth.{code}")
+                refuse(
+                    flow,
+                    ctx,
+                    status=407,
+                    action="block",
+                    code=code,
+                    message="proxy authentication required: Proxy-Authorization Basic <worker id>:<secret>",
+                    extra_headers={"Proxy-Authenticate": f'Basic realm="{REALM}"'},
+                    announce=False,
+                )
+                return None
+            if len(self._valid) >= CACHE_LIMIT:
+                self._valid.clear()
+            assert value is not None
+            self._valid[value] = credential
+        ctx.worker = credential.id
+        ctx.tenant = credential.tenant
+        return credential
+
+    def _check(self, value: str | None) -> tuple[Credential | None, str]:
+        """The credential for a header value, or None and the refusal code."""
+        if not value:
+            return None, "proxy-auth-required"
+        parsed = parse_basic(value)
+        if parsed is None:
+            return None, "bad-proxy-authorization"
+        key_id, secret = parsed
+        credential = self.keys.by_id(key_id) if self.keys is not None else None
+        # compare even for unknown ids, so timing does not tell known ids apart
+        expected = credential.secret if credential is not None else "\0" * 24
+        if not hmac.compare_digest(expected.encode(), secret.encode()) or credential is None:
+            return None, "bad-credentials"
+        if credential.role not in ALLOWED_ROLES:
+            return None, "role-not-allowed"
+        return credential, ""
+
+
+def parse_basic(value: str) -> tuple[str, str] | None:
+    """`Basic base64(id:secret)` -> (id, secret); None when it is not that."""
+    scheme, _, encoded = value.strip().partition(" ")
+    if scheme.lower() != "basic" or not encoded:
+        return None
+    try:
+        decoded = binascii.a2b_base64(encoded.strip().encode("ascii"), strict_mode=True).decode("utf-8")
+    except (binascii.Error, ValueError, UnicodeError):
+        return None
+    key_id, sep, secret = decoded.partition(":")
+    if not sep or not key_id:
+        return None
+    return key_id, secret

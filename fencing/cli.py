@@ -1,0 +1,210 @@
+"""`strictq proxy` and `strictq proxy ca`: registered into the strictq command by `register()`.
+
+Imports nothing heavy at registration: mitmproxy is only loaded when the proxy actually starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_DATA_DIR = Path("var/proxy")
+DEFAULT_KEYS = Path("var/strictq/keys.toml")  # `strictq serve`'s development key file
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,56}$")  # a wire-log writer name, with room for "-<index>"
+
+DESCRIPTION = """\
+Run the egress proxy for workers (mitmproxy, regular proxy mode, HTTPS interception).
+
+Workers send their outbound calls through it with Proxy-Authorization (their own credential from the
+key file); it reads the X-Strictq-* tags the SDK adds, strips them, refuses calls of fenced workers and
+calls tagged with a stale lease (learnt from the core's control stream, --control), and writes one
+wire-log record per call (redacted) to --wirelog.
+
+Prints, once it accepts connections: 'strictq: listening on <url>' (with --processes N, N URLs
+separated by commas: use the line as STRICTQ_PROXY_URL), 'strictq: proxy ca <path>' (the CA workers
+must trust: STRICTQ_PROXY_CA_FILE) and 'strictq: admin on <url>' (/healthz, /readyz, /metrics). Stops
+cleanly on SIGTERM.
+"""
+
+
+def register(commands: Any) -> None:
+    """Add `proxy` (with its `ca` subcommand) to the strictq subparsers."""
+    proxy = commands.add_parser(
+        "proxy",
+        help="run the egress proxy that captures and fences workers' outbound calls",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    proxy.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    proxy.add_argument(
+        "--port",
+        type=int,
+        default=8480,
+        help="port; 0 picks a free one; with --processes N, ports PORT..PORT+N-1 (default: %(default)s)",
+    )
+    proxy.add_argument(
+        "--data-dir",
+        type=Path,
+        default=DEFAULT_DATA_DIR,
+        help="state directory: the CA (<data-dir>/ca), the redaction key, the default wire log "
+        "(default: %(default)s)",
+    )
+    proxy.add_argument(
+        "--keys",
+        type=Path,
+        default=DEFAULT_KEYS,
+        help="the gateway's key file: workers authenticate with their credential (default: %(default)s)",
+    )
+    proxy.add_argument(
+        "--control",
+        metavar="URL",
+        help="URL of the process holding the queue core (strictq serve / queue-server); the proxy follows "
+        "its control stream (fences, token floors) and fails closed for tagged calls until synchronised",
+    )
+    proxy.add_argument(
+        "--control-ca", type=Path, metavar="PATH", help="CA (PEM) to verify the control URL's certificate"
+    )
+    proxy.add_argument(
+        "--wirelog", type=Path, metavar="DIR", help="wire-log directory (default: <data-dir>/wirelog)"
+    )
+    proxy.add_argument(
+        "--wirelog-fsync",
+        choices=("always", "interval", "never"),
+        default="interval",
+        help="fsync policy of the wire log (default: %(default)s: at most 1 s of records lost on a crash)",
+    )
+    proxy.add_argument(
+        "--redaction",
+        type=Path,
+        metavar="PATH",
+        help="redaction config (omitted headers, JSON fields and query parameters, per-endpoint log levels)",
+    )
+    proxy.add_argument(
+        "--redaction-key-dir",
+        type=Path,
+        metavar="DIR",
+        help="directory of redaction.key, the key of the stable tokens secrets are replaced by (created if "
+        "missing; share it with the gateway so both sides tokenize alike) (default: <data-dir>)",
+    )
+    proxy.add_argument(
+        "--upstream-ca",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="extra CA (PEM) trusted for upstream certificates, besides the system roots (repeatable)",
+    )
+    proxy.add_argument(
+        "--admin-host", default="127.0.0.1", help="address of the admin server (default: %(default)s)"
+    )
+    proxy.add_argument(
+        "--admin-port",
+        type=int,
+        default=8490,
+        help="admin port (/healthz, /readyz, /metrics); 0 picks a free one; -1 disables it "
+        "(default: %(default)s)",
+    )
+    proxy.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="run N proxy processes, one port each (the SDK spreads workers over them by worker id)",
+    )
+    proxy.add_argument(
+        "--keep-tags",
+        action="store_true",
+        help="forward the X-Strictq-* tags upstream instead of stripping them",
+    )
+    proxy.add_argument(
+        "--name",
+        default="proxy",
+        help="process name: the wire-log writer id (children get NAME-0, NAME-1, ...) (default: %(default)s)",
+    )
+    proxy.set_defaults(handler=cmd_proxy)
+
+    sub = proxy.add_subparsers(title="subcommands", metavar="SUBCOMMAND")
+    ca = sub.add_parser(
+        "ca",
+        help="print the path of the proxy's CA certificate (created if missing)",
+        description="Print the path of the CA certificate the proxy signs intercepted HTTPS with "
+        "(<data-dir>/ca/mitmproxy-ca-cert.pem), creating the CA on first use. Workers trust it "
+        "(STRICTQ_PROXY_CA_FILE).",
+    )
+    ca.add_argument(
+        "--data-dir",
+        dest="ca_data_dir",
+        type=Path,
+        default=None,
+        help="state directory (default: the proxy's)",
+    )
+    ca.set_defaults(handler=cmd_proxy_ca)
+
+
+def cmd_proxy(args: argparse.Namespace) -> int:
+    from fencing.process import ProxyCommand, run
+
+    for name in ("port", "admin_port"):
+        value = getattr(args, name)
+        if not (-1 if name == "admin_port" else 0) <= value <= 65535:
+            print(f"strictq: --{name.replace('_', '-')} must be 0-65535", file=sys.stderr)
+            return 2
+    if not 1 <= args.processes <= 64:
+        print("strictq: --processes must be 1-64", file=sys.stderr)
+        return 2
+    if args.port and args.port + args.processes - 1 > 65535:
+        print("strictq: --port + --processes goes beyond 65535", file=sys.stderr)
+        return 2
+    if not NAME_RE.match(args.name):
+        print(
+            "strictq: --name must be 1-56 letters, digits, '_' or '-' (it names wire-log files)",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.keys.exists():
+        print(
+            f"strictq: key file {args.keys} not found (--keys: the gateway's key file, e.g. written by "
+            "strictq serve)",
+            file=sys.stderr,
+        )
+        return 2
+    for path in [*args.upstream_ca, *(p for p in (args.redaction, args.control_ca) if p is not None)]:
+        if not path.is_file():
+            print(f"strictq: {path} is not a file", file=sys.stderr)
+            return 2
+    if args.control and not args.control.startswith(("http://", "https://")):
+        print("strictq: --control must be an http(s) URL", file=sys.stderr)
+        return 2
+    command = ProxyCommand(
+        host=args.host,
+        port=args.port,
+        data_dir=args.data_dir,
+        keys=args.keys,
+        control=args.control,
+        control_ca=args.control_ca,
+        wirelog=args.wirelog,
+        redaction=args.redaction,
+        redaction_key_dir=args.redaction_key_dir,
+        upstream_ca=list(args.upstream_ca),
+        admin_host=args.admin_host,
+        admin_port=args.admin_port,
+        processes=args.processes,
+        keep_tags=args.keep_tags,
+        name=args.name,
+        wirelog_fsync=args.wirelog_fsync,
+    )
+    return run(command)
+
+
+def cmd_proxy_ca(args: argparse.Namespace) -> int:
+    from fencing.ca import ensure_ca
+
+    data_dir = args.ca_data_dir if args.ca_data_dir is not None else args.data_dir
+    try:
+        print(ensure_ca(data_dir))
+    except OSError as exc:
+        print(f"strictq: {exc}", file=sys.stderr)
+        return 1
+    return 0
