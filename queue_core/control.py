@@ -2,8 +2,9 @@
 
 One `ControlHub` per process holding the core (docs/control-stream.md is the wire contract). It turns
 floor raises of the core and fence changes of the `FenceRegistry` into numbered events, keeps the last
-`buffer` of them so a reconnecting proxy resumes with `Last-Event-ID` instead of a full snapshot, and
-fans them out to subscribers.
+`buffer` of them (and at most `buffer_bytes`: under load one floor event can list hundreds of groups)
+so a reconnecting proxy resumes with `Last-Event-ID` instead of a full snapshot, and fans them out to
+subscribers.
 
 Nothing here may slow the core down: the floor listener runs inside every claim, so it only updates a
 dict (raises are coalesced into at most one `floor` event per `floor_interval`), and a subscriber that
@@ -110,11 +111,12 @@ class ControlHub:
         floor_interval: float = 0.05,
         keepalive: float = 15.0,
         buffer: int = 10_000,
+        buffer_bytes: int = 64 * 1024 * 1024,
         subscriber_limit: int = 1_000,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        if floor_interval < 0 or keepalive <= 0 or buffer < 1 or subscriber_limit < 1:
-            raise ValueError("floor_interval >= 0, keepalive > 0, buffer >= 1 and subscriber_limit >= 1")
+        if floor_interval < 0 or keepalive <= 0 or min(buffer, buffer_bytes, subscriber_limit) < 1:
+            raise ValueError("need floor_interval >= 0, keepalive > 0 and positive buffer bounds")
         self.service = service
         self.registry = registry if registry is not None else FenceRegistry(service.data_dir / "fences.json")
         self.floor_interval = floor_interval
@@ -123,7 +125,10 @@ class ControlHub:
         self.instance = 0  # the core's epoch, read at start
         self._clock = clock or service.clock
         self._n = 0
-        self._ring: deque[tuple[int, bytes]] = deque(maxlen=buffer)
+        self._ring: deque[tuple[int, bytes]] = deque()
+        self._ring_bytes = 0
+        self._buffer = buffer
+        self._buffer_bytes = buffer_bytes
         self._subscribers: set[Subscription] = set()
         self._pending_floors: dict[tuple[str, str], int] = {}
         self._flush_handle: asyncio.TimerHandle | None = None
@@ -282,7 +287,11 @@ class ControlHub:
     def _emit(self, event: str, data: dict[str, Any]) -> None:
         self._n += 1
         frame = _frame(f"{self.instance}-{self._n}", event, orjson.dumps(data))
-        self._ring.append((self._n, frame))
+        ring = self._ring
+        ring.append((self._n, frame))
+        self._ring_bytes += len(frame)
+        while len(ring) > 1 and (len(ring) > self._buffer or self._ring_bytes > self._buffer_bytes):
+            self._ring_bytes -= len(ring.popleft()[1])
         for subscription in list(self._subscribers):
             subscription._offer(frame)
 

@@ -7,6 +7,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
 from conftest import ServerProcess, running_server, start_server
 from control_stream_support import (
     Core,
@@ -278,8 +279,14 @@ async def test_subscriber_that_falls_behind_is_cut_off_and_resumes(tmp_path: Pat
         assert [e.data["worker"] for e in replayed] == [f"w{i}" for i in range(20)]
 
 
-async def test_resume_beyond_the_ring_gets_a_snapshot(tmp_path: Path) -> None:
-    async with core_with_admin(tmp_path / "core", buffer=3) as core:
+# Every event below is one frame of the same size: `id: 1-N`, `event: unfence`, a 31-byte data line.
+FRAME_BYTES = len(b"id: 1-1\nevent: unfence\n" + b'data: {"worker":"w0","reason":"test"}\n\n')
+
+
+@pytest.mark.parametrize("bound", [{"buffer": 3}, {"buffer_bytes": 3 * FRAME_BYTES + FRAME_BYTES // 2}])
+async def test_resume_beyond_the_ring_gets_a_snapshot(tmp_path: Path, bound: dict[str, int]) -> None:
+    async with core_with_admin(tmp_path / "core", **bound) as core:
+        assert core.hub.instance == 1  # fresh store: ids are `1-N`, as FRAME_BYTES assumes
         proxy = secret_of(core.keys, "proxy")
         start_id = core.hub.last_event_id
         for i in range(5):
