@@ -12,6 +12,9 @@ worker-like aiohttp client going through it.
 - `read_records` / `segment_bytes`: the wire log read back (wirelog's reader) and its raw decompressed
   bytes (for "no secret on disk" checks).
 
+Use it from a test module with `pytest_plugins = ["proxy_support"]` (its fixtures become available)
+and import the helpers. Module-scoped `shared_ca` / `shared_proxy` / `shared_backends` save the seconds
+a proxy start costs; tests on them tell their calls apart with `unique()` markers.
 The guards' tests reuse these; keep the names and signatures stable.
 """
 
@@ -112,6 +115,7 @@ class Backend:
     accepted: int = 0  # sockets accepted (TLS or not), whether or not a request followed
     seen: list[SeenRequest] = field(default_factory=list)
     respond: dict[str, Any] = field(default_factory=dict)
+    echo: bool = True  # False: answer without echoing the request (secrets echoed in strings would leak)
     response_headers: dict[str, str] = field(default_factory=dict)
     _server: asyncio.Server | None = None
     _runner: web.ServerRunner | None = None
@@ -128,13 +132,10 @@ class Backend:
         if delay:
             await asyncio.sleep(delay)
         status = int(request.query.get("status", "200") or 200)
-        answer = {
-            "method": request.method,
-            "path": request.path,
-            "query": request.query_string,
-            "body": body.decode(errors="replace"),
-            **self.respond,
-        }
+        answer: dict[str, Any] = {"method": request.method, "path": request.path}
+        if self.echo:
+            answer.update(query=request.query_string, body=body.decode(errors="replace"))
+        answer.update(self.respond)
         return web.Response(
             status=status,
             body=orjson.dumps(answer),
@@ -396,6 +397,54 @@ def proxy_factory(
         finally:
             if process.running():
                 process.kill()
+
+
+# Module-scoped variants: one proxy (and one upstream CA) for a whole test module, since starting
+# mitmproxy costs seconds. Tests sharing it tell their calls apart with `unique()` markers in the URL.
+@pytest.fixture(scope="module")
+def shared_ca(tmp_path_factory: pytest.TempPathFactory) -> UpstreamCA:
+    ca = trustme.CA()
+    path = tmp_path_factory.mktemp("shared-ca") / "upstream-ca.pem"
+    ca.cert_pem.write_to_path(str(path))
+    return UpstreamCA(ca, path)
+
+
+@pytest.fixture(scope="module")
+def shared_proxy(tmp_path_factory: pytest.TempPathFactory, shared_ca: UpstreamCA) -> Iterator[ProxyProcess]:
+    base = tmp_path_factory.mktemp("shared-proxy")
+    with running_proxy(base, keys=write_keys(base / "keys.toml"), upstream_ca=shared_ca.path) as process:
+        yield process
+
+
+@pytest.fixture
+async def shared_backends(shared_ca: UpstreamCA) -> AsyncIterator[Backends]:
+    async with running_backends(shared_ca) as b:
+        yield b
+
+
+def unique(prefix: str = "t") -> str:
+    """A marker for one test's calls (path segment, message id) on a shared proxy."""
+    import uuid
+
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def with_marker(records: list[dict[str, Any]], marker: str) -> list[dict[str, Any]]:
+    """Records whose URL or message id carries the marker, in the order they were written."""
+    out = []
+    for record in records:
+        url = (record.get("request") or {}).get("url") or ""
+        if marker in url or marker == record.get("message_id"):
+            out.append(record)
+    return out
+
+
+async def wait_marked(
+    proxy: ProxyProcess, marker: str, count: int, within: float = 10.0
+) -> list[dict[str, Any]]:
+    """Wait until `count` records carry the marker; returns them."""
+    records = await wait_records(proxy.wirelog_dir, lambda rs: len(with_marker(rs, marker)) >= count, within)
+    return with_marker(records, marker)
 
 
 # ----------------------------------------------------------------------------------------- wire log
