@@ -6,6 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from queue_core.admin_http import add_admin_routes
+from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub
 from queue_core.service import QueueService
 
@@ -16,7 +17,7 @@ from .routing import PartitionRouter
 # read whole; each face answers in its own dialect (413 on EmoDB, an SQS error on the SQS face).
 MAX_EDGE_BODY = 4 * 1024 * 1024
 
-SERVICE = web.AppKey("service", QueueService)
+SERVICE = web.AppKey("service", QueueBackend)
 KEYS = web.AppKey("keys", KeyRing)
 ROUTER = web.AppKey("router", PartitionRouter)
 
@@ -32,7 +33,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 def make_gateway_app(
-    service: QueueService, keys: KeyRing, *, control: ControlHub | None = None
+    service: QueueBackend, keys: KeyRing, *, control: ControlHub | None = None
 ) -> web.Application:
     from . import emodb, sqs  # the faces register their own routes
 

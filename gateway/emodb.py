@@ -45,6 +45,7 @@ from typing import Any, ClassVar, Literal
 import orjson
 from aiohttp import web
 
+from queue_core.backend import QueueBackend
 from queue_core.machine import (
     AckOutcome,
     AlreadyExists,
@@ -59,8 +60,8 @@ from queue_core.machine import (
     SendResult,
     StaleClaim,
     TooLarge,
+    Unavailable,
 )
-from queue_core.service import QueueService
 from queue_core.store import StoreError
 
 from .app import KEYS, ROUTER
@@ -115,6 +116,7 @@ STATUS_BY_ERROR: list[tuple[type[QueueError], int]] = [
     (AlreadyExists, 409),
     (TooLarge, 413),
     (LimitExceeded, 429),
+    (Unavailable, 503),
     (InvalidArgument, 400),
     (QueueError, 400),
 ]
@@ -209,10 +211,10 @@ class Call:
     def queue(self, name: str | None = None) -> str:
         return self.face.internal(self.credential, self.request.match_info["queue"] if name is None else name)
 
-    def service_for_queue(self, queue: str) -> QueueService:
+    def service_for_queue(self, queue: str) -> QueueBackend:
         return self.request.app[ROUTER].for_queue(queue)
 
-    def service_for_send(self, queue: str, group: str | None) -> QueueService:
+    def service_for_send(self, queue: str, group: str | None) -> QueueBackend:
         router = self.request.app[ROUTER]
         return router.for_queue(queue) if group is None else router.for_group(group)
 
@@ -375,7 +377,7 @@ def ttl_of(request: web.Request) -> float:
 
 
 # ------------------------------------------------------------------------------------------ sending
-async def ensure_queue(call: Call, service: QueueService, queue: str) -> None:
+async def ensure_queue(call: Call, service: QueueBackend, queue: str) -> None:
     """EmoDB queues exist implicitly; dedup queues must be created with their kind before the first send."""
     try:
         await service.attributes(queue)

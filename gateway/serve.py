@@ -16,8 +16,10 @@ from pathlib import Path
 
 from aiohttp import web
 
+from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub
 from queue_core.fences import FenceRegistry
+from queue_core.remote import RemoteQueueService
 from queue_core.service import QueueService
 
 from .app import make_gateway_app
@@ -38,6 +40,7 @@ class ServeOptions:
     tls_key: Path | None = None
     client_ca: Path | None = None
     insecure_http: bool = False
+    queue_server: str | None = None  # URL of a `strictq queue-server`; None: the core runs in-process
 
 
 def client_env(url: str, ca: Path | None, keys: KeyRing) -> str:
@@ -83,7 +86,11 @@ async def serve(options: ServeOptions) -> None:
             tls = TlsFiles(options.tls_cert, options.tls_key, None)
         else:
             tls = ensure_local_certificates(data_dir / "tls")
-    service = QueueService(data_dir / "queue", partitions=options.partitions)
+    service: QueueBackend
+    if options.queue_server is None:
+        service = QueueService(data_dir / "queue", partitions=options.partitions)
+    else:
+        service = RemoteQueueService(options.queue_server, partitions=options.partitions)
     await service.start()
     gc.freeze()  # see queue_core.server: the restored backlog stays out of collections
     gc.set_threshold(50_000, 20, 100)

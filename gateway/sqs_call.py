@@ -10,8 +10,8 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from queue_core.backend import QueueBackend
 from queue_core.machine import QueueAttributes, QueueNotFound
-from queue_core.service import QueueService
 
 from .app import ROUTER
 from .keys import Credential
@@ -72,7 +72,7 @@ class Queue:
     name: str  # as the credential sees it
     internal: str  # `<tenant>.<name>` in the core
     attributes: QueueAttributes
-    service: QueueService
+    service: QueueBackend
 
     @property
     def fifo(self) -> bool:
@@ -90,10 +90,10 @@ class Call:
     def state(self) -> SqsState:
         return self.request.app[SQS_STATE]
 
-    def service(self, internal: str = "") -> QueueService:
+    def service(self, internal: str = "") -> QueueBackend:
         return self.request.app[ROUTER].for_queue(internal)
 
-    def service_for_group(self, group: str | None, internal: str) -> QueueService:
+    def service_for_group(self, group: str | None, internal: str) -> QueueBackend:
         router = self.request.app[ROUTER]
         return router.for_queue(internal) if group is None else router.for_group(group)
 

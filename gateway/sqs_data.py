@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from queue_core.backend import QueueBackend
 from queue_core.machine import AckOutcome, InvalidArgument, QueueError, SendRequest, SendResult, parse_receipt
 from queue_core.machine.groups import GROUP_RE, validate_group
-from queue_core.service import QueueService
 
 from .sqs_call import ATTEMPT_WINDOW, Attempt, Call, Queue
 from .sqs_errors import SqsError, from_core, from_core_code
@@ -127,7 +127,7 @@ def _optional_text(params: dict[str, Any], name: str) -> str | None:
 
 async def _send(call: Call, queue: Queue, prepared: Sequence[Prepared]) -> list[SendResult | QueueError]:
     """Each entry goes to the owner of its group's partition (one owner in the embedded default)."""
-    owners: dict[int, tuple[QueueService, list[int]]] = {}
+    owners: dict[int, tuple[QueueBackend, list[int]]] = {}
     for index, item in enumerate(prepared):
         service = call.service_for_group(item.request.group, queue.internal)
         owners.setdefault(id(service), (service, []))[1].append(index)

@@ -114,6 +114,7 @@ CORE_ERRORS: dict[str, tuple[str, str | None]] = {
     "not_in_flight": ("MessageNotInflight", "The message referred to isn't in flight."),
     "too_large": ("InvalidParameterValue", None),
     "limit_exceeded": ("OverLimit", None),
+    "unavailable": ("ServiceUnavailable", None),
     # AckOutcome "gone" where the action cannot succeed silently (ChangeMessageVisibility): as SQS says it.
     "gone": (
         "InvalidParameterValue",

@@ -38,6 +38,7 @@ from .machine import (
     SendResult,
     StaleClaim,
     TooLarge,
+    Unavailable,
     parse_receipt,
 )
 from .service import QueueService, Received
@@ -57,6 +58,7 @@ STATUS_BY_ERROR: list[tuple[type[QueueError], int]] = [
     (NotInFlight, 409),
     (AlreadyExists, 409),
     (TooLarge, 413),
+    (Unavailable, 503),
     (InvalidArgument, 400),
     (QueueError, 400),
 ]
@@ -195,9 +197,24 @@ def send_request(entry: Any) -> SendRequest:
 
 
 def claim_items(data: dict[str, Any]) -> list[tuple[str, int | None]]:
-    """`receipts` (they carry the fencing token) or `ids` with an optional shared `token`."""
+    """`receipts` (they carry the fencing token), `ids` with an optional shared `token`, or `items`:
+    `[[id, token or null], ...]` (a gateway forwarding a batch whose messages carry different tokens)."""
     items: list[tuple[str, int | None]]
-    if "receipts" in data:
+    if "items" in data:
+        raw = data["items"]
+        if not isinstance(raw, list) or not raw:
+            raise InvalidArgument("items must be a non-empty list of [id, token] pairs", field="items")
+        items = []
+        for entry in raw:
+            if (
+                not isinstance(entry, list)
+                or len(entry) != 2
+                or not isinstance(entry[0], str)
+                or not (entry[1] is None or (isinstance(entry[1], int) and not isinstance(entry[1], bool)))
+            ):
+                raise InvalidArgument("each item must be [id, token or null]", field="items")
+            items.append((entry[0], entry[1]))
+    elif "receipts" in data:
         receipts = data["receipts"]
         if not isinstance(receipts, list) or not receipts:
             raise InvalidArgument("receipts must be a non-empty list", field="receipts")

@@ -100,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--tls-cert", type=Path, help="server certificate chain (PEM) instead of the local CA's"
     )
     serve.add_argument("--tls-key", type=Path, help="private key (PEM) for --tls-cert")
+    serve.add_argument(
+        "--queue-server",
+        metavar="URL",
+        help="forward to a separate `strictq queue-server` at URL (its internal API) instead of running the "
+        "queue core in this process",
+    )
     serve.add_argument("--client-ca", type=Path, help="require client certificates signed by this CA (PEM)")
     serve.add_argument(
         "--insecure-http", action="store_true", help="serve plain HTTP (no TLS): development only"
@@ -222,7 +228,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls_key=args.tls_key,
         client_ca=args.client_ca,
         insecure_http=args.insecure_http,
+        queue_server=args.queue_server,
     )
+    if args.queue_server is not None and not args.queue_server.startswith(("http://", "https://")):
+        print("strictq: --queue-server must be an http:// or https:// URL", file=sys.stderr)
+        return 2
     try:
         run(options)
     except KeyFileError as exc:

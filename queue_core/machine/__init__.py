@@ -13,6 +13,7 @@ from .errors import (
     QueueNotFound,
     StaleClaim,
     TooLarge,
+    Unavailable,
     error_from_dict,
 )
 from .inputs import SendRequest, Snapshot, parse_receipt
@@ -39,6 +40,7 @@ __all__ = [
     "Snapshot",
     "StaleClaim",
     "TooLarge",
+    "Unavailable",
     "error_from_dict",
     "parse_receipt",
 ]

@@ -62,6 +62,13 @@ class LimitExceeded(QueueError):
     code = "limit_exceeded"
 
 
+class Unavailable(QueueError):
+    """The queue server cannot answer now (a remote one is down or restarting); retry later. Raised by
+    the shells around the core, never by the state machine."""
+
+    code = "unavailable"
+
+
 def _subclasses(root: type[QueueError]) -> list[type[QueueError]]:
     out = [root]
     for sub in root.__subclasses__():
