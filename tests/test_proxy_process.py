@@ -1,0 +1,166 @@
+"""`strictq proxy` as a process: the start-up contract, the admin server, clean stop on SIGTERM (the wire
+log closed and compressed), start-up failures that say why, `strictq proxy ca`, and `--processes 2`
+(two processes, one port each, one parent; the SDK spreads workers over them by worker id)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+from proxy_support import (
+    ROOT,
+    ProxyProcess,
+    UpstreamCA,
+    WorkerClient,
+    http_records,
+    make_tags,
+    proxy_command,
+    segment_files,
+    start_proxy,
+    unique,
+    wait_marked,
+)
+
+from strictq.sdk import ClientConfig
+
+pytest_plugins = ["proxy_support"]  # its fixtures: backends, proxies, CAs
+
+
+async def get(url: str) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url) as resp:
+            return resp.status, await resp.json()
+
+
+async def test_startup_contract_admin_and_sigterm(proxy: ProxyProcess, backends) -> None:
+    assert proxy.lines[0].startswith("strictq: listening on http://127.0.0.1:")
+    assert proxy.lines[1] == f"strictq: proxy ca {proxy.ca_file}"
+    assert proxy.lines[2].startswith("strictq: admin on http://127.0.0.1:")
+    assert proxy.ca_file.is_file() and proxy.ca_file.is_relative_to(proxy.data_dir.resolve())
+    assert (await get(f"{proxy.admin_url}/healthz")) == (200, {"status": "ok", "process": "proxy"})
+    status, ready = await get(f"{proxy.admin_url}/readyz")  # no --control: nothing to wait for
+    assert status == 200 and ready["ready"] is True
+    status, metrics = await get(f"{proxy.admin_url}/metrics")
+    assert status == 200 and metrics["control"]["synced"] is True
+
+    marker = unique("stop")
+    async with WorkerClient(proxy, tags=make_tags(message_id=marker)) as client:
+        for backend in backends.all():
+            assert (await client.call("GET", f"{backend.url}/{marker}")).status == 200
+    assert proxy.terminate() == 0
+    # clean stop: every record written, the segment closed and compressed, no open segment left
+    names = [p.name for p in segment_files(proxy.wirelog_dir)]
+    assert names and all(n.endswith(".jsonl.gz") for n in names), names
+    assert len([r for r in http_records(proxy.wirelog_dir) if r["message_id"] == marker]) == 2
+    assert "Traceback" not in proxy.log()
+
+
+def test_port_in_use_fails_with_a_reason(tmp_path: Path, proxy_keys: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        argv = proxy_command(tmp_path / "data", tmp_path / "wl", proxy_keys, None)
+        argv[argv.index("--port") + 1] = str(port)
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "listening on" not in done.stdout
+    assert "cannot start the proxy" in done.stderr
+
+
+def test_bad_key_file_fails_with_a_reason(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.toml"
+    keys.write_text("[[credential]]\nid = 1\n")
+    argv = proxy_command(tmp_path / "data", tmp_path / "wl", keys, None)
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "credential #1" in done.stderr and done.stdout == ""
+
+
+def test_proxy_ca_command_prints_the_ca(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "strictq", "proxy", "ca", "--data-dir", str(tmp_path / "d")]
+    first = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    path = Path(first.stdout.strip())
+    assert path.is_file() and b"BEGIN CERTIFICATE" in path.read_bytes()
+    assert b"PRIVATE KEY" not in path.read_bytes()  # workers get the certificate only
+    again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    assert again.stdout == first.stdout  # created once, then reused
+
+
+def test_sdk_picks_one_proxy_per_worker() -> None:
+    config = ClientConfig(url="https://gw", proxy_url="http://127.0.0.1:1, http://127.0.0.1:2")
+    picks = {w: config.proxy_for(w) for w in (f"worker-{i}" for i in range(20))}
+    assert set(picks.values()) == {"http://127.0.0.1:1", "http://127.0.0.1:2"}  # spread
+    assert all(config.proxy_for(w) == url for w, url in picks.items())  # stable
+    assert ClientConfig(url="https://gw", proxy_url="http://p:1").proxy_for("x") == "http://p:1"
+    assert ClientConfig(url="https://gw").proxy_for("x") is None
+
+
+async def test_two_processes(tmp_path: Path, proxy_keys: Path, upstream_ca: UpstreamCA, backends) -> None:
+    proxy = start_proxy(tmp_path / "multi", "--processes", "2", keys=proxy_keys, upstream_ca=upstream_ca.path)
+    try:
+        assert len(proxy.urls) == 2 and len(set(proxy.urls)) == 2
+        assert len(proxy.admin_urls) == 2
+        processes = set()
+        for admin in proxy.admin_urls:
+            status, health = await get(f"{admin}/healthz")
+            assert status == 200
+            processes.add(health["process"])
+        assert processes == {"proxy-0", "proxy-1"}  # each writes the wire log under its own name
+        markers = []
+        for url in proxy.urls:
+            marker = unique("multi")
+            markers.append(marker)
+            async with WorkerClient(url, proxy_ca=proxy.ca_file, tags=make_tags(message_id=marker)) as client:
+                for backend in backends.all():
+                    assert (await client.call("GET", f"{backend.url}/{marker}")).status == 200
+        writers = set()
+        for marker in markers:
+            records = await wait_marked(proxy, marker, 2)
+            assert [r["call"] for r in records] == [1, 2]
+            writers |= {r["writer"] for r in records}
+        assert writers == {"proxy-0", "proxy-1"}
+        child_pids = children_of(proxy.proc.pid)
+        assert len(child_pids) == 2
+    finally:
+        code = proxy.terminate()
+    assert code == 0
+    assert not any(alive(pid) for pid in child_pids)  # SIGTERM to the parent stopped both
+    names = [p.name for p in segment_files(proxy.wirelog_dir)]
+    assert {n.split(".")[0] for n in names} == {"proxy-0", "proxy-1"}
+    assert all(n.endswith(".jsonl.gz") for n in names), names
+
+
+def children_of(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purposes
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("flag", [("--port", "70000"), ("--processes", "0"), ("--name", "bad name")])
+def test_bad_flags(tmp_path: Path, proxy_keys: Path, flag: tuple[str, str]) -> None:
+    argv = [*proxy_command(tmp_path / "d", tmp_path / "wl", proxy_keys, None), *flag]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "strictq:" in done.stderr
