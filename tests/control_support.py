@@ -287,3 +287,19 @@ async def wait_proxy_saw(admin_url: str, event_id: str | None, within: float = 1
         if time.monotonic() > deadline:
             raise AssertionError(f"proxy never reached control event {event_id}: {control}")
         await asyncio.sleep(0.02)
+
+
+async def proxy_caught_up(
+    server: QueueServer, admin_url: str, predicate: Callable[[Any], bool], within: float = 15.0
+) -> None:
+    """Until the core's stream satisfies `predicate(state)` for our own subscriber, and then until the
+    proxy has processed that same event: waits on event ids, never on time."""
+    from fencing.control_client import ControlClient
+
+    observer = ControlClient(server.control_url, KEY, reconnect_min=0.05, reconnect_max=0.3)
+    observer.start()
+    try:
+        await until(lambda: observer.state.synced and predicate(observer.state), within, "control event")
+        await wait_proxy_saw(admin_url, observer.state.last_event_id, within)
+    finally:
+        await observer.stop()

@@ -9,18 +9,32 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import ssl
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
+import proxy_support
 import pytest
+from control_support import (
+    QueueServer,
+    fence_worker,
+    proxy_caught_up,
+    running_queue_server,
+    unfence_worker,
+    until,
+)
 from mitmproxy import http
 from mitmproxy.test import taddons, tflow
+from proxy_support import Backends, ProxyProcess, WorkerClient, make_tags, wait_records
 
 from fencing.addons.fence import Fence
 from fencing.context import METADATA_KEY, PROXY_ACTION_HEADER, CallContext
 from fencing.control_client import ControlState, FenceInfo
 from fencing.mimic import RecordingIndex, identity_from_url, recording_from_record
+from strictq.sdk.outbound import CallFenced
 from wirelog.record import http_record, http_request, http_response
 from wirelog.writer import WireLogWriter
 
@@ -124,7 +138,7 @@ async def test_block_answers_403_tagged_and_untagged_and_counts() -> None:
     assert fence.blocked == 2
 
 
-async def test_unfence_restores_pass_through() -> None:
+async def test_unfence_lets_calls_pass_again() -> None:
     state = ControlState()
     fence = Fence(state)
     fenced(state, "worker-1", "block")
@@ -292,3 +306,236 @@ def test_unusable_records_are_skipped() -> None:
     for record in (errored, no_response, metadata_only, refused):
         assert recording_from_record(record) is None
     assert recording_from_record(base) is not None
+
+
+# ------------------------------------------------------------------------------------- end to end
+# proxy_support's fixtures, registered for this module (conftest does not load them).
+upstream_ca, backends = proxy_support.upstream_ca, proxy_support.backends
+proxy_keys, proxy_factory = proxy_support.proxy_keys, proxy_support.proxy_factory
+ADMIN_SECRET = proxy_support.credential("admin-1").secret
+
+
+@pytest.fixture
+def core(tmp_path: Path, proxy_keys: Path) -> Iterator[QueueServer]:
+    with running_queue_server(tmp_path / "core", proxy_keys) as server:
+        yield server
+
+
+async def set_fence(core: QueueServer, proxy: ProxyProcess, worker: str, mode: str | None) -> None:
+    """Fence (mode) or unfence (None) through the core's admin API; return once the proxy knows."""
+    if mode is None:
+        await unfence_worker(core, ADMIN_SECRET, worker)
+        await proxy_caught_up(core, proxy.admin_url, lambda s: worker not in s.fences)
+    else:
+        await fence_worker(core, ADMIN_SECRET, worker, mode)
+        await proxy_caught_up(
+            core, proxy.admin_url, lambda s: worker in s.fences and s.fences[worker].mode == mode
+        )
+
+
+async def test_block_answers_403_and_the_backends_see_no_connection_at_all(
+    core: QueueServer, backends: Backends, proxy_factory: Callable[..., ProxyProcess]
+) -> None:
+    proxy = proxy_factory("--control", core.url)
+    await set_fence(core, proxy, "worker-1", "block")
+    for backend in backends.all():
+        # Tagged, through the SDK: the refusal cancels the handler.
+        async with WorkerClient(proxy, "worker-1", tags=make_tags(lease=1)) as tagged:
+            with pytest.raises(CallFenced) as fenced:
+                await tagged.call("POST", f"{backend.url}/charge", json={"amount": 5})
+        assert (fenced.value.action, fenced.value.status) == ("block", 403)
+        # Untagged: blocked too, a JSON 403 naming the action.
+        async with WorkerClient(proxy, "worker-1") as untagged:
+            for _ in range(2):  # also on a kept-alive connection / tunnel
+                reply = await untagged.call("GET", f"{backend.url}/anything?x=1")
+                assert reply.status == 403 and reply.headers.get(PROXY_ACTION_HEADER) == "block"
+                assert reply.json()["action"] == "block"
+    # Not one socket reached either backend: no CONNECT dial, no certificate sniffing.
+    assert (backends.http.accepted, backends.https.accepted) == (0, 0)
+    # Another worker is not affected.
+    async with WorkerClient(proxy, "worker-2", tags=make_tags(lease=1)) as other:
+        for backend in backends.all():
+            assert (await other.call("GET", f"{backend.url}/ok")).status == 200
+            assert backend.accepted >= 1
+    records = await wait_records(proxy.wirelog_dir, lambda rs: sum(r["action"] == "block" for r in rs) >= 6)
+    blocked = [r for r in records if r["action"] == "block" and r["request"]["method"] != "CONNECT"]
+    assert {r["worker"] for r in blocked} == {"worker-1"}
+    assert all(r["response"]["status"] == 403 for r in blocked)
+
+
+async def test_unfence_restores_pass_through(
+    core: QueueServer, backends: Backends, proxy_factory: Callable[..., ProxyProcess]
+) -> None:
+    proxy = proxy_factory("--control", core.url)
+    await set_fence(core, proxy, "worker-1", "block")
+    async with WorkerClient(proxy, "worker-1") as worker:
+        assert (await worker.call("GET", f"{backends.https.url}/a")).status == 403
+        await set_fence(core, proxy, "worker-1", None)
+        reply = await worker.call("GET", f"{backends.https.url}/a")
+        assert reply.status == 200 and PROXY_ACTION_HEADER not in reply.headers
+    assert [s.path for s in backends.https.seen] == ["/a"]
+
+
+async def record_sequence(proxy: ProxyProcess, backend: proxy_support.Backend, steps: int) -> list[str]:
+    """worker-2, unfenced, polls a job status `steps` times; the backend answers a new step each time.
+    Returns the wire-log ids of those recorded calls, in order."""
+    async with WorkerClient(proxy, "worker-2", tags=make_tags(message_id="m-rec")) as worker:
+        for step in range(1, steps + 1):
+            backend.respond = {"step": step}
+            reply = await worker.call("GET", f"{backend.url}/status?job=1")
+            assert reply.status == 200 and reply.json()["step"] == step
+    backend.respond = {}
+    records = await wait_records(
+        proxy.wirelog_dir,
+        lambda rs: sum(r["message_id"] == "m-rec" and r["response"] is not None for r in rs) == steps,
+    )
+    recorded = [r for r in records if r["message_id"] == "m-rec"]
+    return [r["id"] for r in sorted(recorded, key=lambda r: r["call"])]
+
+
+async def test_mimic_replays_recorded_sequences_per_worker_without_mixing(
+    core: QueueServer, backends: Backends, proxy_factory: Callable[..., ProxyProcess]
+) -> None:
+    proxy = proxy_factory("--control", core.url)
+    backend = backends.https
+    recorded_ids = await record_sequence(proxy, backend, 3)
+    await set_fence(core, proxy, "worker-1", "mimic")
+    await set_fence(core, proxy, "worker-2", "mimic")
+    backends.reset()
+
+    async def poll(worker: str, message_id: str) -> list[tuple[int, str | None, int]]:
+        seen = []
+        async with WorkerClient(proxy, worker, tags=make_tags(message_id=message_id)) as client:
+            for _ in range(3):
+                reply = await client.call("GET", f"{backend.url}/status?job=1")
+                seen.append((reply.status, reply.headers.get(PROXY_ACTION_HEADER), reply.json()["step"]))
+                await asyncio.sleep(0)
+        return seen
+
+    # Two fenced workers at once, each processing its own message: each sees the whole sequence.
+    one, two = await asyncio.gather(poll("worker-1", "m-a"), poll("worker-2", "m-b"))
+    expected = [(200, "mimic", 1), (200, "mimic", 2), (200, "mimic", 3)]
+    assert one == expected and two == expected
+    # A request nobody recorded: 503 unmatched.
+    async with WorkerClient(proxy, "worker-1") as client:
+        reply = await client.call("POST", f"{backend.url}/never", json={"x": 1})
+        assert reply.status == 503 and reply.headers.get(PROXY_ACTION_HEADER) == "unmatched"
+        assert "no recording matched" in reply.json()["message"]
+    assert backend.accepted == 0 and backend.seen == []  # mimicry never touches the backend
+    records = await wait_records(proxy.wirelog_dir, lambda rs: sum(r["action"] == "mimic" for r in rs) == 6)
+    for worker in ("worker-1", "worker-2"):
+        mimicked = sorted(
+            (r for r in records if r["action"] == "mimic" and r["worker"] == worker), key=lambda r: r["call"]
+        )
+        assert [r["replayed_from"] for r in mimicked] == recorded_ids
+    # Unfenced: the real backend answers again.
+    await set_fence(core, proxy, "worker-1", None)
+    async with WorkerClient(proxy, "worker-1") as client:
+        reply = await client.call("GET", f"{backend.url}/status?job=1")
+        assert reply.status == 200 and PROXY_ACTION_HEADER not in reply.headers
+    assert len(backend.seen) == 1
+
+
+# ------------------------------------------------------------------ fencing closes open connections
+class StreamBackend:
+    """A minimal HTTP/1.1 server that knows which of its connections are open: `/stream` sends chunks
+    until the connection is closed under it, anything else answers `ok` and keeps the connection alive."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.open = 0
+        self.accepted = 0
+        self.closed = 0
+        self.streaming = 0  # /stream responses being sent
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self, ssl_context: ssl.SSLContext | None) -> None:
+        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0, ssl=ssl_context)
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}"
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self.accepted += 1
+        self.open += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                path = head.split(b" ", 2)[1]
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                if length:
+                    await reader.readexactly(length)
+                if path.startswith(b"/stream"):
+                    writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                    self.streaming += 1
+                    while True:  # until the proxy closes the connection under us
+                        writer.write(b"5\r\ntick\n\r\n")
+                        await writer.drain()
+                        await asyncio.sleep(0.05)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            self.open -= 1
+            self.closed += 1
+            writer.close()
+            self._tasks.discard(task)
+
+
+@pytest.fixture
+async def stream_backends(upstream_ca: proxy_support.UpstreamCA) -> AsyncIterator[list[StreamBackend]]:
+    plain, secure = StreamBackend(), StreamBackend()
+    await plain.start(None)
+    await secure.start(upstream_ca.server_context())
+    try:
+        yield [plain, secure]
+    finally:
+        await plain.stop()
+        await secure.stop()
+
+
+async def test_fencing_closes_the_workers_open_upstream_connections(
+    core: QueueServer, stream_backends: list[StreamBackend], proxy_factory: Callable[..., ProxyProcess]
+) -> None:
+    proxy = proxy_factory("--control", core.url)
+    async with (
+        WorkerClient(proxy, "worker-1") as streaming_worker,
+        WorkerClient(proxy, "worker-1") as idle_worker,
+        WorkerClient(proxy, "worker-2") as other_worker,
+    ):
+        for backend in stream_backends:
+            # worker-1: a streaming response in flight (the backend would send forever) and a finished
+            # call whose upstream connection the proxy keeps alive; worker-2: a kept-alive one too.
+            stream = asyncio.create_task(streaming_worker.call("GET", f"{backend.url}/stream"))
+            await until(lambda b=backend: b.streaming == 1, what="the stream started")
+            assert (await idle_worker.call("GET", f"{backend.url}/ok")).body == b"ok"
+            assert (await other_worker.call("GET", f"{backend.url}/ok")).body == b"ok"
+            assert (backend.open, backend.closed) == (3, 0)
+            await set_fence(core, proxy, "worker-1", "block")
+            # Both of worker-1's upstream connections are closed at once; worker-2's stays open.
+            await until(lambda b=backend: (b.open, b.closed) == (1, 2), what="worker-1's connections closed")
+            # The in-flight call ends with the proxy's error instead of streaming on.
+            try:
+                async with asyncio.timeout(10):
+                    reply = await stream
+                assert reply.status == 502, reply
+            except aiohttp.ClientError:
+                pass  # the worker's own connection went down with it: closed, too
+            assert (await other_worker.call("GET", f"{backend.url}/ok")).body == b"ok"
+            assert backend.accepted == 3  # worker-2 reused its kept-alive connection
+            await set_fence(core, proxy, "worker-1", None)

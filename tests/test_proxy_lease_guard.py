@@ -8,12 +8,35 @@ against a real queue server, a real `strictq proxy` following its control stream
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import orjson
+import proxy_support
+import pytest
+from control_support import QueueServer, until, wait_proxy_saw
 from mitmproxy.test import tflow
+from proxy_support import (
+    PROXY_CREDENTIAL,
+    Backends,
+    ProxyProcess,
+    WorkerClient,
+    free_port,
+    make_tags,
+    wait_records,
+)
 
 from fencing.addons.lease_guard import LeaseGuard
 from fencing.context import METADATA_KEY, PROXY_ACTION_HEADER, CallContext
-from fencing.control_client import ControlState
+from fencing.control_client import ControlClient, ControlState
+from queue_core.client import QueueClient
+from strictq.sdk.outbound import CallFenced
+
+# proxy_support's fixtures, registered for this module (conftest does not load them).
+upstream_ca, backends = proxy_support.upstream_ca, proxy_support.backends
+proxy_keys, proxy_factory = proxy_support.proxy_keys, proxy_support.proxy_factory
 
 
 def tagged_flow(
@@ -102,3 +125,112 @@ def test_an_earlier_refusal_stands() -> None:
     guard.requestheaders(flow)
     assert flow.response.status_code == 400
     assert guard.refused_unsynced == 0
+
+
+# ------------------------------------------------------------------------------------- end to end
+async def claim_after_expiry(core: QueueClient, queue: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Worker A claims the group's message with a short claim; it expires; worker B gets the group."""
+    await core.send_one(queue, "charge order 7", group="g1")
+    (a,) = await core.receive(queue, limit=1, worker="worker-1", ttl=0.3)
+    deadline = time.monotonic() + 15
+    while True:
+        got = await core.receive(queue, limit=1, worker="worker-2", ttl=60, wait=1.0)
+        if got:
+            return a, got[0]
+        assert time.monotonic() < deadline, "the expired claim never went to worker B"
+
+
+async def proxy_floor_reached(server: QueueServer, proxy: ProxyProcess, queue: str, token: int) -> None:
+    """Until the proxy has processed the floor event carrying `token` (seen first by our own
+    subscriber to the same stream, so the wait is on an event id, not on time)."""
+    observer = ControlClient(server.control_url, PROXY_CREDENTIAL.secret, reconnect_min=0.05)
+    observer.start()
+    try:
+        await until(lambda: observer.state.floor(queue, "g1") >= token, what="floor event")
+        await wait_proxy_saw(proxy.admin_url, observer.state.last_event_id)
+    finally:
+        await observer.stop()
+
+
+async def test_worker_a_with_its_expired_claim_is_refused_while_b_passes(
+    tmp_path: Path,
+    proxy_keys: Path,
+    backends: Backends,
+    proxy_factory: Callable[..., ProxyProcess],
+) -> None:
+    server = QueueServer(tmp_path / "core", proxy_keys).start()
+    try:
+        proxy = proxy_factory("--control", server.url)
+        async with QueueClient(server.url) as core:
+            a, b = await claim_after_expiry(core, "t1.orders")
+        assert a["id"] == b["id"] and b["token"] > a["token"]
+        await proxy_floor_reached(server, proxy, "t1.orders", b["token"])
+        # A learnt nothing: its calls still carry its old token. B carries the new one.
+        tags_b = make_tags("orders", b["id"], "g1", b["token"], attempt=2)
+        async with WorkerClient(proxy, "worker-2", tags=tags_b) as worker_b:
+            for backend in backends.all():
+                backends.reset()
+                # Through the SDK: the refusal cancels A's handler (CallFenced)...
+                tags_a = make_tags("orders", a["id"], "g1", a["token"], attempt=1)
+                async with WorkerClient(proxy, "worker-1", tags=tags_a) as worker_a:
+                    with pytest.raises(CallFenced) as fenced:
+                        await worker_a.call("POST", f"{backend.url}/charge", json={"order": 7})
+                assert (fenced.value.action, fenced.value.code, fenced.value.status) == (
+                    "stale-lease",
+                    "stale-lease",
+                    409,
+                )
+                # ...and on the wire it is a 409 whose JSON body names the floor.
+                raw_tags = make_tags("orders", a["id"], "g1", a["token"], attempt=1).next_headers()
+                async with WorkerClient(proxy, "worker-1") as raw_a:
+                    refused = await raw_a.call(
+                        "POST", f"{backend.url}/charge", json={"order": 7}, headers=raw_tags
+                    )
+                assert refused.status == 409, (backend.url, refused)
+                assert refused.headers.get(PROXY_ACTION_HEADER) == "stale-lease"
+                body = refused.json()
+                assert body["code"] == "stale-lease" and f"floor {b['token']}" in body["message"]
+                assert backend.accepted == 0 and backend.seen == []  # never reached the backend
+                passed = await worker_b.call("POST", f"{backend.url}/charge", json={"order": 7})
+                assert passed.status == 200 and PROXY_ACTION_HEADER not in passed.headers
+                assert [s.path for s in backend.seen] == ["/charge"]
+        records = await wait_records(
+            proxy.wirelog_dir, lambda rs: sum(r["action"] == "stale-lease" for r in rs) == 4
+        )
+        stale = [r for r in records if r["action"] == "stale-lease"]
+        assert {(r["worker"], r["lease"], r["message_id"]) for r in stale} == {
+            ("worker-1", a["token"], a["id"])
+        }
+        assert all(r["response"]["status"] == 409 for r in stale)
+    finally:
+        server.stop()
+
+
+async def test_unsynced_window_answers_tagged_calls_503_until_the_core_is_reachable(
+    tmp_path: Path,
+    proxy_keys: Path,
+    backends: Backends,
+    proxy_factory: Callable[..., ProxyProcess],
+) -> None:
+    port = free_port()  # the core is not running yet: the proxy cannot synchronise
+    proxy = proxy_factory("--control", f"http://127.0.0.1:{port}")
+    async with WorkerClient(proxy, "worker-1", tags=make_tags(lease=1)) as tagged:
+        for backend in backends.all():
+            reply = await tagged.call("GET", f"{backend.url}/work")
+            assert reply.status == 503 and reply.headers.get(PROXY_ACTION_HEADER) == "unsynced"
+            assert reply.json()["code"] == "unsynced"
+            assert backend.accepted == 0
+    async with WorkerClient(proxy, "worker-1") as untagged:  # untagged calls are not fenced by it
+        reply = await untagged.call("GET", f"{backends.http.url}/plain")
+        assert reply.status == 200
+    server = QueueServer(tmp_path / "core", proxy_keys, port=port).start()
+    try:
+        await wait_proxy_saw(proxy.admin_url, None, within=20)
+        backends.reset()
+        async with WorkerClient(proxy, "worker-1", tags=make_tags(lease=1)) as tagged:
+            for backend in backends.all():
+                reply = await tagged.call("GET", f"{backend.url}/work")
+                assert reply.status == 200, reply
+                assert len(backend.seen) == 1
+    finally:
+        server.stop()

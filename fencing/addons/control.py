@@ -3,7 +3,8 @@
 Construct once and hand `control.state` to the guards (`Fence`, `LeaseGuard`), which only read it.
 
 Options:
-- `strictq_control`: the core's control stream (`https://host:port/admin/v1/control`). Empty:
+- `strictq_control`: URL of the process holding the core (`https://host:port`; the stream's path
+  `/admin/v1/control` is added unless given). Empty:
   standalone testing, the state counts as synchronised with no fences and no floors (`strictq serve`
   always passes one, so the embedded default never runs unguarded).
 - `strictq_control_key`: secret of a `proxy` (or `admin`) credential. Empty: the first `proxy`-role
@@ -27,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 OPTIONS = ("strictq_control", "strictq_control_key", "strictq_control_ca")
 KEY_FILE_OPTION = "strictq_keys"  # declared by the auth addon
+CONTROL_PATH = "/admin/v1/control"
 
 
 def proxy_key_from_file(path: str) -> str:
@@ -41,6 +43,12 @@ def proxy_key_from_file(path: str) -> str:
         if credential.role == "proxy":
             return credential.secret
     raise exceptions.OptionsError(f"key file {path} has no credential of role proxy for the control stream")
+
+
+def control_stream_url(url: str) -> str:
+    """`--control` names the process holding the core; its stream lives at CONTROL_PATH."""
+    base = url.rstrip("/")
+    return base if base.endswith(CONTROL_PATH) else base + CONTROL_PATH
 
 
 class Control:
@@ -76,6 +84,7 @@ class Control:
         else:
             if not url.startswith(("http://", "https://")):
                 raise exceptions.OptionsError(f"strictq_control must be http(s)://...: {url!r}")
+            url = control_stream_url(url)
             key = ctx.options.strictq_control_key or self._key_from_file()
             ca = ctx.options.strictq_control_ca or None
             if ca is not None and not Path(ca).is_file():
