@@ -34,7 +34,7 @@ from fencing.addons.fence import Fence
 from fencing.context import METADATA_KEY, PROXY_ACTION_HEADER, CallContext
 from fencing.control_client import ControlState, FenceInfo
 from fencing.mimic import RecordingIndex, identity_from_url, recording_from_record
-from strictq.sdk.outbound import CallFenced
+from strictq.sdk.outbound import CallFenced, proxy_authorization
 from wirelog.record import http_record, http_request, http_response
 from wirelog.writer import WireLogWriter
 
@@ -539,3 +539,44 @@ async def test_fencing_closes_the_workers_open_upstream_connections(
             assert (await other_worker.call("GET", f"{backend.url}/ok")).body == b"ok"
             assert backend.accepted == 3  # worker-2 reused its kept-alive connection
             await set_fence(core, proxy, "worker-1", None)
+
+
+async def raw_tunnel(proxy: ProxyProcess, worker: str, target: str, payload: bytes) -> bytes:
+    """CONNECT to `target` as `worker`, then send bytes that are neither TLS nor HTTP; return what came
+    back before the proxy closed the tunnel (or 2 s of silence)."""
+    host, port = proxy.url.split("://", 1)[1].rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        auth = proxy_authorization(worker, proxy_support.credential(worker).secret)["Proxy-Authorization"]
+        writer.write(
+            f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: {auth}\r\n\r\n".encode()
+        )
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        writer.write(payload)
+        await writer.drain()
+        received = b""
+        try:
+            async with asyncio.timeout(2):
+                while chunk := await reader.read(65536):
+                    received += chunk
+        except TimeoutError:
+            pass
+        return received
+    finally:
+        writer.close()
+
+
+async def test_a_fenced_workers_raw_tunnel_never_dials_the_backend(
+    core: QueueServer, backends: Backends, proxy_factory: Callable[..., ProxyProcess]
+) -> None:
+    proxy = proxy_factory("--control", core.url)
+    backend = backends.http
+    payload = b"\x00\x01 not tls, not http\r\n\r\n"
+    # Unfenced, such bytes are relayed raw (mitmproxy's rawtcp): the backend gets a connection...
+    await raw_tunnel(proxy, "worker-2", backend.host_port, payload)
+    await until(lambda: backend.accepted == 1, what="the raw relay reached the backend")
+    # ...fenced, the tunnel is closed instead and nothing is dialled.
+    await set_fence(core, proxy, "worker-1", "block")
+    assert await raw_tunnel(proxy, "worker-1", backend.host_port, payload) == b""
+    assert backend.accepted == 1

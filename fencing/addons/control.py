@@ -109,7 +109,7 @@ class Control:
 
     def _standalone(self) -> None:
         """No core to ask: nothing is fenced and no floor is known (documented standalone mode)."""
-        self.state.fences.clear()
+        self.state.replace_fences([])
         self.state.mark_synced()
 
     def _restart(self) -> None:

@@ -8,6 +8,12 @@ The core decides fences (the control stream is the only source; see `Control`). 
 - `mimic`: the call is answered from the wire log's recorded responses (`fencing.mimic`), with
   `ctx.action = "mimic"` and `ctx.replayed_from` = the record id; nothing matching: 503 `unmatched`.
 
+While the control stream is down the last known fences stay in force (the lease guard answers tagged
+calls 503 `unsynced` meanwhile); a snapshot on reconnection replaces them.
+
+A CONNECT tunnel of a fenced worker that carries neither TLS nor HTTP (mitmproxy would relay it raw,
+dialling the backend) is closed instead (`next_layer`).
+
 When a worker is fenced (either mode) its open upstream connections, in-flight streams and idle
 keep-alive ones alike, are closed at once: from that moment nothing it sent earlier keeps flowing.
 mitmproxy 12 cannot kill a flow in transit (`Flow.kill` only acts at the next hook), so this closes the
@@ -28,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from mitmproxy import connection, ctx, exceptions, http
+from mitmproxy.proxy import commands, events, layer
+from mitmproxy.proxy.layers import TCPLayer, UDPLayer
 
 from fencing.context import PROXY_ACTION_HEADER, CallContext, context_of, refuse
 from fencing.control_client import ControlState, FenceInfo
@@ -142,14 +150,24 @@ class Fence:
         call = context_of(flow)
         if call is None or call.worker is None:
             return None
-        self._track(flow, call.worker)
-        fence = self.state.fences.get(call.worker)
+        fence = self.state.fences.get(call.worker)  # again: it may have come while the body arrived
         if fence is None:
             return None
         if fence.mode == "block":
             self._block(flow, call, fence)
             return None
         return self._mimic(flow, call)
+
+    def next_layer(self, nextlayer: layer.NextLayer) -> None:
+        """A CONNECT tunnel whose bytes are neither TLS nor HTTP becomes a raw relay (`rawtcp`), which
+        would dial the backend with no request for the guards to answer: a fenced worker gets none."""
+        chosen = nextlayer.layer
+        if isinstance(chosen, TCPLayer | UDPLayer):
+            worker = self._worker_of_client.get(nextlayer.context.client.id)
+            if worker is not None and worker in self.state.fences:
+                self.blocked += 1
+                logger.info("fence: refused a raw tunnel of fenced worker %s", worker)
+                nextlayer.layer = _ClosedTunnel(nextlayer.context)
 
     def client_disconnected(self, client: connection.Client) -> None:
         worker = self._worker_of_client.pop(client.id, None)
@@ -293,3 +311,11 @@ class Fence:
             logger.info("fence: closed %d upstream connection(s) of worker %s", closed, worker)
         self.closed_connections += closed
         return closed
+
+
+class _ClosedTunnel(layer.Layer):
+    """In place of a raw relay for a fenced worker: closes the client side, never opens the server's."""
+
+    def _handle_event(self, event: events.Event) -> layer.CommandGenerator[None]:
+        if isinstance(event, events.Start):
+            yield commands.CloseConnection(self.context.client)
