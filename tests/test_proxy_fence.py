@@ -580,3 +580,19 @@ async def test_a_fenced_workers_raw_tunnel_never_dials_the_backend(
     await set_fence(core, proxy, "worker-1", "block")
     assert await raw_tunnel(proxy, "worker-1", backend.host_port, payload) == b""
     assert backend.accepted == 1
+
+
+async def test_with_two_proxy_processes_each_one_blocks_a_fenced_worker(
+    core: QueueServer, backends: Backends, proxy_factory: Callable[..., ProxyProcess]
+) -> None:
+    proxy = proxy_factory("--control", core.url, "--processes", "2")
+    assert len(proxy.urls) == 2 and len(proxy.admin_urls) == 2
+    await fence_worker(core, ADMIN_SECRET, "worker-1", "block")
+    for admin_url in proxy.admin_urls:  # each process follows the control stream on its own
+        await proxy_caught_up(core, admin_url, lambda s: "worker-1" in s.fences)
+    for url in proxy.urls:
+        async with WorkerClient(url, "worker-1", proxy_ca=proxy.ca_file) as worker:
+            for backend in backends.all():
+                reply = await worker.call("GET", f"{backend.url}/x")
+                assert reply.status == 403 and reply.headers.get(PROXY_ACTION_HEADER) == "block"
+    assert (backends.http.accepted, backends.https.accepted) == (0, 0)
