@@ -8,6 +8,7 @@ against a real queue server, a real `strictq proxy` following its control stream
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 import orjson
 import proxy_support
 import pytest
-from control_support import QueueServer, until, wait_proxy_saw
+from control_support import QueueServer, proxy_control, until, wait_proxy_saw
 from mitmproxy.test import tflow
 from proxy_support import (
     PROXY_CREDENTIAL,
@@ -232,5 +233,21 @@ async def test_unsynced_window_answers_tagged_calls_503_until_the_core_is_reacha
                 reply = await tagged.call("GET", f"{backend.url}/work")
                 assert reply.status == 200, reply
                 assert len(backend.seen) == 1
+        # The core restarts: unsynced (503) while it is away, synchronised again once it is back.
+        server.stop()
+        await until_proxy_unsynced(proxy.admin_url)
+        async with WorkerClient(proxy, "worker-1", tags=make_tags(lease=1)) as tagged:
+            assert (await tagged.call("GET", f"{backends.http.url}/work")).status == 503
+        server.start()
+        await wait_proxy_saw(proxy.admin_url, None, within=20)
+        async with WorkerClient(proxy, "worker-1", tags=make_tags(lease=1)) as tagged:
+            assert (await tagged.call("GET", f"{backends.http.url}/work")).status == 200
     finally:
         server.stop()
+
+
+async def until_proxy_unsynced(admin_url: str, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while (await proxy_control(admin_url))["synced"]:
+        assert time.monotonic() < deadline, "the proxy never noticed the core was gone"
+        await asyncio.sleep(0.02)
