@@ -185,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     queues.set_defaults(handler=cmd_queues)
     register_proxy_commands(commands)  # strictq proxy / proxy ca (fencing.cli)
     register_admin_commands(commands)  # strictq fence / unfence / fences
+    from wirelog.cli import register as register_wirelog  # strictq wirelog tail / grep (stdlib imports only)
+
+    register_wirelog(commands)
     return parser
 
 

@@ -1,0 +1,530 @@
+"""Redaction engine: what of a call may reach the wire log (used by the proxy's redact addon and the gateway).
+
+Secrets are replaced by a stable token, `redacted:` + the first 16 hex digits of HMAC-SHA256(key, value),
+with a per-deployment key (`redaction.key`, 32 random bytes, mode 0600). Equal secrets give equal
+tokens, so requests still match for mimicry and search, but a low-entropy secret (a PIN, a short
+password) cannot be brute-forced from the log without the key.
+
+What is redacted: secret headers (by name), JSON body fields (by name, at any depth), query parameters
+and form fields (by name), and URL user-info. Per-endpoint levels decide how much else is kept:
+`full`, `headers-omitted` (header block kept as byte count + sha256), `metadata` (no headers, no
+bodies: hashes and sizes only) and `on-failure` (full when the call failed, else metadata).
+Hashes are always of the *redacted* bytes.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hmac
+import json
+import logging
+import os
+import re
+import secrets
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, unquote_plus
+
+import orjson
+
+from wirelog.errors import ConfigError
+from wirelog.layout import fsync_dir
+from wirelog.record import HeaderPairs, Record, header_block, header_text, http_request, http_response
+
+log = logging.getLogger("wirelog")
+
+KEY_FILE = "redaction.key"
+KEY_BYTES = 32
+TOKEN_PREFIX = "redacted:"
+
+
+class Level(StrEnum):
+    """How much of an endpoint's traffic is logged (design note: reduced levels still get a record)."""
+
+    FULL = "full"
+    HEADERS_OMITTED = "headers-omitted"
+    METADATA = "metadata"
+    ON_FAILURE = "on-failure"
+
+
+DEFAULT_SECRET_HEADERS = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "set-cookie",
+        "x-api-key",
+        "x-bv-api-key",
+        "x-amz-security-token",
+    }
+)  # X-Strictq-Lease is not a secret: it is how calls are matched to claims.
+DEFAULT_JSON_FIELDS = frozenset(
+    {
+        "password",
+        "passwd",
+        "secret",
+        "client_secret",
+        "token",
+        "access_token",
+        "refresh_token",
+        "id_token",
+        "api_key",
+        "apikey",
+        "private_key",
+        "authorization",
+    }
+)
+DEFAULT_QUERY_PARAMS = frozenset(
+    {
+        "access_token",
+        "api_key",
+        "apikey",
+        "token",
+        "password",
+        "client_secret",
+        "signature",
+        "sig",
+        "x-amz-signature",
+        "x-amz-security-token",
+    }
+)
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+# ------------------------------------------------------------------------------------------ config
+@dataclass(frozen=True, slots=True)
+class EndpointRule:
+    """`host` is a glob (`*.example.com`, matched with and without the port), `path` a prefix or a glob."""
+
+    host: str
+    path: str
+    level: Level
+    _host_re: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    _path_re: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_host_re", re.compile(fnmatch.translate(self.host.lower())))
+        is_glob = any(ch in self.path for ch in "*?[")
+        object.__setattr__(self, "_path_re", re.compile(fnmatch.translate(self.path)) if is_glob else None)
+
+    def matches(self, host: str, path: str) -> bool:
+        host = host.lower()
+        if not self._host_re.match(host):
+            bare = _strip_port(host)
+            if bare == host or not self._host_re.match(bare):
+                return False
+        if self._path_re is not None:
+            return self._path_re.match(path) is not None
+        return path.startswith(self.path)
+
+
+@dataclass(frozen=True, slots=True)
+class RedactionConfig:
+    """What to redact and at which level to log each endpoint (first matching rule wins)."""
+
+    secret_headers: frozenset[str] = DEFAULT_SECRET_HEADERS
+    json_fields: frozenset[str] = DEFAULT_JSON_FIELDS
+    query_params: frozenset[str] = DEFAULT_QUERY_PARAMS
+    endpoints: tuple[EndpointRule, ...] = ()
+    default_level: Level = Level.FULL
+    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES  # bodies above: hash and size only
+
+    _KEYS = frozenset(
+        {
+            "defaults",
+            "secret_headers",
+            "json_fields",
+            "query_params",
+            "endpoints",
+            "default_level",
+            "max_body_bytes",
+        }
+    )
+
+    @classmethod
+    def default(cls) -> RedactionConfig:
+        return cls()
+
+    @classmethod
+    def load(cls, path: Path | str) -> RedactionConfig:
+        """Read a TOML file (docs/wirelog.md); a top-level `[redaction]` table is used when present."""
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"cannot read redaction config {path}: {exc}") from exc
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+        section = data.get("redaction", data)
+        if not isinstance(section, dict):
+            raise ConfigError(f"{path}: [redaction] must be a table")
+        return cls.from_dict(section, source=str(path))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "redaction config") -> RedactionConfig:
+        """Lists extend the defaults unless `defaults = false`; unknown keys are errors (typos leak)."""
+        unknown = set(data) - cls._KEYS
+        if unknown:
+            raise ConfigError(f"{source}: unknown key(s) {', '.join(sorted(unknown))}")
+        keep_defaults = data.get("defaults", True)
+        if not isinstance(keep_defaults, bool):
+            raise ConfigError(f"{source}: defaults must be true or false")
+
+        def names(key: str, default: frozenset[str]) -> frozenset[str]:
+            value = data.get(key, [])
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise ConfigError(f"{source}: {key} must be a list of non-empty strings")
+            return frozenset(v.lower() for v in value) | (default if keep_defaults else frozenset())
+
+        rules: list[EndpointRule] = []
+        raw_rules = data.get("endpoints", [])
+        if not isinstance(raw_rules, list):
+            raise ConfigError(f"{source}: endpoints must be an array of tables ([[endpoints]])")
+        for index, raw in enumerate(raw_rules, 1):
+            if not isinstance(raw, dict) or set(raw) - {"host", "path", "level"} or "level" not in raw:
+                raise ConfigError(f"{source}: endpoints #{index} takes host, path and level (level required)")
+            host, path = raw.get("host", "*"), raw.get("path", "/")
+            if not isinstance(host, str) or not host or not isinstance(path, str) or not path:
+                raise ConfigError(f"{source}: endpoints #{index}: host and path must be non-empty strings")
+            rules.append(EndpointRule(host, path, _level(raw["level"], f"{source}: endpoints #{index}")))
+        max_body = data.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES)
+        if not isinstance(max_body, int) or isinstance(max_body, bool) or max_body < 0:
+            raise ConfigError(f"{source}: max_body_bytes must be an integer >= 0 (0 = unlimited)")
+        return cls(
+            secret_headers=names("secret_headers", DEFAULT_SECRET_HEADERS),
+            json_fields=names("json_fields", DEFAULT_JSON_FIELDS),
+            query_params=names("query_params", DEFAULT_QUERY_PARAMS),
+            endpoints=tuple(rules),
+            default_level=_level(data.get("default_level", "full"), source),
+            max_body_bytes=max_body or None,
+        )
+
+
+def _level(value: object, where: str) -> Level:
+    if isinstance(value, str) and value in Level.__members__.values():
+        return Level(value)
+    choices = ", ".join(level.value for level in Level)
+    raise ConfigError(f"{where}: level {value!r} is not one of {choices}")
+
+
+# --------------------------------------------------------------------------------------------- key
+def load_or_create_key(data_dir: Path | str) -> bytes:
+    """The deployment's redaction key (`<data_dir>/redaction.key`), created 0600 on first use.
+
+    Creation is atomic (written aside, fsynced, then hard-linked into place), so two processes
+    starting together (gateway and proxy) agree on one key and a crash never leaves an empty key.
+    """
+    directory = Path(data_dir)
+    path = directory / KEY_FILE
+    try:
+        key = path.read_bytes()
+    except FileNotFoundError:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            tmp = directory / f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, secrets.token_bytes(KEY_BYTES))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass  # another process created it first: use theirs
+            finally:
+                tmp.unlink()
+            fsync_dir(directory)
+            key = path.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"cannot create redaction key {path}: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read redaction key {path}: {exc}") from exc
+    if len(key) != KEY_BYTES:
+        raise ConfigError(f"{path}: a redaction key is {KEY_BYTES} bytes, this file has {len(key)}")
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        log.warning("wirelog: %s is readable by others (mode %o); it should be 0600", path, mode)
+    return key
+
+
+# ---------------------------------------------------------------------------------------- redactor
+_JSON_TYPES = ("application/json", "text/json")
+_AUTH_HEADERS = frozenset({"authorization", "proxy-authorization"})
+_AUTH_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9._~+-]*) +(\S.*)$", re.DOTALL)
+
+
+class Redactor:
+    """Applies a RedactionConfig with a key. Stateless after construction; safe to share."""
+
+    def __init__(self, config: RedactionConfig, key: bytes) -> None:
+        if len(key) < 16:
+            raise ConfigError("the redaction key must be at least 16 bytes")
+        self.config = config
+        self._key = bytes(key)
+        self._secret_headers = frozenset(name.lower() for name in config.secret_headers)
+        self._json_fields = frozenset(name.lower() for name in config.json_fields)
+        self._query_params = frozenset(name.lower() for name in config.query_params)
+        self._form_fields = self._json_fields | self._query_params
+        self._needles = tuple(sorted({name.encode() for name in self._json_fields}))
+        self._scrub_re: re.Pattern[bytes] | None = None
+        if self._json_fields:
+            names = b"|".join(re.escape(name.encode()) for name in sorted(self._json_fields))
+            self._scrub_re = re.compile(
+                rb'("(?:' + names + rb')"\s*:\s*)("(?:[^"\\]|\\.)*"?|[^,}\]\s]*)', re.IGNORECASE
+            )
+
+    # ------------------------------------------------------------------------------- primitives
+    def token(self, value: str | bytes) -> str:
+        """`redacted:<16 hex>`: stable for equal values under one key, useless without the key."""
+        data = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
+        return TOKEN_PREFIX + hmac.digest(self._key, data, "sha256").hex()[:16]
+
+    def headers(self, pairs: HeaderPairs) -> list[list[str]]:
+        """Header pairs as `[name, value]` text, secret values replaced by tokens (names and order kept)."""
+        out: list[list[str]] = []
+        for raw_name, raw_value in pairs:
+            name = header_text(raw_name)
+            value = header_text(raw_value)
+            lower = name.lower()
+            if lower in self._secret_headers:
+                value = self._secret_header(lower, value)
+            out.append([name, value])
+        return out
+
+    def _secret_header(self, lower: str, value: str) -> str:
+        if lower in _AUTH_HEADERS:  # keep the scheme ("Bearer", "Basic"): it is useful and not secret
+            match = _AUTH_SCHEME.match(value)
+            if match:
+                return f"{match.group(1)} {self.token(match.group(2))}"
+        elif lower == "cookie":  # keep cookie names, hide every value
+            return "; ".join(self._cookie_pair(part.strip()) for part in value.split(";") if part.strip())
+        elif lower == "set-cookie":  # hide the value, keep the attributes (Path, Expires, ...)
+            first, sep, attributes = value.partition(";")
+            return self._cookie_pair(first.strip()) + sep + attributes
+        return self.token(value)
+
+    def _cookie_pair(self, pair: str) -> str:
+        name, sep, value = pair.partition("=")
+        return f"{name}={self.token(value)}" if sep else self.token(pair)
+
+    def url(self, url: str) -> str:
+        """The URL with user-info and secret query-parameter values tokenized; everything else verbatim."""
+        scheme_end = url.find("://")
+        if scheme_end >= 0:
+            start = scheme_end + 3
+            stop = min((i for i in (url.find(ch, start) for ch in "/?#") if i >= 0), default=len(url))
+            userinfo, at, _ = url[start:stop].rpartition("@")
+            if at and not _is_token(userinfo):
+                url = url[:start] + self.token(unquote(userinfo)) + url[start + len(userinfo) :]
+        fragment_at = url.find("#")
+        end = len(url) if fragment_at < 0 else fragment_at
+        query_at = url.find("?", 0, end)
+        if query_at < 0:
+            return url
+        return url[: query_at + 1] + self.query(url[query_at + 1 : end]) + url[end:]
+
+    def query(self, query: str, *, names: frozenset[str] | None = None) -> str:
+        """`a=1&token=x` -> `a=1&token=redacted:...` (names matched decoded and case-insensitively)."""
+        secret = self._query_params if names is None else names
+        if not query or not secret:
+            return query
+        parts = query.split("&")
+        changed = False
+        for index, part in enumerate(parts):
+            name, sep, value = part.partition("=")
+            if sep and value and unquote_plus(name).lower() in secret and not _is_token(value):
+                parts[index] = f"{name}={self.token(unquote_plus(value))}"
+                changed = True
+        return "&".join(parts) if changed else query
+
+    def body(self, content_type: str | None, data: bytes) -> bytes:
+        """The body with secret JSON fields (any depth) or form fields tokenized; other bodies unchanged.
+
+        JSON is rewritten only when a field was replaced (else the original bytes are kept). A body
+        that claims or looks like JSON but does not parse is scrubbed textually as a fallback.
+        """
+        if not data:
+            return data
+        media = (content_type or "").split(";", 1)[0].strip().lower()
+        if media == "application/x-www-form-urlencoded":
+            text = data.decode("utf-8", "surrogateescape")
+            redacted = self.query(text, names=self._form_fields)
+            return data if redacted is text else redacted.encode("utf-8", "surrogateescape")
+        is_json = media in _JSON_TYPES or media.endswith("+json")
+        if not is_json and not (media in ("", "text/plain") and data.lstrip()[:1] in (b"{", b"[")):
+            return data
+        if not self._json_fields:
+            return data
+        lowered = data.lower()
+        if not any(needle in lowered for needle in self._needles) and b"\\u" not in data:
+            return data  # no blacklisted name anywhere (and no escapes that could spell one)
+        try:
+            document = _loads(data)
+        except ValueError:
+            return self._scrub(data)
+        try:
+            redacted, changed = self._redact_json(document)
+        except RecursionError:
+            return self._scrub(data)
+        if not changed:
+            return data
+        return _dumps(redacted)
+
+    def value(self, document: Any) -> Any:
+        """A JSON-like value (e.g. message attributes) with blacklisted fields tokenized at any depth."""
+        return self._redact_json(document)[0]
+
+    def _redact_json(self, node: Any) -> tuple[Any, bool]:
+        if isinstance(node, dict):
+            changed = False
+            out: dict[str, Any] = {}
+            for key, item in node.items():
+                if isinstance(key, str) and key.lower() in self._json_fields:
+                    if isinstance(item, str) and _is_token(item):
+                        out[key] = item
+                    else:
+                        out[key] = self.token(item if isinstance(item, str) else _canonical(item))
+                        changed = True
+                else:
+                    out[key], sub = self._redact_json(item)
+                    changed = changed or sub
+            return (out, True) if changed else (node, False)
+        if isinstance(node, list):
+            items = [self._redact_json(item) for item in node]
+            if any(sub for _, sub in items):
+                return [item for item, _ in items], True
+            return node, False
+        return node, False
+
+    def _scrub(self, data: bytes) -> bytes:
+        """Textual fallback for JSON that does not parse (truncated, invalid): replace `"name": value`."""
+        if self._scrub_re is None:
+            return data
+
+        def replace(match: re.Match[bytes]) -> bytes:
+            raw = match.group(2)
+            inner = raw[1:-1] if raw.startswith(b'"') and raw.endswith(b'"') and len(raw) > 1 else raw
+            return match.group(1) + b'"' + self.token(inner).encode() + b'"'
+
+        return self._scrub_re.sub(replace, data)
+
+    # ------------------------------------------------------------------------------------ levels
+    def level_for(self, host: str, path: str) -> Level:
+        """The first endpoint rule matching host and path (query ignored), else the default level."""
+        path = path.split("?", 1)[0] or "/"
+        for rule in self.config.endpoints:
+            if rule.matches(host, path):
+                return rule.level
+        return self.config.default_level
+
+    @staticmethod
+    def effective(level: Level, *, status: int | None, error: str | None) -> Level:
+        """Resolve `on-failure`: full when the call failed (error, or status >= 500), else metadata."""
+        if level is not Level.ON_FAILURE:
+            return level
+        failed = error is not None or (status is not None and status >= 500)
+        return Level.FULL if failed else Level.METADATA
+
+    def exchange(
+        self,
+        *,
+        method: str,
+        url: str,
+        request_headers: HeaderPairs,
+        request_body: bytes | None,
+        status: int | None = None,
+        response_headers: HeaderPairs | None = None,
+        response_body: bytes | None = None,
+        error: str | None = None,
+        level: Level | None = None,
+    ) -> tuple[Record, Record | None]:
+        """The redacted `request` and `response` objects of an http record, at the endpoint's level.
+
+        `level=None` looks it up from the URL. `status=None` means no response (an error). The
+        result goes straight into `record.http_record(request=..., response=...)`.
+        """
+        if level is None:
+            host, path = split_host_path(url)
+            level = self.level_for(host, path)
+        level = self.effective(level, status=status, error=error)
+        keep_headers = level is Level.FULL
+        keep_body = level in (Level.FULL, Level.HEADERS_OMITTED)
+        limit = self.config.max_body_bytes
+        request_pairs = self.headers(request_headers)
+        request = http_request(
+            method=method,
+            url=self.url(url),
+            headers=request_pairs if keep_headers else None,
+            headers_omitted=None if keep_headers else header_block(request_pairs),
+            body=None if request_body is None else self.body(_content_type(request_pairs), request_body),
+            keep_body=keep_body,
+            max_body_bytes=limit,
+        )
+        if status is None:
+            return request, None
+        response_pairs = self.headers(response_headers or ())
+        response = http_response(
+            status=status,
+            headers=response_pairs if keep_headers else None,
+            headers_omitted=None if keep_headers else header_block(response_pairs),
+            body=None if response_body is None else self.body(_content_type(response_pairs), response_body),
+            keep_body=keep_body,
+            max_body_bytes=limit,
+        )
+        return request, response
+
+
+# ----------------------------------------------------------------------------------------- helpers
+def _is_token(text: str) -> bool:
+    return text.startswith(TOKEN_PREFIX) and len(text) == len(TOKEN_PREFIX) + 16
+
+
+def split_host_path(url: str) -> tuple[str, str]:
+    """(`host[:port]`, `/path`) of an absolute URL, without user-info, query or fragment."""
+    rest = url.split("://", 1)[1] if "://" in url else url
+    rest = rest.split("#", 1)[0]
+    cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    authority, path = rest[:cut], rest[cut:]
+    return authority.rpartition("@")[2], (path.split("?", 1)[0] or "/")
+
+
+def _strip_port(host: str) -> str:
+    if host.startswith("["):  # [v6]:port
+        return host.split("]", 1)[0] + "]"
+    name, sep, port = host.rpartition(":")
+    return name if sep and port.isdigit() and ":" not in name else host
+
+
+def _content_type(pairs: Iterable[list[str]]) -> str | None:
+    for name, value in pairs:
+        if name.lower() == "content-type":
+            return value
+    return None
+
+
+def _canonical(value: Any) -> bytes:
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:  # integers beyond 64 bits
+        return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _loads(data: bytes) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)  # big integers, NaN: stdlib accepts what orjson refuses (ValueError if not)
+
+
+def _dumps(document: Any) -> bytes:
+    try:
+        return orjson.dumps(document)
+    except orjson.JSONEncodeError:
+        return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode(
+            "utf-8", "surrogatepass"
+        )
