@@ -105,15 +105,15 @@ class Redact:
         url = redactor.url(f"{scheme}://{authority}{path}")
         level = redactor.level_for(authority, path)
         ctx.log_level = level.value
-        body = request.get_content(strict=False) or b""
+        content_type, body = _content(request)
         if body:
-            body = redactor.body(request.headers.get("content-type"), body)
+            body = redactor.body(content_type, body)
         pairs = redactor.headers(request.headers.fields)
         # on-failure is resolved when the outcome is known (response / error): full until then
         shown = Level.FULL if level is Level.ON_FAILURE else level
         view = _view(method=method, url=url, pairs=pairs, body=body, level=shown, limit=self.max_body_bytes)
         ctx.request_view = view
-        ctx.request_identity = identity_from_url(method, url, view["body_sha256"] or "")
+        ctx.request_identity = _identity(method, authority, url, view["body_sha256"] or "")
 
     def response_view(self, flow: http.HTTPFlow, ctx: CallContext) -> None:
         redactor = self.redactor
@@ -124,13 +124,41 @@ class Redact:
         level = Redactor.effective(endpoint_level, status=response.status_code, error=ctx.error)
         if endpoint_level is Level.ON_FAILURE and level is Level.METADATA and ctx.request_view is not None:
             ctx.request_view = _to_metadata(ctx.request_view)
-        body = response.get_content(strict=False) or b""
+        content_type, body = _content(response)
         if body:
-            body = redactor.body(response.headers.get("content-type"), body)
+            body = redactor.body(content_type, body)
         pairs = redactor.headers(response.headers.fields)
         ctx.response_view = _view(
             status=response.status_code, pairs=pairs, body=body, level=level, limit=self.max_body_bytes
         )
+
+
+def _content(message: http.Message) -> tuple[str | None, bytes]:
+    """Content-Type and the decoded body, from one pass over the raw header fields (mitmproxy's
+    case-insensitive lookups would scan and normalise them once per header asked for)."""
+    content_type: bytes | None = None
+    encoded = False
+    for name, value in message.headers.fields:
+        size = len(name)
+        if size == 12 and name.lower() == b"content-type":
+            content_type = value
+        elif size == 16 and name.lower() == b"content-encoding":
+            encoded = True
+    body = message.get_content(strict=False) if encoded else message.raw_content
+    return (content_type.decode("latin-1") if content_type is not None else None), body or b""
+
+
+def _identity(method: str, authority: str, url: str, body_sha256: str) -> tuple[str, str, str, str, str]:
+    """`fencing.mimic.identity_from_url` without re-parsing the URL we just built: the redactor only
+    rewrites the query (and user-info, which requests to a proxy do not have). IPv6 literals and
+    anything unusual take the general path, so recordings and live calls always agree."""
+    if "[" in authority or "@" in url:
+        return identity_from_url(method, url, body_sha256)
+    rest = url[url.index("://") + 3 + len(authority) :]
+    path, _, query = rest.partition("?")
+    if path.startswith("//") or "#" in rest:
+        return identity_from_url(method, url, body_sha256)
+    return (method.upper(), authority.lower(), path or "/", query, body_sha256)
 
 
 def _view(
