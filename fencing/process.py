@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -164,7 +165,17 @@ def child_argv(command: ProxyCommand, index: int) -> list[str]:
     return argv
 
 
-async def _read_startup(proc: asyncio.subprocess.Process) -> dict[str, str]:
+def die_with_parent() -> None:
+    """In a child, before exec: SIGTERM when the parent dies (even by SIGKILL), so a crashed parent
+    never leaves an orphan proxy holding its port (Linux prctl; elsewhere a no-op)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+async def read_startup(proc: asyncio.subprocess.Process) -> dict[str, str]:
     """The child's start-up lines, by prefix, until its admin line."""
     assert proc.stdout is not None
     found: dict[str, str] = {}
@@ -196,9 +207,10 @@ async def _run_parent(command: ProxyCommand) -> int:
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.PIPE,
                     env=env,
+                    preexec_fn=die_with_parent,
                 )
             )
-        startup = asyncio.gather(*(_read_startup(c) for c in children))
+        startup = asyncio.gather(*(read_startup(c) for c in children))
         stopped = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait(
             {startup, stopped}, timeout=CHILD_START_TIMEOUT, return_when=asyncio.FIRST_COMPLETED

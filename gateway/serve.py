@@ -1,7 +1,10 @@
 """`strictq serve`: the embedded default — the gateway with the queue core in-process, over HTTPS.
 
 Follows the start-up contract of shared/design.md: prints `strictq: listening on <url>`, then
-`strictq: ca <path>`, `strictq: keys <path>`, `strictq: client env <path>` once it accepts connections.
+`strictq: ca <path>`, `strictq: keys <path>`, `strictq: proxy on <url>`, `strictq: proxy ca <path>`
+and `strictq: client env <path>` once it accepts connections. The egress proxy runs as a child process
+(`strictq proxy`, never on this loop: see fencing.child) following this process's control stream;
+`--no-proxy` leaves it out.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from fencing.child import ProxyChild, ProxyStartError, start_proxy_child
 from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub
 from queue_core.fences import FenceRegistry
@@ -41,9 +45,13 @@ class ServeOptions:
     client_ca: Path | None = None
     insecure_http: bool = False
     queue_server: str | None = None  # URL of a `strictq queue-server`; None: the core runs in-process
+    proxy: bool = True  # start the egress proxy as a child process
+    proxy_port: int | None = None  # default: 8480, or 0 (a free port) when `port` is 0
 
 
-def client_env(url: str, ca: Path | None, keys: KeyRing) -> str:
+def client_env(
+    url: str, ca: Path | None, keys: KeyRing, proxy_url: str | None = None, proxy_ca: Path | None = None
+) -> str:
     """Environment for the CLI, the SDK and replay (design note), plus the AWS variables for boto3."""
     producer = _first(keys, "producer") or _first(keys, "admin")
     worker = _first(keys, "worker")
@@ -56,6 +64,10 @@ def client_env(url: str, ca: Path | None, keys: KeyRing) -> str:
         lines.append(f"STRICTQ_ADMIN_KEY={admin.secret}")  # strictq fence / unfence / fences
     if worker is not None:
         lines += [f"STRICTQ_WORKER_ID={worker.id}", f"STRICTQ_WORKER_SECRET={worker.secret}"]
+    if proxy_url is not None:  # workers' outbound calls go through the egress proxy, trusting its CA
+        lines.append(f"STRICTQ_PROXY_URL={proxy_url}")
+        if proxy_ca is not None:
+            lines.append(f"STRICTQ_PROXY_CA_FILE={proxy_ca.resolve()}")
     if producer is not None:
         lines += [
             "# boto3 and the AWS CLI against the SQS face (endpoint: STRICTQ_URL)",
@@ -113,13 +125,24 @@ async def serve(options: ServeOptions) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    env_path = data_dir / "client.env"
-    env_path.write_text(client_env(url, tls.ca if tls else None, keys))
-    env_path.chmod(0o600)
     print(f"strictq: listening on {url}", flush=True)
     if tls is not None and tls.ca is not None:
         print(f"strictq: ca {tls.ca.resolve()}", flush=True)
     print(f"strictq: keys {keys_path.resolve()}", flush=True)
+    proxy = None
+    if options.proxy:  # after the gateway listens: the proxy follows its control stream
+        proxy = await _start_proxy(options, url, tls, keys_path, stop)
+        if proxy is None:
+            await _shutdown(service, runner, None)
+            if stop.is_set():  # SIGTERM during start-up: a clean stop
+                return
+            raise SystemExit(1)
+        print(f"strictq: proxy on {proxy.url}", flush=True)
+        print(f"strictq: proxy ca {proxy.ca}", flush=True)
+    env_path = data_dir / "client.env"
+    proxy_env = (proxy.url, proxy.ca) if proxy is not None else (None, None)
+    env_path.write_text(client_env(url, tls.ca if tls else None, keys, *proxy_env))
+    env_path.chmod(0o600)
     print(f"strictq: client env {env_path.resolve()}", flush=True)
     cacert = f"--cacert {tls.ca.resolve()} " if tls is not None and tls.ca is not None else ""
     print(
@@ -131,9 +154,40 @@ async def serve(options: ServeOptions) -> None:
         await stop.wait()
     finally:
         print("strictq: stopping", file=sys.stderr, flush=True)
-        service.stop_waiting()
-        await runner.cleanup()
-        await service.close()
+        await _shutdown(service, runner, proxy)
+
+
+async def _shutdown(service: QueueBackend, runner: web.AppRunner, proxy: ProxyChild | None) -> None:
+    if proxy is not None:  # first: it follows our control stream, and flushes its wire log
+        await proxy.stop()
+    service.stop_waiting()
+    await runner.cleanup()
+    await service.close()
+
+
+async def _start_proxy(
+    options: ServeOptions, url: str, tls: TlsFiles | None, keys_path: Path, stop: asyncio.Event
+) -> ProxyChild | None:
+    """`strictq proxy` as a child: same key file, our control stream (the queue server's with
+    --queue-server) and CA, wire log and redaction key in our data directory."""
+    port = options.proxy_port if options.proxy_port is not None else (8480 if options.port else 0)
+    try:
+        return await start_proxy_child(
+            host=options.host,
+            port=port,
+            admin_port=port + 10 if port else 0,
+            data_dir=options.data_dir / "proxy",
+            keys=keys_path,
+            control=options.queue_server or url,
+            control_ca=tls.ca if tls is not None and options.queue_server is None else None,
+            wirelog=options.data_dir / "wirelog",
+            redaction_key_dir=options.data_dir,
+            stop=stop,
+        )
+    except ProxyStartError as exc:
+        if not stop.is_set():
+            print(f"strictq: the egress proxy did not start: {exc} (--no-proxy: without it)", file=sys.stderr)
+        return None
 
 
 def run(options: ServeOptions) -> None:

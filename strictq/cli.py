@@ -75,8 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the embedded default: HTTPS gateway (SQS JSON + EmoDB REST) with the queue core in-process",
         description="Run the edge gateway with the queue core in-process. On first start it creates a local "
         "CA and server certificate (<data-dir>/tls) and development credentials (<data-dir>/keys.toml), "
-        "and writes the client environment to <data-dir>/client.env. Prints 'strictq: listening on <url>', "
-        "then the ca, keys and client env paths; stops cleanly on SIGTERM.",
+        "and writes the client environment to <data-dir>/client.env. Starts the egress proxy for workers "
+        "(`strictq proxy`) as a child process following this process's control stream, its wire log in "
+        "<data-dir>/wirelog. Prints 'strictq: listening on <url>', then the ca and keys paths, "
+        "'strictq: proxy on <url>', 'strictq: proxy ca <path>' and the client env path; stops cleanly on "
+        "SIGTERM.",
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     serve.add_argument(
@@ -109,6 +112,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--client-ca", type=Path, help="require client certificates signed by this CA (PEM)")
     serve.add_argument(
         "--insecure-http", action="store_true", help="serve plain HTTP (no TLS): development only"
+    )
+    serve.add_argument(
+        "--no-proxy",
+        dest="proxy",
+        action="store_false",
+        help="do not start the egress proxy (`strictq proxy`) as a child process",
+    )
+    serve.add_argument(
+        "--proxy-port",
+        type=int,
+        help="egress proxy port (default: 8480, or a free one with --port 0); its admin port is this + 10",
     )
     serve.set_defaults(handler=cmd_serve)
 
@@ -232,6 +246,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         client_ca=args.client_ca,
         insecure_http=args.insecure_http,
         queue_server=args.queue_server,
+        proxy=args.proxy,
+        proxy_port=args.proxy_port,
     )
     if args.queue_server is not None and not args.queue_server.startswith(("http://", "https://")):
         print("strictq: --queue-server must be an http:// or https:// URL", file=sys.stderr)

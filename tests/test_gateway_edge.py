@@ -102,7 +102,7 @@ def _start_serve(data_dir: Path) -> tuple[subprocess.Popen[str], list[str]]:
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.stdout is not None
-    lines = [proc.stdout.readline().strip() for _ in range(4)]
+    lines = [proc.stdout.readline().strip() for _ in range(6)]
     return proc, lines
 
 
@@ -127,7 +127,11 @@ def test_serve_follows_the_start_up_contract(tmp_path: Path) -> None:
         url = lines[0].split()[-1]
         assert lines[1] == f"strictq: ca {(data_dir / 'tls' / 'ca.pem').resolve()}"
         assert lines[2] == f"strictq: keys {(data_dir / 'keys.toml').resolve()}"
-        assert lines[3] == f"strictq: client env {(data_dir / 'client.env').resolve()}"
+        # the egress proxy, a child process following this gateway's control stream
+        assert lines[3].startswith("strictq: proxy on http://127.0.0.1:"), lines
+        proxy_ca = (data_dir / "proxy" / "ca" / "mitmproxy-ca-cert.pem").resolve()
+        assert lines[4] == f"strictq: proxy ca {proxy_ca}"
+        assert lines[5] == f"strictq: client env {(data_dir / 'client.env').resolve()}"
         context = ssl.create_default_context(cafile=str(data_dir / "tls" / "ca.pem"))
         for path in ("/healthz", "/readyz"):
             with urllib.request.urlopen(url + path, context=context, timeout=10) as response:
@@ -141,6 +145,8 @@ def test_serve_follows_the_start_up_contract(tmp_path: Path) -> None:
         )
         keys = KeyRing.load(data_dir / "keys.toml")
         assert env["STRICTQ_URL"] == url
+        assert env["STRICTQ_PROXY_URL"] == lines[3].split()[-1]
+        assert env["STRICTQ_PROXY_CA_FILE"] == str(proxy_ca)
         producer = keys.by_secret(env["STRICTQ_API_KEY"])
         worker = keys.by_id(env["STRICTQ_WORKER_ID"])
         assert producer is not None and producer.role == "producer"

@@ -153,7 +153,7 @@ def test_strictq_serve_with_queue_server_flag(tmp_path: Path, queue_server: Serv
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "strictq", "serve", "--port", "0", "--data-dir", str(data_dir)),
-            *("--queue-server", queue_server.url),
+            *("--queue-server", queue_server.url, "--no-proxy"),
         ],
         cwd=ROOT,
         env=env,
