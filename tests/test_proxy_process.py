@@ -4,7 +4,9 @@ log closed and compressed), start-up failures that say why, `strictq proxy ca`, 
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +19,7 @@ from proxy_support import (
     ProxyProcess,
     UpstreamCA,
     WorkerClient,
+    free_port,
     http_records,
     make_tags,
     proxy_command,
@@ -24,6 +27,7 @@ from proxy_support import (
     start_proxy,
     unique,
     wait_marked,
+    wait_records,
 )
 
 from strictq.sdk import ClientConfig
@@ -164,3 +168,68 @@ def test_bad_flags(tmp_path: Path, proxy_keys: Path, flag: tuple[str, str]) -> N
     argv = [*proxy_command(tmp_path / "d", tmp_path / "wl", proxy_keys, None), *flag]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "strictq:" in done.stderr
+
+
+async def test_serve_runs_the_proxy_as_a_child(tmp_path: Path, backends) -> None:
+    """`strictq serve` starts the proxy following its own control stream: a worker's tagged call (with
+    the credential from client.env) passes once it is synchronised, lands in <data-dir>/wirelog, and
+    SIGTERM to serve stops the proxy too."""
+    data_dir = tmp_path / "serve"
+    proc, lines = start_serve(data_dir)
+    try:
+        kinds = [line.split(" ")[1] for line in lines]
+        assert kinds == ["listening", "ca", "keys", "proxy", "proxy", "client"], lines
+        env = dict(
+            line.split("=", 1)
+            for line in (data_dir / "client.env").read_text().splitlines()
+            if line and not line.startswith("#")
+        )
+        (child,) = children_of(proc.pid)
+        marker = unique("serve")
+        tags = make_tags(message_id=marker)
+        async with WorkerClient(
+            env["STRICTQ_PROXY_URL"],
+            env["STRICTQ_WORKER_ID"],
+            secret=env["STRICTQ_WORKER_SECRET"],
+            proxy_ca=Path(env["STRICTQ_PROXY_CA_FILE"]),
+            tags=tags,
+        ) as client:
+            for _ in range(100):  # 503 unsynced until the control stream is synchronised
+                reply = await client.call("GET", f"{backends.http.url}/{marker}")
+                if reply.status != 503:
+                    break
+                await asyncio.sleep(0.1)
+        assert reply.status == 200, reply
+        records = await wait_records(
+            data_dir / "wirelog", lambda rs: any(r["message_id"] == marker for r in rs)
+        )
+        (record,) = [r for r in records if r["message_id"] == marker and r["action"] == "pass"]
+        assert record["worker"] == env["STRICTQ_WORKER_ID"] and record["writer"] == "proxy"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    assert code == 0
+    assert not alive(child)
+
+
+def start_serve(data_dir: Path) -> tuple[subprocess.Popen[str], list[str]]:
+    """`strictq serve` on a free port, and its six start-up lines."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "strictq", "serve", "--port", "0", "--data-dir", str(data_dir)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    return proc, [proc.stdout.readline().strip() for _ in range(6)]
+
+
+async def test_not_ready_until_the_control_stream_is_synchronised(proxy_factory) -> None:  # type: ignore[no-untyped-def]
+    """With --control pointing at nothing, the proxy is alive but not ready (fail closed)."""
+    proxy = proxy_factory("--control", f"http://127.0.0.1:{free_port()}")
+    assert (await get(f"{proxy.admin_url}/healthz"))[0] == 200
+    status, body = await get(f"{proxy.admin_url}/readyz")
+    assert status == 503 and body["ready"] is False

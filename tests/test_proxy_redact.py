@@ -21,8 +21,9 @@ from proxy_support import (
     with_marker,
 )
 
-from fencing.addons.redact import Redact
+from fencing.addons.redact import Redact, _identity
 from fencing.context import context_of, ensure_context
+from fencing.mimic import identity_from_url
 from fencing.runtime import ProxyRuntime
 
 CONFIG = """
@@ -80,6 +81,21 @@ async def test_views_never_touch_the_real_request(tmp_path: Path, redaction_conf
         assert (method, path) == ("GET", "/api") and "redacted:" in query
         assert body_sha == ctx.request_view["body_sha256"]
     assert (tmp_path / "redaction.key").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize(
+    ("method", "authority", "url"),
+    [
+        ("GET", "Example.com", "http://Example.com/a/b?x=1&token=redacted:0123456789abcdef"),
+        ("post", "127.0.0.1:8080", "https://127.0.0.1:8080/?q"),
+        ("GET", "h:1", "http://h:1/"),
+        ("GET", "[::1]:8080", "http://[::1]:8080/p?q=1"),
+        ("GET", "h", "http://h//double?x"),
+    ],
+)
+def test_fast_identity_matches_mimicry(method: str, authority: str, url: str) -> None:
+    """Live calls and recordings must agree on "the same request", or mimicry never matches."""
+    assert _identity(method, authority, url, "ab") == identity_from_url(method, url, "ab")
 
 
 # ------------------------------------------------------------------------------------ real proxy
