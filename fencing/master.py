@@ -31,6 +31,7 @@ from fencing.runtime import ProxyRuntime
 log = logging.getLogger("strictq.proxy")
 mitm_log = logging.getLogger("mitmproxy.addonmanager")  # where mitmproxy logs addon errors
 CONTROL_PATH = "/admin/v1/control"  # docs/control-stream.md
+DRAIN_GRACE = 5.0  # seconds calls in flight get to finish on SIGTERM
 
 
 class StartupError(Exception):
@@ -203,6 +204,24 @@ async def start_master(master: Master, runtime: ProxyRuntime) -> tuple[asyncio.T
         raise StartupError("; ".join(problems))
     urls = [_url(addr) for addr in addrs]
     return task, urls
+
+
+async def drain(master: Master, runtime: ProxyRuntime, grace: float = DRAIN_GRACE) -> None:
+    """Before stopping: close the listening socket, then give calls in flight up to `grace` seconds to
+    finish, so their records are written before the writer closes (keep-alive connections that are
+    merely idle do not hold the stop up)."""
+    proxyserver = master.addons.get("proxyserver")
+    if proxyserver is not None:
+        try:
+            await proxyserver.servers.update([])
+        except Exception:
+            log.exception("while closing the listener")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    while runtime.in_flight > 0 and loop.time() < deadline:  # noqa: ASYNC110 - a counter, polled
+        await asyncio.sleep(0.02)
+    if runtime.in_flight > 0:
+        log.warning("stopping with %d calls still in flight", runtime.in_flight)
 
 
 def _url(addr: tuple[Any, ...]) -> str:

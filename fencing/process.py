@@ -110,7 +110,7 @@ def run_single(settings: ProxySettings, ca: Path) -> int:
 
 
 async def _serve(settings: ProxySettings, ca: Path) -> int:
-    from fencing.master import StartupError, build_master, start_master
+    from fencing.master import StartupError, build_master, drain, start_master
     from fencing.runtime import ProxyRuntime
 
     runtime = ProxyRuntime(name=settings.name)
@@ -121,8 +121,9 @@ async def _serve(settings: ProxySettings, ca: Path) -> int:
         return 2
     loop = asyncio.get_running_loop()
     # Handlers before the listening line: a SIGTERM right after it must still stop cleanly.
+    stopping = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, master.shutdown)
+        loop.add_signal_handler(signum, stopping.set)
     try:
         task, urls = await start_master(master, runtime)
     except StartupError as exc:
@@ -132,6 +133,15 @@ async def _serve(settings: ProxySettings, ca: Path) -> int:
     print(f"{PROXY_CA}{ca}", flush=True)
     if runtime.admin_url:
         print(f"{ADMIN}{runtime.admin_url}", flush=True)
+    stop_requested = asyncio.create_task(stopping.wait())
+    done, _ = await asyncio.wait({task, stop_requested}, return_when=asyncio.FIRST_COMPLETED)
+    if stop_requested in done:
+        for signum in (signal.SIGTERM, signal.SIGINT):  # a second signal: stop without waiting
+            loop.add_signal_handler(signum, master.shutdown)
+        await drain(master, runtime)
+        master.shutdown()
+    else:
+        stop_requested.cancel()
     await task
     print(f"strictq: proxy {settings.name} stopped", file=sys.stderr, flush=True)
     return 0

@@ -24,6 +24,7 @@ class ProxyRuntime:
     started_at: float = field(default_factory=time.time)
     admin_url: str | None = None  # set by the admin addon once it listens
     startup_errors: list[str] = field(default_factory=list)  # addons report what would make start-up fail
+    in_flight: int = 0  # requests seen and not yet recorded (capture keeps it); a stop waits for them
 
     def count(self, key: str, n: int = 1) -> None:
         self.metrics[key] += n

@@ -233,3 +233,19 @@ async def test_not_ready_until_the_control_stream_is_synchronised(proxy_factory)
     assert (await get(f"{proxy.admin_url}/healthz"))[0] == 200
     status, body = await get(f"{proxy.admin_url}/readyz")
     assert status == 503 and body["ready"] is False
+
+
+async def test_sigterm_lets_calls_in_flight_finish(proxy: ProxyProcess, backends) -> None:
+    """A call in flight when SIGTERM arrives still gets its answer and its record; the listener is
+    closed at once, so no new call is accepted meanwhile."""
+    marker = unique("inflight")
+    async with WorkerClient(proxy, tags=make_tags(message_id=marker)) as client:
+        slow = asyncio.create_task(client.call("GET", f"{backends.http.url}/{marker}?delay=1.0"))
+        while not backends.http.seen:  # noqa: ASYNC110 - the backend records it
+            await asyncio.sleep(0.01)
+        proxy.proc.send_signal(signal.SIGTERM)
+        reply = await slow
+    assert reply.status == 200
+    assert await asyncio.to_thread(proxy.proc.wait, 20) == 0
+    (record,) = [r for r in http_records(proxy.wirelog_dir) if r["message_id"] == marker]
+    assert record["response"]["status"] == 200 and record["latency_ms"] >= 1000

@@ -107,6 +107,7 @@ class Admin:
             "process": self.runtime.name,
             "uptime_s": round(time.time() - self.runtime.started_at, 3),
             "counters": dict(self.runtime.metrics),
+            "in_flight": self.runtime.in_flight,
         }
         proxyserver = ctx.master.addons.get("proxyserver")
         if proxyserver is not None:

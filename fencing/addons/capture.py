@@ -107,6 +107,9 @@ class Capture:
                     log.exception("wire-log tick failed")
 
     # ----------------------------------------------------------------------------------------- hooks
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        self.runtime.in_flight += 1  # until its record is written (response or error)
+
     def response(self, flow: http.HTTPFlow) -> None:
         self._record(flow, ensure_context(flow), None)
 
@@ -129,6 +132,8 @@ class Capture:
         if ctx.recorded:
             return
         ctx.recorded = True
+        if flow.request.method != "CONNECT":  # CONNECTs never pass requestheaders
+            self.runtime.in_flight -= 1
         metrics = self.runtime.metrics
         metrics["requests"] += 1
         metrics["action." + ctx.action] += 1
