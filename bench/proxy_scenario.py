@@ -176,13 +176,14 @@ def scenario_proxy(st: Any, progress: Progress) -> None:
                     "proxy",
                     *("--host", "127.0.0.1", "--port", "0", "--data-dir", str(work / f"proxy-{processes}")),
                     *("--keys", str(keys_path), "--control", core.url, "--wirelog", str(wirelog)),
-                    *("--upstream-ca", str(backend_ca), "--processes", str(processes)),
+                    *("--upstream-ca", str(backend_ca), "--processes", str(processes), "--admin-port", "0"),
                 ],
                 st.out_dir / f"proxy-strictq-{processes}.log",
             )
             started.append(ours)
             ours.wait_for(r"strictq: proxy ca (\S+)")
-            urls = [m for line in ours.lines for m in re.findall(r"listening on (http://\S+)", line)]
+            listening = ours.wait_for(r"strictq: listening on (\S+)")[1]
+            urls = listening.split(",")
             proxy_ca = ours.wait_for(r"strictq: proxy ca (\S+)")[1]
             assert len(urls) == processes, ours.lines
             _wait_ready(ours)
@@ -207,7 +208,7 @@ def _wait_ready(proc: Proc, timeout: float = 30.0) -> None:
     """Every proxy process answers /readyz (control stream synchronised) before the load starts."""
     import urllib.request
 
-    admins = [m for line in proc.lines for m in re.findall(r"admin on (http://\S+)", line)]
+    admins = proc.wait_for(r"strictq: admin on (\S+)")[1].split(",")
     deadline = time.monotonic() + timeout
     for admin in admins:
         while True:
