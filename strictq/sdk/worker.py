@@ -441,13 +441,15 @@ class _GroupRun:
                 self.lose(f"message {raw['id']}: {reason}")
             else:
                 self.release_reason = f"message {raw['id']}: {reason}"
+                # A fenced (blocked) worker backs off like a failing handler rather than taking the
+                # message straight back: it would only be refused again.
+                self.retry_after = self._backoff(attempt)
             return False
         error = task.result()
         if error is not None:
             worker.stats.failed += 1
             self.release_reason = f"message {raw['id']} attempt {attempt}: handler raised {error!r}"
-            base, ceiling = worker.retry_backoff
-            self.retry_after = min(ceiling, base * 2 ** (max(1, int(attempt)) - 1))
+            self.retry_after = self._backoff(attempt)
             log.warning(
                 "handler failed on message %s (group %s of %s, attempt %s); releasing the group's rest",
                 raw["id"],
@@ -458,6 +460,10 @@ class _GroupRun:
             )
             return False
         return await self._ack(raw)
+
+    def _backoff(self, attempt: Any) -> float:
+        base, ceiling = self.worker.retry_backoff
+        return float(min(ceiling, base * 2 ** (max(1, int(attempt)) - 1)))
 
     async def _ack(self, raw: dict[str, Any]) -> bool:
         worker = self.worker
