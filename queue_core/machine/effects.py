@@ -106,6 +106,22 @@ class FloorRaised:
     token: int
 
 
+@dataclass(slots=True)
+class AttemptRecorded:
+    """One counted attempt at a message (docs/failure-management.md): what the health monitor accounts per
+    worker, and what the gateway writes to the wire log as a `log` record."""
+
+    queue: str
+    group: str
+    message_id: str
+    worker: str
+    attempt: int  # the message's attempt number, 1-based
+    outcome: str  # succeeded | failed | partial | expired
+    reason: str
+    signature: str  # "" when the worker gave none
+    at: float
+
+
 Effect = (
     QueueSaved
     | QueueDropped
@@ -118,6 +134,7 @@ Effect = (
     | MessagesMoved
     | QueuePurged
     | FloorRaised
+    | AttemptRecorded
 )
 
 DURABLE_EFFECTS = (
