@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from aiohttp import web
 
 from queue_core.admin_http import add_admin_routes
@@ -33,7 +35,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 def make_gateway_app(
-    service: QueueBackend, keys: KeyRing, *, control: ControlHub | None = None
+    service: QueueBackend, keys: KeyRing, *, control: ControlHub | None = None, index: Path | None = None
 ) -> web.Application:
     from . import emodb, sqs  # the faces register their own routes
 
@@ -47,4 +49,8 @@ def make_gateway_app(
     emodb.add_routes(app)
     if isinstance(service, QueueService):  # the core is in this process: its control stream and fences too
         add_admin_routes(app, control or ControlHub(service), keys)
+    if index is not None:  # GET /admin/v1/search over the wire-log index (strictq index builds it)
+        from spark.admin_endpoint import add_search_route
+
+        add_search_route(app, index, keys)
     return app

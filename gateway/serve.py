@@ -47,6 +47,7 @@ class ServeOptions:
     queue_server: str | None = None  # URL of a `strictq queue-server`; None: the core runs in-process
     proxy: bool = True  # start the egress proxy as a child process
     proxy_port: int | None = None  # default: 8480, or 0 (a free port) when `port` is 0
+    index: Path | None = None  # wire-log index for GET /admin/v1/search; default <data-dir>/index
 
 
 def client_env(
@@ -111,7 +112,9 @@ async def serve(options: ServeOptions) -> None:
     if isinstance(service, QueueService):
         control = ControlHub(service, FenceRegistry(data_dir / "fences.json"))
     runner = web.AppRunner(
-        make_gateway_app(service, keys, control=control), access_log=None, handle_signals=False
+        make_gateway_app(service, keys, control=control, index=options.index or data_dir / "index"),
+        access_log=None,
+        handle_signals=False,
     )
     await runner.setup()
     context = server_context(tls, options.client_ca) if tls is not None else None

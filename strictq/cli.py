@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="forward to a separate `strictq queue-server` at URL (its internal API) instead of running the "
         "queue core in this process",
     )
+    serve.add_argument(
+        "--index", type=Path, help="wire-log index served at GET /admin/v1/search (default: <data-dir>/index)"
+    )
     serve.add_argument("--client-ca", type=Path, help="require client certificates signed by this CA (PEM)")
     serve.add_argument(
         "--insecure-http", action="store_true", help="serve plain HTTP (no TLS): development only"
@@ -202,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     from wirelog.cli import register as register_wirelog  # strictq wirelog tail / grep (stdlib imports only)
 
     register_wirelog(commands)
+    from spark.cli import register as register_spark  # strictq index / search / errors (stdlib imports only)
+
+    register_spark(commands)
     return parser
 
 
@@ -248,6 +254,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         queue_server=args.queue_server,
         proxy=args.proxy,
         proxy_port=args.proxy_port,
+        index=args.index,
     )
     if args.queue_server is not None and not args.queue_server.startswith(("http://", "https://")):
         print("strictq: --queue-server must be an http:// or https:// URL", file=sys.stderr)

@@ -131,3 +131,4 @@ async def client(server: ServerProcess) -> AsyncIterator[QueueClient]:
 
 # The in-process gateway fixture (real TLS with a trustme CA) for the gateway faces' tests.
 from gateway_support import gateway  # noqa: E402, F401
+from spark_support import spark, spark_sample  # noqa: E402, F401  (one session-wide SparkSession)
