@@ -13,8 +13,10 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from fencing.process import ADMIN, LISTENING, PROXY_CA, die_with_parent, read_startup
 
@@ -69,8 +71,12 @@ async def start_proxy_child(
     wirelog: Path | None = None,
     redaction_key_dir: Path | None = None,
     stop: asyncio.Event | None = None,
+    extra_args: Sequence[str] = (),
+    stderr: int | IO[bytes] | None = None,
 ) -> ProxyChild:
-    """Start `strictq proxy` and wait for its start-up lines (or for `stop`: then it is stopped again)."""
+    """Start `strictq proxy` and wait for its start-up lines (or for `stop`: then it is stopped again).
+    `extra_args`: more `strictq proxy` flags (replay passes `--replay-from DIR`); `stderr`: where its
+    log goes (a file or descriptor; default: ours)."""
     argv = [
         *(sys.executable, "-m", "strictq", "proxy"),
         *("--host", host, "--port", str(port), "--admin-port", str(admin_port)),
@@ -84,10 +90,12 @@ async def start_proxy_child(
         argv += ["--wirelog", str(wirelog)]
     if redaction_key_dir is not None:
         argv += ["--redaction-key-dir", str(redaction_key_dir)]
+    argv += extra_args
     proc = await asyncio.create_subprocess_exec(
         *argv,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
+        stderr=stderr,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         preexec_fn=die_with_parent,
     )

@@ -119,6 +119,19 @@ def register(commands: Any) -> None:
         help="forward the X-Strictq-* tags upstream instead of stripping them",
     )
     proxy.add_argument(
+        "--replay-from",
+        type=Path,
+        metavar="DIR",
+        help="replay mode (strictq replay): answer every worker's calls from the recordings in this wire-log "
+        "directory, per message and call ordinal first, then by request identity; nothing is forwarded",
+    )
+    proxy.add_argument(
+        "--replay-mask",
+        type=Path,
+        metavar="PATH",
+        help="replay mode: JSON paths and regexes (JSON/TOML file) masked before calls are matched",
+    )
+    proxy.add_argument(
         "--name",
         default="proxy",
         help="process name: the wire-log writer id (children get NAME-0, NAME-1, ...) (default: %(default)s)",
@@ -170,7 +183,14 @@ def cmd_proxy(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    for path in [*args.upstream_ca, *(p for p in (args.redaction, args.control_ca) if p is not None)]:
+    if args.replay_from is not None and not args.replay_from.is_dir():
+        print(f"strictq: --replay-from {args.replay_from} is not a directory", file=sys.stderr)
+        return 2
+    if args.replay_mask is not None and args.replay_from is None:
+        print("strictq: --replay-mask needs --replay-from", file=sys.stderr)
+        return 2
+    extra = (args.redaction, args.control_ca, args.replay_mask)
+    for path in [*args.upstream_ca, *(p for p in extra if p is not None)]:
         if not path.is_file():
             print(f"strictq: {path} is not a file", file=sys.stderr)
             return 2
@@ -194,6 +214,8 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         keep_tags=args.keep_tags,
         name=args.name,
         wirelog_fsync=args.wirelog_fsync,
+        replay_from=args.replay_from,
+        replay_mask=args.replay_mask,
     )
     return run(command)
 

@@ -60,6 +60,18 @@ class ProxyCommand:
     keep_tags: bool
     name: str
     wirelog_fsync: str
+    replay_from: Path | None = None  # replay mode: answer every call from these recordings
+    replay_mask: Path | None = None
+
+    def replay_options(self) -> dict[str, object]:
+        """The fence addon's replay options (fencing.addons.fence), or none."""
+        if self.replay_from is None:
+            return {}
+        return {
+            "strictq_replay": True,
+            "strictq_mimic_wirelog": str(self.replay_from),
+            "strictq_replay_mask": str(self.replay_mask) if self.replay_mask else "",
+        }
 
 
 def configure_logging() -> None:
@@ -98,6 +110,7 @@ def run(command: ProxyCommand) -> int:
         keep_tags=command.keep_tags,
         name=command.name,
         wirelog_fsync=command.wirelog_fsync,
+        extra_options=command.replay_options(),
     )
     return run_single(settings, ca)
 
@@ -172,6 +185,10 @@ def child_argv(command: ProxyCommand, index: int) -> list[str]:
         argv += ["--upstream-ca", str(ca)]
     if command.keep_tags:
         argv.append("--keep-tags")
+    if command.replay_from:
+        argv += ["--replay-from", str(command.replay_from)]
+    if command.replay_mask:
+        argv += ["--replay-mask", str(command.replay_mask)]
     return argv
 
 

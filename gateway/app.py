@@ -12,6 +12,7 @@ from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub
 from queue_core.service import QueueService
 
+from .deliveries import DELIVERIES, DeliveryLog
 from .keys import KeyRing
 from .routing import PartitionRouter
 
@@ -35,13 +36,21 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 def make_gateway_app(
-    service: QueueBackend, keys: KeyRing, *, control: ControlHub | None = None, index: Path | None = None
+    service: QueueBackend,
+    keys: KeyRing,
+    *,
+    control: ControlHub | None = None,
+    index: Path | None = None,
+    deliveries: DeliveryLog | None = None,
 ) -> web.Application:
+    """`deliveries`: write a wire-log record per message handed to a worker (gateway.deliveries)."""
     from . import emodb, sqs  # the faces register their own routes
 
     app = web.Application(client_max_size=MAX_EDGE_BODY)
     app[SERVICE] = service
     app[KEYS] = keys
+    if deliveries is not None:
+        app[DELIVERIES] = deliveries
     app[ROUTER] = PartitionRouter(service, service.partitions)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

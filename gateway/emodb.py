@@ -65,6 +65,7 @@ from queue_core.machine import (
 from queue_core.store import StoreError
 
 from .app import KEYS, ROUTER
+from .deliveries import deliveries_of
 from .keys import Credential
 from .tenancy import Forbidden, internal_name, require
 
@@ -195,6 +196,11 @@ class Face:
     @property
     def create_attributes(self) -> dict[str, Any]:
         return {"kind": "dedup"} if self.kind == "dedup" else {}
+
+    @property
+    def log_name(self) -> str:
+        """The face as delivery records name it."""
+        return "dedupq" if self.kind == "dedup" else "emodb"
 
 
 QUEUE_FACE = Face("/queue/1", "queue", "")
@@ -445,6 +451,8 @@ async def poll(call: Call) -> web.StreamResponse:
         )
     except QueueNotFound:
         received = []  # EmoDB: a queue nobody sent to is an empty queue
+    if received and (deliveries := deliveries_of(call.request)) is not None:
+        deliveries.delivered(call.credential, call.face.log_name, call.request.match_info["queue"], received)
     return json_response(
         [
             {
@@ -488,10 +496,12 @@ async def ack(call: Call) -> web.StreamResponse:
     ids = await read_ids(call.request)
     if not ids:
         return success()
+    items = [(i, token) for i in ids]
     try:
-        outcomes = await call.service_for_queue(queue).ack(queue, [(i, token) for i in ids])
+        outcomes = await call.service_for_queue(queue).ack(queue, items)
     except QueueNotFound:
         return success()  # EmoDB: acknowledging in a queue that does not exist is a no-op
+    _log_ended(call, "ack", items, outcomes)
     return refused(outcomes, token)
 
 
@@ -502,11 +512,25 @@ async def renew(call: Call) -> web.StreamResponse:
     ids = await read_ids(call.request)
     if not ids:
         return success()
+    items = [(i, token) for i in ids]
     try:
-        outcomes = await call.service_for_queue(queue).renew(queue, [(i, token) for i in ids], ttl, "extend")
+        outcomes = await call.service_for_queue(queue).renew(queue, items, ttl, "extend")
     except QueueNotFound:
         return success()
+    if ttl == 0:  # EmoDB's unclaim: the worker hands the claim back
+        _log_ended(call, "release", items, outcomes)
     return refused(outcomes, token, gone_is_lost=True)
+
+
+def _log_ended(
+    call: Call, event: str, items: list[tuple[str, int | None]], outcomes: list[AckOutcome]
+) -> None:
+    """Delivery log: the claims an ack or an unclaim (renew ttl 0) ended."""
+    deliveries = deliveries_of(call.request)
+    if deliveries is not None:
+        deliveries.ended(
+            call.credential, call.face.log_name, call.request.match_info["queue"], event, items, outcomes
+        )
 
 
 # -------------------------------------------------------------------------------------- admin calls

@@ -27,6 +27,7 @@ from queue_core.remote import RemoteQueueService
 from queue_core.service import QueueService
 
 from .app import make_gateway_app
+from .deliveries import DeliveryLog
 from .keys import Credential, KeyRing, write_development_keys
 from .tls import TlsFiles, ensure_local_certificates, server_context
 
@@ -111,8 +112,17 @@ async def serve(options: ServeOptions) -> None:
     control = None
     if isinstance(service, QueueService):
         control = ControlHub(service, FenceRegistry(data_dir / "fences.json"))
+    # One `delivery` record per message handed to a worker, beside the proxy's records (same redaction key).
+    deliveries = DeliveryLog(data_dir / "wirelog", key_dir=data_dir)
+    deliveries.start()
     runner = web.AppRunner(
-        make_gateway_app(service, keys, control=control, index=options.index or data_dir / "index"),
+        make_gateway_app(
+            service,
+            keys,
+            control=control,
+            index=options.index or data_dir / "index",
+            deliveries=deliveries,
+        ),
         access_log=None,
         handle_signals=False,
     )
@@ -136,7 +146,7 @@ async def serve(options: ServeOptions) -> None:
     if options.proxy:  # after the gateway listens: the proxy follows its control stream
         proxy = await _start_proxy(options, url, tls, keys_path, stop)
         if proxy is None:
-            await _shutdown(service, runner, None)
+            await _shutdown(service, runner, None, deliveries)
             if stop.is_set():  # SIGTERM during start-up: a clean stop
                 return
             raise SystemExit(1)
@@ -157,14 +167,17 @@ async def serve(options: ServeOptions) -> None:
         await stop.wait()
     finally:
         print("strictq: stopping", file=sys.stderr, flush=True)
-        await _shutdown(service, runner, proxy)
+        await _shutdown(service, runner, proxy, deliveries)
 
 
-async def _shutdown(service: QueueBackend, runner: web.AppRunner, proxy: ProxyChild | None) -> None:
+async def _shutdown(
+    service: QueueBackend, runner: web.AppRunner, proxy: ProxyChild | None, deliveries: DeliveryLog
+) -> None:
     if proxy is not None:  # first: it follows our control stream, and flushes its wire log
         await proxy.stop()
     service.stop_waiting()
     await runner.cleanup()
+    await deliveries.close()  # after the last poll has answered: every delivery is recorded
     await service.close()
 
 

@@ -12,6 +12,7 @@ from queue_core.backend import QueueBackend
 from queue_core.machine import AckOutcome, InvalidArgument, QueueError, SendRequest, SendResult, parse_receipt
 from queue_core.machine.groups import GROUP_RE, validate_group
 
+from .deliveries import deliveries_of
 from .sqs_call import ATTEMPT_WINDOW, Attempt, Call, Queue
 from .sqs_errors import SqsError, from_core, from_core_code
 from .sqs_messages import (
@@ -222,6 +223,8 @@ async def receive_message(call: Call) -> Result:
         )
     except QueueError as exc:
         raise from_core(exc) from None
+    if received and (deliveries := deliveries_of(call.request)) is not None:
+        deliveries.delivered(call.credential, "sqs", queue.name, received)
     messages = [
         render_message(
             r, fifo=queue.fifo, system_names=system_names, attribute_names=attribute_names, arn_of=call.arn_of
@@ -271,6 +274,7 @@ async def delete_message(call: Call) -> Result:
     queue = await call.queue()
     item = _receipt(call.params)
     (outcome,) = await queue.service.ack(queue.internal, [item])
+    _log_ended(call, queue, "ack", [item], [outcome])
     error = _ack_error(outcome, gone_ok=True)  # deleting a deleted message succeeds, as in SQS
     if error is not None:
         raise error
@@ -284,10 +288,21 @@ async def change_message_visibility(call: Call) -> Result:
     if ttl is None:
         raise SqsError("MissingParameter", "The request must contain the parameter VisibilityTimeout.")
     (outcome,) = await queue.service.renew(queue.internal, [item], float(ttl), mode="set")
+    if ttl == 0:
+        _log_ended(call, queue, "release", [item], [outcome])
     error = _ack_error(outcome, gone_ok=False)
     if error is not None:
         raise error
     return {}
+
+
+def _log_ended(
+    call: Call, queue: Queue, event: str, items: list[tuple[str, int]], outcomes: Sequence[AckOutcome]
+) -> None:
+    """Delivery log: the claims a delete (`ack`) or a visibility of 0 (`release`) ended."""
+    deliveries = deliveries_of(call.request)
+    if deliveries is not None:
+        deliveries.ended(call.credential, "sqs", queue.name, event, list(items), list(outcomes))
 
 
 async def delete_message_batch(call: Call) -> Result:
@@ -302,6 +317,7 @@ async def delete_message_batch(call: Call) -> Result:
         except SqsError as error:
             failed.append(error.batch_entry(entry["Id"]))
     outcomes = await queue.service.ack(queue.internal, items) if items else []
+    _log_ended(call, queue, "ack", items, outcomes)
     successful: list[Result] = []
     for entry_id, outcome in zip(ids, outcomes, strict=True):
         error = _ack_error(outcome, gone_ok=True)
@@ -330,9 +346,10 @@ async def change_message_visibility_batch(call: Call) -> Result:
         by_ttl.setdefault(ttl, []).append((entry["Id"], item))
     successful: list[Result] = []
     for ttl, group in by_ttl.items():
-        outcomes = await queue.service.renew(
-            queue.internal, [item for _, item in group], float(ttl), mode="set"
-        )
+        items = [item for _, item in group]
+        outcomes = await queue.service.renew(queue.internal, items, float(ttl), mode="set")
+        if ttl == 0:
+            _log_ended(call, queue, "release", items, outcomes)
         for (entry_id, _), outcome in zip(group, outcomes, strict=True):
             error = _ack_error(outcome, gone_ok=False)
             if error is None:

@@ -205,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     from wirelog.cli import register as register_wirelog  # strictq wirelog tail / grep (stdlib imports only)
 
     register_wirelog(commands)
+    from fencing.replay.cli import register as register_replay  # strictq replay (heavy imports when run)
+
+    register_replay(commands)
     from spark.cli import register as register_spark  # strictq index / search / errors (stdlib imports only)
 
     register_spark(commands)

@@ -6,6 +6,7 @@ test's own event loop.
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import trustme
 from aiohttp import web
 
 from gateway.app import make_gateway_app
+from gateway.deliveries import DeliveryLog
 from gateway.keys import Credential, KeyRing
 from queue_core.service import QueueService
 
@@ -35,6 +37,7 @@ class Gateway:
     ca_file: Path  # PEM of the CA that signed the server certificate
     service: QueueService
     keys: KeyRing
+    deliveries: DeliveryLog | None = None  # with `delivery_gateway`: the gateway's wire-log records
 
     def credential(self, key_id: str) -> Credential:
         credential = self.keys.by_id(key_id)
@@ -44,6 +47,24 @@ class Gateway:
 
 @pytest.fixture
 async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
+    async with serve_gateway(tmp_path) as gw:
+        yield gw
+
+
+@pytest.fixture
+async def delivery_gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
+    """The same gateway writing delivery records (gateway.deliveries) to <tmp>/wirelog, key in <tmp>."""
+    deliveries = DeliveryLog(tmp_path / "wirelog", key_dir=tmp_path, compress=False)
+    deliveries.start()
+    try:
+        async with serve_gateway(tmp_path, deliveries) as gw:
+            yield gw
+    finally:
+        await deliveries.close()
+
+
+@contextlib.asynccontextmanager
+async def serve_gateway(tmp_path: Path, deliveries: DeliveryLog | None = None) -> AsyncIterator[Gateway]:
     ca = trustme.CA()
     ca_file = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
@@ -52,13 +73,13 @@ async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
     service = QueueService(tmp_path / "queue")
     await service.start()
     keys = KeyRing(list(CREDENTIALS))
-    runner = web.AppRunner(make_gateway_app(service, keys), access_log=None)
+    runner = web.AppRunner(make_gateway_app(service, keys, deliveries=deliveries), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
     await site.start()
     port = runner.addresses[0][1]
     try:
-        yield Gateway(f"https://127.0.0.1:{port}", ca_file, service, keys)
+        yield Gateway(f"https://127.0.0.1:{port}", ca_file, service, keys, deliveries)
     finally:
         service.stop_waiting()
         await runner.cleanup()

@@ -22,6 +22,12 @@ server connections through the connection handlers of the `proxyserver` addon (p
 Options: `strictq_mimic_wirelog` (directory of recordings; empty: the capture addon's
 `strictq_wirelog`, the proxy's own wire log), `strictq_mimic_refresh` (seconds: a miss re-reads new
 segments at most this often), `strictq_mimic_max_records`, `strictq_mimic_max_bytes` (index bounds).
+
+Replay mode (`strictq_replay`, set by `strictq proxy --replay-from DIR`, used by `strictq replay`):
+every authenticated worker is treated as mimic-fenced, so every call is answered from the recordings
+in `strictq_mimic_wirelog` and none is ever forwarded (raw tunnels are closed for everyone). Matching
+follows `fencing.replay.matching` (per message and ordinal first, then by identity), with the masks of
+`strictq_replay_mask` (a JSON/TOML file, `fencing.replay.masking`) applied to both sides.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import logging
 import time
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.proxy import commands, events, layer
@@ -40,6 +46,10 @@ from mitmproxy.proxy.layers import TCPLayer, UDPLayer
 from fencing.context import PROXY_ACTION_HEADER, CallContext, context_of, refuse
 from fencing.control_client import ControlState, FenceInfo
 from fencing.mimic import Cursors, RecordingIndex, scan
+
+if TYPE_CHECKING:
+    from fencing.replay.masking import Masker
+    from fencing.replay.matching import ReplayIndex
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +63,9 @@ class Fence:
     def __init__(self, state: ControlState) -> None:
         self.state = state
         self.cursors = Cursors()
-        self.index: RecordingIndex | None = None
+        self.index: RecordingIndex | ReplayIndex | None = None
+        self.replay = False  # every worker's calls are answered from the recordings (replay mode)
+        self._masker: Masker | None = None
         self._loading: asyncio.Task[None] | None = None
         self._directory: Path | None = None
         self._refresh = 2.0
@@ -78,6 +90,8 @@ class Fence:
         add("strictq_mimic_refresh", float, 2.0, "Seconds between re-reads of the wire log on a miss.")
         add("strictq_mimic_max_records", int, 200_000, "Recordings kept in memory for mimicry.")
         add("strictq_mimic_max_bytes", int, 256 * 1024 * 1024, "Bytes of recordings kept in memory.")
+        add("strictq_replay", bool, False, "Replay mode: answer every worker's calls from the recordings.")
+        add("strictq_replay_mask", str, "", "Replay mode: mask config (JSON/TOML) for matching.")
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
@@ -88,6 +102,8 @@ class Fence:
             if opts.strictq_mimic_refresh < 0:
                 raise exceptions.OptionsError("strictq_mimic_refresh must be >= 0")
             self._refresh = opts.strictq_mimic_refresh
+        if updated & {"strictq_replay", "strictq_replay_mask"}:
+            self._configure_replay(opts.strictq_replay, opts.strictq_replay_mask)
         if updated & {"strictq_mimic_max_records", "strictq_mimic_max_bytes"}:
             records, size = opts.strictq_mimic_max_records, opts.strictq_mimic_max_bytes
             if records < 1 or size < 1:
@@ -99,6 +115,25 @@ class Fence:
                 "the fence needs connection_strategy=lazy and upstream_cert=false "
                 "(a blocked worker must never make the proxy dial its backend)"
             )
+
+    def _configure_replay(self, replay: bool, mask: str) -> None:
+        self._masker = None
+        if replay and mask:
+            from fencing.replay.masking import MaskConfig, Masker, MaskError
+
+            try:
+                self._masker = Masker(MaskConfig.load(Path(mask)))
+            except MaskError as exc:
+                raise exceptions.OptionsError(f"strictq_replay_mask: {exc}") from exc
+        self.replay = replay
+        self.index = None  # reloaded (as a replay index or not) on the next call
+
+    def _fence_of(self, worker: str) -> FenceInfo | None:
+        """The worker's fence; in replay mode every worker without one is mimicked."""
+        fence = self.state.fences.get(worker)
+        if fence is None and self.replay:
+            return FenceInfo(worker=worker, mode="mimic", reason="replay", since=0.0, expires=None)
+        return fence
 
     @staticmethod
     def _wrong_options() -> dict[str, object]:
@@ -112,7 +147,7 @@ class Fence:
             logger.info("fence: setting %s", ", ".join(f"{k}={v}" for k, v in wrong.items()))
             ctx.options.update(**wrong)
         self._enforced = True
-        if any(f.mode == "mimic" for f in self.state.fences.values()):
+        if self.replay or any(f.mode == "mimic" for f in self.state.fences.values()):
             self._start_loading()
 
     def _wirelog_directory(self) -> Path | None:
@@ -136,7 +171,7 @@ class Fence:
         if call is None or call.worker is None:
             return
         self._track(flow, call.worker)
-        fence = self.state.fences.get(call.worker)
+        fence = self._fence_of(call.worker)
         if fence is None:
             return
         # Neither mode may stream the request upstream before `request`: buffer the body.
@@ -150,7 +185,7 @@ class Fence:
         call = context_of(flow)
         if call is None or call.worker is None:
             return None
-        fence = self.state.fences.get(call.worker)  # again: it may have come while the body arrived
+        fence = self._fence_of(call.worker)  # again: it may have come while the body arrived
         if fence is None:
             return None
         if fence.mode == "block":
@@ -164,7 +199,7 @@ class Fence:
         chosen = nextlayer.layer
         if isinstance(chosen, TCPLayer | UDPLayer):
             worker = self._worker_of_client.get(nextlayer.context.client.id)
-            if worker is not None and worker in self.state.fences:
+            if self.replay or (worker is not None and worker in self.state.fences):
                 self.blocked += 1
                 logger.info("fence: refused a raw tunnel of fenced worker %s", worker)
                 nextlayer.layer = _ClosedTunnel(nextlayer.context)
@@ -204,7 +239,7 @@ class Fence:
             return self._mimic_after_load(flow, call)
         if self._answer(flow, call, index):
             return None
-        if time.monotonic() - index.loaded_at >= self._refresh:
+        if not self.replay and time.monotonic() - index.loaded_at >= self._refresh:
             return self._mimic_after_load(flow, call)  # maybe it was recorded since the last read
         self._unmatched(flow, call)
         return None
@@ -215,10 +250,14 @@ class Fence:
         if index is None or not self._answer(flow, call, index):
             self._unmatched(flow, call)
 
-    def _answer(self, flow: http.HTTPFlow, call: CallContext, index: RecordingIndex) -> bool:
+    def _answer(self, flow: http.HTTPFlow, call: CallContext, index: RecordingIndex | ReplayIndex) -> bool:
         identity = call.request_identity
         if identity is None:
             return False
+        if self._masker is not None:
+            from fencing.replay.matching import masked_identity
+
+            identity = masked_identity(identity, call.request_view, self._masker)
         found = index.candidates(identity, call.message_id, call.call)
         if found is None:
             return False
@@ -237,13 +276,14 @@ class Fence:
     def _unmatched(self, flow: http.HTTPFlow, call: CallContext) -> None:
         self.unmatched += 1
         method, host, path = flow.request.method, flow.request.pretty_host, flow.request.path
+        why = "replay mode" if self.replay else "fenced (mimic)"
         refuse(
             flow,
             call,
             status=503,
             action="unmatched",
             code="unmatched",
-            message=f"worker {call.worker} is fenced (mimic) and no recording matched {method} {host}{path}",
+            message=f"worker {call.worker} is {why} and no recording matched {method} {host}{path}",
         )
 
     def _start_loading(self) -> asyncio.Task[None]:
@@ -253,6 +293,9 @@ class Fence:
         return self._loading
 
     async def _load(self) -> None:
+        if self.replay:
+            await self._load_replay()
+            return
         directory = self._directory
         if directory is None:
             logger.warning("mimic: no wire-log directory configured; every mimicked call is unmatched")
@@ -272,11 +315,36 @@ class Fence:
         self.index = index
         logger.info("mimic: %d new recordings from %s (%d in memory)", added, directory, len(index))
 
+    async def _load_replay(self) -> None:
+        """The whole recording, once (it does not change while a replay runs)."""
+        from fencing.replay.matching import ReplayIndex, load_index
+
+        if isinstance(self.index, ReplayIndex):
+            return
+        directory = self._directory
+        if directory is None:
+            logger.warning("replay: no recording directory configured; every call is unmatched")
+            self.index = ReplayIndex(masker=self._masker)
+            return
+        try:
+            index = await asyncio.to_thread(load_index, directory, self._masker)
+        except Exception:
+            logger.exception("replay: cannot read the recording in %s", directory)
+            index = ReplayIndex(masker=self._masker)
+        self.index = index
+        logger.info(
+            "replay: %d recordings from %s (%d unreadable segments)", len(index), directory, index.errors
+        )
+
     # -- fence changes ------------------------------------------------------------------------------------
     def _on_fence_change(self, kind: str, worker: str, fence: FenceInfo | None) -> None:
         self.cursors.reset(worker)  # a new fence (or none) starts the worker's sequences over
         if kind != "fence" or fence is None:
-            if self.index is not None and not any(f.mode == "mimic" for f in self.state.fences.values()):
+            if (
+                self.index is not None
+                and not self.replay
+                and not any(f.mode == "mimic" for f in self.state.fences.values())
+            ):
                 self.index = None  # nobody to mimic for: free the memory, reload when needed
             return
         self.close_upstream(worker)

@@ -1,0 +1,284 @@
+"""A real recording for the replay tests, and a way to run `strictq replay` on it.
+
+`make_recording` runs what production runs: a counting aiohttp backend (in a thread, so a
+module-scoped fixture can share it), `strictq serve` (gateway with the core in-process, the egress
+proxy as its child; delivery and http records land in <data-dir>/wirelog), the SDK producer, and
+`examples/replay_worker.py` as a subprocess with serve's client.env. Nothing in the recording is
+written by hand.
+
+`run_replay` runs the real `strictq replay` command and returns its exit code, output and JSON report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = ROOT / "examples" / "replay_worker.py"
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 20.0
+
+# (queue, group, payload): customer-1 and customer-2 have two orders each (group order matters),
+# order 5 fails its first attempt (a recorded failure for --outcome failed).
+ORDERS: list[tuple[str, str, dict[str, Any]]] = [
+    ("orders", "customer-1", {"order": 1, "sku": "apple", "amount": 10}),
+    ("orders", "customer-1", {"order": 2, "sku": "pear", "amount": 20}),
+    ("orders", "customer-2", {"order": 3, "sku": "plum", "amount": 30}),
+    ("orders", "customer-2", {"order": 4, "sku": "fig", "amount": 40}),
+    ("orders", "customer-3", {"order": 5, "sku": "kiwi", "amount": 50, "fail_first": True}),
+]
+STAMPED: list[tuple[str, str, dict[str, Any]]] = [
+    ("stamped", "customer-9", {"order": 91, "sku": "lime", "amount": 9}),
+    ("stamped", "customer-9", {"order": 92, "sku": "lime", "amount": 9}),
+]
+
+
+class CountingBackend:
+    """An aiohttp server on its own thread and loop that counts every accepted connection."""
+
+    def __init__(self) -> None:
+        self.accepted = 0
+        self.requests = 0
+        self.url = ""
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="replay-backend", daemon=True)
+
+    def start(self) -> CountingBackend:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("backend did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._serve())
+        self._loop.close()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        self.requests += 1
+        body = await request.read()
+        path = request.path
+        if path.startswith("/inventory/"):
+            answer: dict[str, Any] = {"sku": path.rsplit("/", 1)[1], "available": 7}
+        elif path == "/charge":
+            order = orjson.loads(body)["order"]
+            answer = {"charge_id": f"ch-{order}-{uuid.uuid4().hex[:8]}", "status": "ok"}
+        else:
+            answer = {"ok": True}
+        return web.json_response(answer)
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        runner = web.ServerRunner(web.Server(self._handle, access_log=None), handle_signals=False)
+        await runner.setup()
+        factory = runner.server
+        assert factory is not None
+
+        def counting() -> asyncio.Protocol:
+            self.accepted += 1
+            return factory()
+
+        server = await asyncio.get_running_loop().create_server(counting, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        self._ready.set()
+        await self._stop.wait()
+        server.close()
+        await runner.cleanup()
+
+
+class Serve:
+    """`strictq serve --port 0` as a subprocess, with its start-up lines read."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self.env: dict[str, str] = {}
+        log = open(data_dir.parent / "serve.log", "ab")  # handed to the process, closed below
+        argv = [sys.executable, "-m", "strictq", "serve", "--host", "127.0.0.1", "--port", "0"]
+        self.proc = subprocess.Popen(
+            [*argv, "--proxy-port", "0", "--data-dir", str(data_dir)],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log,
+        )  # fmt: skip
+        log.close()
+        threading.Thread(target=self._drain, daemon=True).start()
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                line = None
+            if line is None:
+                self.stop()
+                raise RuntimeError("strictq serve did not start; see serve.log")
+            if line.startswith("strictq: client env "):
+                env_file = Path(line.removeprefix("strictq: client env ").strip())
+                break
+        for raw in env_file.read_text().splitlines():
+            if "=" in raw and not raw.startswith("#"):
+                name, _, value = raw.partition("=")
+                self.env[name] = value
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            self.lines.put(raw.decode(errors="replace").rstrip("\n"))
+        self.lines.put(None)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(STOP_TIMEOUT)
+
+
+@dataclass
+class Recording:
+    wirelog: Path
+    key_dir: Path
+    backend: CountingBackend
+    ids: dict[int, str] = field(default_factory=dict)  # order number -> message id
+
+    def id_of(self, order: int) -> str:
+        return self.ids[order]
+
+
+def worker_command(*args: str) -> str:
+    return " ".join([sys.executable, str(WORKER), *args])
+
+
+def _records(wirelog: Path) -> list[dict[str, Any]]:
+    from wirelog.reader import read_records
+
+    return list(read_records(wirelog)) if wirelog.exists() else []
+
+
+def _wait(predicate: Callable[[], bool], within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _record_queue(serve: Serve, backend: CountingBackend, entries: list[Any], *worker_args: str) -> None:
+    """Send the entries with the SDK producer, run the worker until each is acked, stop it."""
+    from strictq.sdk import ClientConfig, Entry, Producer
+
+    async def send() -> None:
+        config = ClientConfig.from_env(serve.env)
+        async with Producer(config=config) as producer:
+            results = await producer.send_batch([Entry(q, payload, group) for q, group, payload in entries])
+            assert all(r.ok for r in results), results
+
+    asyncio.run(send())
+    queue_name = entries[0][0]
+    env = {**os.environ, **serve.env, "REPLAY_EXAMPLE_BACKEND": backend.url, "PYTHONUNBUFFERED": "1"}
+    with open(serve.data_dir.parent / f"worker-{queue_name}.log", "ab") as log:
+        worker = subprocess.Popen(
+            [sys.executable, str(WORKER), "--queue", queue_name, *worker_args],
+            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        wirelog = serve.data_dir / "wirelog"
+
+        def acked() -> bool:
+            records = _records(wirelog)
+            ids = {
+                r["message_id"]
+                for r in records
+                if r.get("kind") == "delivery" and r.get("queue") == queue_name
+            }
+            done = {r["message_id"] for r in records if r.get("kind") == "event" and r.get("event") == "ack"}
+            return len(ids) == len(entries) and ids <= done
+
+        _wait(acked, 60, f"the worker to ack every message of {queue_name}")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait(STOP_TIMEOUT)
+
+
+def make_recording(base: Path, backend: CountingBackend) -> Recording:
+    """A real production run recorded by `strictq serve` (gateway deliveries + proxy calls)."""
+    data_dir = base / "serve"
+    data_dir.mkdir(parents=True)
+    serve = Serve(data_dir)
+    try:
+        _record_queue(serve, backend, ORDERS)
+        _record_queue(serve, backend, STAMPED, "--stamp")
+    finally:
+        serve.stop()
+    wirelog = data_dir / "wirelog"
+    recording = Recording(wirelog, data_dir, backend)
+    for record in _records(wirelog):
+        if record.get("kind") == "delivery":
+            order = orjson.loads(record["body"])["order"]
+            recording.ids[order] = record["message_id"]
+    return recording
+
+
+@dataclass
+class ReplayRun:
+    code: int
+    stdout: str
+    stderr: str
+    report: dict[str, Any] | None
+    report_dir: Path
+
+    def message(self, message_id: str) -> dict[str, Any]:
+        assert self.report is not None
+        return next(m for m in self.report["messages"] if m["message_id"] == message_id)
+
+    @property
+    def diverged(self) -> dict[str, list[str]]:
+        """message id -> divergence kinds, for diverging messages."""
+        assert self.report is not None
+        return {m["message_id"]: m["kinds"] for m in self.report["messages"] if m["status"] == "diverged"}
+
+
+def run_replay(recording: Recording, report_dir: Path, *args: str, timeout: float = 180) -> ReplayRun:
+    """`strictq replay` on the recording (short timeouts), as a user runs it."""
+    argv = [
+        *(sys.executable, "-m", "strictq", "replay", "--wirelog", str(recording.wirelog)),
+        *("--report", str(report_dir), "--no-progress", "--message-timeout", "20", "--timeout", "120"),
+        *args,
+    ]
+    env = {**os.environ, "REPLAY_EXAMPLE_BACKEND": recording.backend.url, "PYTHONUNBUFFERED": "1"}
+    done = subprocess.run(
+        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    report_file = report_dir / "report.json"
+    report = orjson.loads(report_file.read_bytes()) if report_file.exists() else None
+    return ReplayRun(done.returncode, done.stdout, done.stderr, report, report_dir)
