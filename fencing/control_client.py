@@ -27,6 +27,7 @@ import orjson
 logger = logging.getLogger(__name__)
 
 MODES = ("block", "mimic")
+PROBE_MODES = ("mimic", "pass")
 DEFAULT_MAX_FLOORS = 1_000_000
 MAX_LINE_BYTES = 256 * 1024 * 1024  # a snapshot of a million floors is ~70 MB on one data line
 
@@ -74,6 +75,9 @@ class ControlState:
 
     def __init__(self, *, max_floors: int = DEFAULT_MAX_FLOORS) -> None:
         self.fences: dict[str, FenceInfo] = {}
+        # Probes of failure management: message id -> (worker, "mimic" | "pass"); a fenced worker's calls
+        # tagged with one are mimicked or passed instead of fenced (docs/control-stream.md).
+        self.probes: dict[str, tuple[str, str]] = {}
         self.floors: OrderedDict[tuple[str, str], int] = OrderedDict()
         self.max_floors = max_floors
         self.synced = False
@@ -88,6 +92,11 @@ class ControlState:
 
     def floor(self, queue: str, group: str) -> int:
         return self.floors.get((queue, group), 0)
+
+    def probe_mode(self, worker: str, message_id: str | None) -> str | None:
+        """`mimic` or `pass` while `message_id` is an active probe of `worker`; else None."""
+        probe = self.probes.get(message_id) if message_id is not None else None
+        return probe[1] if probe is not None and probe[0] == worker else None
 
     # -- listeners ---------------------------------------------------------------------------------------
     def add_listener(self, listener: FenceListener) -> None:
@@ -122,6 +131,22 @@ class ControlState:
         for worker, fence in new.items():
             if self.fences.get(worker) != fence:
                 self.set_fence(fence)
+
+    def set_probe(self, data: Any) -> None:
+        worker, message_id, mode = _probe_fields(data)
+        self.probes[message_id] = (worker, mode)
+
+    def end_probe(self, data: Any) -> None:
+        _, message_id, _ = _probe_fields(data)
+        self.probes.pop(message_id, None)
+
+    def replace_probes(self, entries: Any) -> None:
+        """A snapshot's probes replace ours (a snapshot without the key: none are active)."""
+        if not isinstance(entries, list):
+            raise ValueError(f"probes is not a list: {entries!r}")
+        self.probes = {}
+        for entry in entries:
+            self.set_probe(entry)
 
     def raise_floor(self, queue: str, group: str, token: int) -> None:
         """Merge with max: tokens only rise, so an older (or replayed) value never lowers a floor."""
@@ -166,6 +191,17 @@ class ControlState:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._sync_waiters.append(waiter)
         await waiter
+
+
+def _probe_fields(data: Any) -> tuple[str, str, str]:
+    if not isinstance(data, dict):
+        raise ValueError(f"probe is not an object: {data!r}")
+    worker, message_id, mode = data.get("worker"), data.get("message_id"), data.get("mode", "mimic")
+    if not isinstance(worker, str) or not isinstance(message_id, str) or not message_id:
+        raise ValueError(f"probe without a worker or message id: {data!r}")
+    if mode not in PROBE_MODES:
+        raise ValueError(f"probe of {worker} has unknown mode {mode!r}")
+    return worker, message_id, mode
 
 
 class ControlStreamError(Exception):
@@ -310,6 +346,7 @@ class ControlClient:
                 state.instance = data.get("instance", state.instance)
                 state.replace_fences(FenceInfo.from_wire(f) for f in data.get("fences", []))
                 state.raise_floors(data.get("floors", []))
+                state.replace_probes(data.get("probes", []))
                 self.snapshots += 1
             elif event == "fence":
                 state.set_fence(FenceInfo.from_wire(data))
@@ -320,6 +357,10 @@ class ControlClient:
                 state.remove_fence(worker)
             elif event == "floor":
                 state.raise_floors(data.get("floors", []))
+            elif event == "probe":
+                state.set_probe(data)
+            elif event == "probe_end":
+                state.end_probe(data)
             elif event == "synced":
                 if isinstance(data, dict) and "instance" in data:
                     state.instance = data["instance"]

@@ -99,8 +99,10 @@ class ControlHub:
 
     Python API (used by the admin HTTP routes, and by failure management inside the core process):
     `await hub.fence(worker, mode, reason, ttl)`, `await hub.unfence(worker, reason)`, `hub.fences()`,
-    `hub.subscribe(last_event_id)`. Start it after the service (`await hub.start()`), end the streams on
-    shutdown (`await hub.shutdown_streams()`), then `await hub.close()`.
+    `hub.probe(worker, message_id, mode)`, `hub.probe_end(message_id)`, `hub.subscribe(last_event_id)`;
+    `event_listeners` hear every fence, unfence, probe and probe_end event as it is emitted. Start it
+    after the service (`await hub.start()`), end the streams on shutdown (`await
+    hub.shutdown_streams()`), then `await hub.close()`.
     """
 
     def __init__(
@@ -131,6 +133,8 @@ class ControlHub:
         self._buffer_bytes = buffer_bytes
         self._subscribers: set[Subscription] = set()
         self._pending_floors: dict[tuple[str, str], int] = {}
+        self._probes: dict[str, dict[str, str]] = {}  # message id -> the active probe's event data
+        self.event_listeners: list[Callable[[str, dict[str, Any]], None]] = []
         self._flush_handle: asyncio.TimerHandle | None = None
         self._last_flush = -math.inf
         self._expiry_handle: asyncio.TimerHandle | None = None
@@ -256,6 +260,26 @@ class ControlHub:
             return
         self._arm_expiry()
 
+    # --------------------------------------------------------------------------------------- probes
+    def probe(self, worker: str, message_id: str, mode: str) -> None:
+        """A probe (dummy message) for `worker` is out: the proxy serves its calls tagged with
+        `message_id` by mimicry (`mimic`) or lets them through (`pass`) even while the worker is fenced.
+        Not durable: a probe outlives neither the process nor the monitor that sent it."""
+        if mode not in ("mimic", "pass"):
+            raise ValueError(f"probe mode must be mimic or pass, not {mode!r}")
+        data = {"worker": worker, "message_id": message_id, "mode": mode}
+        self._probes[message_id] = data
+        self._emit("probe", data)
+
+    def probe_end(self, message_id: str) -> None:
+        """The probe is over (result, timeout, or no longer needed); unknown ids are ignored."""
+        data = self._probes.pop(message_id, None)
+        if data is not None:
+            self._emit("probe_end", data)
+
+    def probes(self) -> list[dict[str, str]]:
+        return list(self._probes.values())
+
     # --------------------------------------------------------------------------------------- floors
     def _on_floor(self, effect: FloorRaised) -> None:
         """Called by the service inside every claim: remember the highest token, flush later."""
@@ -294,13 +318,22 @@ class ControlHub:
             self._ring_bytes -= len(ring.popleft()[1])
         for subscription in list(self._subscribers):
             subscription._offer(frame)
+        if event != "floor":
+            for listener in list(self.event_listeners):
+                try:
+                    listener(event, data)
+                except Exception:  # a listener's bug must not break the stream
+                    log.exception("control event listener failed on %s", event)
 
     def snapshot(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "instance": self.instance,
             "fences": [fence.to_dict() for fence in self.registry.sorted()],
             "floors": self.current_floors(),
         }
+        if self._probes:  # only while some are active: a snapshot without the key has none
+            data["probes"] = self.probes()
+        return data
 
     def subscribe(self, last_event_id: str | None = None) -> Subscription:
         """A new stream: replay after `last_event_id` when the ring still has it all, else a snapshot.

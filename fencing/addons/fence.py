@@ -33,6 +33,7 @@ follows `fencing.replay.matching` (per message and ordinal first, then by identi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable
@@ -174,6 +175,9 @@ class Fence:
         fence = self._fence_of(call.worker)
         if fence is None:
             return
+        fence = self._probe_view(fence, call)
+        if fence is None:
+            return
         # Neither mode may stream the request upstream before `request`: buffer the body.
         flow.request.stream = False
         if fence.mode == "block":
@@ -186,6 +190,9 @@ class Fence:
         if call is None or call.worker is None:
             return None
         fence = self._fence_of(call.worker)  # again: it may have come while the body arrived
+        if fence is None:
+            return None
+        fence = self._probe_view(fence, call)
         if fence is None:
             return None
         if fence.mode == "block":
@@ -218,6 +225,17 @@ class Fence:
         if self._worker_of_client.get(client_id) != worker:
             self._worker_of_client[client_id] = worker
             self._clients_of_worker.setdefault(worker, set()).add(client_id)
+
+    def _probe_view(self, fence: FenceInfo, call: CallContext) -> FenceInfo | None:
+        """A fenced worker's call for its active probe (failure management's dummy message, announced on
+        the control stream) is passed (the queue's `probe_safe`) or mimicked, never blocked: so a
+        block-fenced worker can still pass a probe."""
+        mode = self.state.probe_mode(fence.worker, call.message_id)
+        if mode is None:
+            return fence
+        if mode == "pass":
+            return None
+        return fence if fence.mode == "mimic" else dataclasses.replace(fence, mode="mimic")
 
     # -- block --------------------------------------------------------------------------------------------
     def _block(self, flow: http.HTTPFlow, call: CallContext, fence: FenceInfo) -> None:
