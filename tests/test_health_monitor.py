@@ -665,3 +665,13 @@ class MonitorMachine(RuleBasedStateMachine):
 
 TestMonitorMachine = MonitorMachine.TestCase
 TestMonitorMachine.settings = hypothesis_settings(max_examples=60, stateful_step_count=60, deadline=None)
+
+
+def test_anonymous_workers_are_never_fenced_but_suspensions_hold_for_them(
+    monitor: HealthMonitor, clock: Clock
+) -> None:
+    for _ in range(10):
+        monitor.attempt(failed("", clock.advance(0.1)))
+    assert monitor.drain_decisions() == [] and monitor.poll(Q, "", clock.now).allowed
+    monitor.suspend(Q, "maintenance", clock.now)
+    assert not monitor.poll(Q, "", clock.now).allowed

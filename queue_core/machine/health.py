@@ -100,11 +100,12 @@ class Decision:
     mode: str | None = None  # fence: block | mimic
     expires: float | None = None  # blacklist: until when
     signature: str | None = None  # shared-failure, alert
+    group: str | None = None  # events of the retry workflow (park, release, redrive) published beside these
 
     def to_event(self) -> dict[str, Any]:
         """The event as published: None fields left out."""
         data: dict[str, Any] = {"event": self.event, "reason": self.reason, "at": self.at}
-        for name in ("worker", "queue", "probe_id", "mode", "expires", "signature"):
+        for name in ("worker", "queue", "group", "probe_id", "mode", "expires", "signature"):
             value = getattr(self, name)
             if value is not None:
                 data[name] = value
@@ -225,7 +226,10 @@ class HealthMonitor:
 
     # ----------------------------------------------------------------------------------------- attempts
     def attempt(self, record: AttemptRecorded) -> None:
-        """One counted attempt (effect of the core): account it, then apply precedence and thresholds."""
+        """One counted attempt (effect of the core): account it, then apply precedence and thresholds.
+        Anonymous attempts (no worker id: the internal API's tools) are nobody's to fence."""
+        if not record.worker:
+            return
         now = record.at
         self._arm_sweep(now)
         worker = self._worker(record.worker)
@@ -418,6 +422,8 @@ class HealthMonitor:
         Every poller counts among the queue's recent workers (the large-scale rule's denominator). A probe
         returned here counts as delivered: its result is due within `probe_timeout`."""
         q = self.queues.get(queue)
+        if not worker:  # anonymous: never fenced nor probed, but a suspension holds for it too
+            return BLOCKED if q is not None and q.suspended else ALLOWED
         if q is None:
             q = self._queue(queue)
             self._arm_sweep(now)
