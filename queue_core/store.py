@@ -8,6 +8,7 @@ many requests' effects in one transaction. This class is synchronous and single-
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -18,9 +19,13 @@ import orjson
 
 from .machine import Snapshot
 from .machine.effects import (
+    AttemptLogged,
+    AvailabilityChanged,
     ClaimsChanged,
     DedupSaved,
     Effect,
+    GroupPolicySaved,
+    HistorySaved,
     MessageInserted,
     MessagesClaimed,
     MessagesDeleted,
@@ -28,6 +33,7 @@ from .machine.effects import (
     QueueDropped,
     QueuePurged,
     QueueSaved,
+    ReceiveCountsRestored,
     TokensRaised,
 )
 from .machine.inputs import MessageRow
@@ -47,6 +53,20 @@ CREATE TABLE IF NOT EXISTS messages (
 CREATE TABLE IF NOT EXISTS dedup (
     qid INTEGER NOT NULL, dkey TEXT NOT NULL, message_id TEXT NOT NULL, seq INTEGER NOT NULL,
     grp TEXT NOT NULL, expires REAL NOT NULL, PRIMARY KEY (qid, dkey)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS message_history (
+    key INTEGER PRIMARY KEY, qid INTEGER NOT NULL, id TEXT NOT NULL, state BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS attempt_log (
+    id INTEGER PRIMARY KEY, qid INTEGER NOT NULL, grp TEXT NOT NULL, message_id TEXT NOT NULL,
+    worker TEXT NOT NULL, attempt INTEGER NOT NULL, outcome TEXT NOT NULL, reason TEXT NOT NULL,
+    signature TEXT NOT NULL, steps BLOB, partial BLOB, fields BLOB, duration_ms REAL, lease INTEGER NOT NULL,
+    at REAL NOT NULL, expires REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS attempt_log_group ON attempt_log (qid, grp, id);
+CREATE INDEX IF NOT EXISTS attempt_log_expires ON attempt_log (expires);
+CREATE TABLE IF NOT EXISTS group_policies (
+    qid INTEGER NOT NULL, grp TEXT NOT NULL, policy BLOB NOT NULL, PRIMARY KEY (qid, grp)
 ) WITHOUT ROWID;
 """
 
@@ -70,6 +90,25 @@ SAVE_DEDUP = (
     "INSERT OR REPLACE INTO dedup (qid, dkey, message_id, seq, grp, expires) VALUES (?, ?, ?, ?, ?, ?)"
 )
 DEDUP_SWEEP_INTERVAL = 60.0
+SAVE_HISTORY = "INSERT OR REPLACE INTO message_history (key, qid, id, state) VALUES (?, ?, ?, ?)"
+DROP_HISTORY = "DELETE FROM message_history WHERE key = ?"
+SET_AVAILABLE = "UPDATE messages SET available_at = ? WHERE key = ?"
+RESTORE_RECEIVE_COUNT = (
+    "UPDATE messages SET claim_expires = ?, receive_count = ?, first_receive_at = ? WHERE key = ?"
+)
+INSERT_LOG = (
+    "INSERT INTO attempt_log (qid, grp, message_id, worker, attempt, outcome, reason, signature, steps,"
+    " partial, fields, duration_ms, lease, at, expires) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+# Keep the newest `keep` rows of a group: one index seek for the cut-off, then a range delete.
+PRUNE_LOG = (
+    "DELETE FROM attempt_log WHERE qid = :qid AND grp = :grp AND id <= (SELECT id FROM attempt_log"
+    " WHERE qid = :qid AND grp = :grp ORDER BY id DESC LIMIT 1 OFFSET :keep)"
+)
+LOG_COLUMNS = (
+    "id, message_id, worker, attempt, outcome, reason, signature, steps, partial, fields, duration_ms,"
+    " lease, at"
+)
 
 
 class StoreError(Exception):
@@ -98,6 +137,9 @@ class SqliteStore:
         self._set_meta("epoch", epoch)
         db.execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('key_hw', 0)")
         db.execute("DELETE FROM dedup WHERE expires <= ?", (now,))
+        db.execute("DELETE FROM attempt_log WHERE expires <= ?", (now,))
+        # Orphans (a message deleted by a path that left its history row) would only cost space.
+        db.execute("DELETE FROM message_history WHERE key NOT IN (SELECT key FROM messages)")
         db.execute("COMMIT")
         return epoch, self._snapshot()
 
@@ -128,8 +170,21 @@ class SqliteStore:
             )
         ]
         dedup = list(db.execute("SELECT qid, dkey, message_id, seq, grp, expires FROM dedup"))
+        histories = [
+            (key, qid, message_id, orjson.loads(state))
+            for key, qid, message_id, state in db.execute("SELECT key, qid, id, state FROM message_history")
+        ]
+        policies = [
+            (qid, group, orjson.loads(policy))
+            for qid, group, policy in db.execute("SELECT qid, grp, policy FROM group_policies")
+        ]
         return Snapshot(
-            queues=queues, messages=self._message_rows(), dedup=dedup, key_high_water=self._meta("key_hw")
+            queues=queues,
+            messages=self._message_rows(),
+            dedup=dedup,
+            key_high_water=self._meta("key_hw"),
+            histories=histories,
+            policies=policies,
         )
 
     def _message_rows(self) -> Iterator[MessageRow]:
@@ -145,15 +200,25 @@ class SqliteStore:
         db.execute("BEGIN IMMEDIATE")
         try:
             max_key = 0
+            logged: dict[tuple[int, str], int] = {}
             for statement, rows in _batches(effects):
                 if statement == INSERT_MESSAGE:
                     max_key = max(max_key, max(row[0] for row in rows))
+                elif statement == INSERT_LOG:
+                    for row in rows:
+                        logged[row[0], row[1]] = row[-1]
+                    rows = [row[:-1] for row in rows]
                 db.executemany(statement, rows)
             if max_key:
                 db.execute("UPDATE meta SET value = max(value, ?) WHERE name = 'key_hw'", (max_key,))
+            if logged:  # bound each group's log data to its newest `keep` attempts
+                db.executemany(
+                    PRUNE_LOG, [{"qid": q, "grp": g, "keep": keep} for (q, g), keep in logged.items()]
+                )
             now = self.clock()
             if now - self._last_sweep > DEDUP_SWEEP_INTERVAL:
                 db.execute("DELETE FROM dedup WHERE expires <= ?", (now,))
+                db.execute("DELETE FROM attempt_log WHERE expires <= ?", (now,))
                 self._last_sweep = now
             db.execute("COMMIT")
         except sqlite3.Error as exc:
@@ -171,6 +236,38 @@ class SqliteStore:
             f"SELECT key, body, content_type, extra FROM messages WHERE key IN ({marks})", keys
         )
         return {key: (body, content_type, extra) for key, body, content_type, extra in rows}
+
+
+def read_attempt_log(path: str | Path, qid: int, group: str, limit: int) -> list[dict[str, Any]]:
+    """A group's stored log data, newest first, through a connection of its own (WAL readers never block
+    the writer thread, nor see its uncommitted work). Blocking: call it from a thread."""
+    db = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True, timeout=5.0)
+    try:
+        rows = db.execute(
+            f"SELECT {LOG_COLUMNS} FROM attempt_log WHERE qid = ? AND grp = ? ORDER BY id DESC LIMIT ?",
+            (qid, group, limit),
+        ).fetchall()
+    finally:
+        db.close()
+    names = [name.strip() for name in LOG_COLUMNS.split(",")]
+    out = []
+    for row in rows:
+        item = dict(zip(names, row, strict=True))
+        for name in ("steps", "partial", "fields"):
+            item[name] = None if item[name] is None else orjson.loads(item[name])
+        out.append(item)
+    return out
+
+
+def _json(value: Any) -> bytes | None:
+    """JSON for a stored value; never fails (integers beyond 64 bits, say, go through the stdlib, and
+    anything else unserialisable as text): a worker's odd log data must not stop the store."""
+    if value is None:
+        return None
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value, default=str).encode()
 
 
 def _batches(effects: Sequence[Effect]) -> Iterator[tuple[str, list[tuple[Any, ...]]]]:
@@ -254,7 +351,53 @@ def _rows(effect: Effect) -> Iterator[tuple[str, tuple[Any, ...]]]:
             yield "DELETE FROM queues WHERE qid = ?", (effect.qid,)
             yield "DELETE FROM messages WHERE qid = ?", (effect.qid,)
             yield "DELETE FROM dedup WHERE qid = ?", (effect.qid,)
+            yield "DELETE FROM message_history WHERE qid = ?", (effect.qid,)
+            yield "DELETE FROM attempt_log WHERE qid = ?", (effect.qid,)
+            yield "DELETE FROM group_policies WHERE qid = ?", (effect.qid,)
         case QueuePurged():
             yield "DELETE FROM messages WHERE qid = ?", (effect.qid,)
+            yield "DELETE FROM message_history WHERE qid = ?", (effect.qid,)
+        case HistorySaved():
+            for key, qid, message_id, state in effect.rows:
+                if state is None:
+                    yield DROP_HISTORY, (key,)
+                else:
+                    yield SAVE_HISTORY, (key, qid, message_id, _json(state))
+        case AvailabilityChanged():
+            for key, available_at in effect.rows:
+                yield SET_AVAILABLE, (available_at, key)
+        case ReceiveCountsRestored():
+            for key, ended_at, receive_count, first_receive_at in effect.rows:
+                yield RESTORE_RECEIVE_COUNT, (ended_at, receive_count, first_receive_at, key)
+        case AttemptLogged():
+            yield (
+                INSERT_LOG,
+                (
+                    effect.qid,
+                    effect.group,
+                    effect.message_id,
+                    effect.worker,
+                    effect.attempt,
+                    effect.outcome,
+                    effect.reason,
+                    effect.signature,
+                    _json(effect.steps),
+                    _json(effect.partial),
+                    _json(effect.fields),
+                    effect.duration_ms,
+                    effect.lease,
+                    effect.at,
+                    effect.expires,
+                    effect.keep,  # not a column: apply() prunes the group to it, then drops it
+                ),
+            )
+        case GroupPolicySaved():
+            if effect.policy is None:
+                yield "DELETE FROM group_policies WHERE qid = ? AND grp = ?", (effect.qid, effect.group)
+            else:
+                yield (
+                    "INSERT OR REPLACE INTO group_policies (qid, grp, policy) VALUES (?, ?, ?)",
+                    (effect.qid, effect.group, orjson.dumps(effect.policy)),
+                )
         case _:  # FloorRaised and other published-only effects
             return

@@ -15,6 +15,17 @@ QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 
 QueueKind = Literal["queue", "dedup"]
 DedupScope = Literal["queue", "group"]
+OnExhausted = Literal["park", "dead_letter_message", "dead_letter_group"]
+ON_EXHAUSTED = ("park", "dead_letter_message", "dead_letter_group")
+SECONDS_FIELDS = (
+    "visibility_timeout",
+    "retention",
+    "delay",
+    "dedup_window",
+    "retry_backoff",
+    "retry_backoff_max",
+)
+RETRY_FIELDS = ("retry_same_worker", "retry_backoff", "retry_backoff_max", "max_attempts", "on_exhausted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +43,13 @@ class QueueAttributes:
     max_message_size: int = 256 * KIB
     kind: QueueKind = "queue"
     labels: dict[str, str] = field(default_factory=dict)
+    # Retry workflow (docs/failure-management.md §2); groups may override these five (RetryPolicy).
+    retry_same_worker: int = 1  # retries offered only to the worker that failed, before anyone else
+    retry_backoff: float = 1.0  # delay before a retry of a reported failure, doubling per attempt
+    retry_backoff_max: float = 60.0
+    max_attempts: int = 0  # 0: off (max_receive_count / DLQ rules only)
+    on_exhausted: OnExhausted = "park"
+    log_retention_attempts: int = 50  # attempts of log data the store keeps per group (0: none)
 
     def validate(self) -> QueueAttributes:
         _check_range("visibility_timeout", self.visibility_timeout, 0, 12 * 3600)
@@ -48,7 +66,18 @@ class QueueAttributes:
             validate_queue_name(self.dead_letter_queue)
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.labels.items()):
             raise InvalidArgument("labels must map strings to strings", field="labels")
+        _check_range("log_retention_attempts", self.log_retention_attempts, 0, 10_000)
+        self.retry_policy().validate()
         return self
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            self.retry_same_worker,
+            self.retry_backoff,
+            self.retry_backoff_max,
+            self.max_attempts,
+            self.on_exhausted,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -70,14 +99,64 @@ class QueueAttributes:
         return new.validate()
 
 
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """What happens after a failed attempt: the queue's retry attributes, or a group's override of them."""
+
+    retry_same_worker: int = 1
+    retry_backoff: float = 1.0
+    retry_backoff_max: float = 60.0
+    max_attempts: int = 0
+    on_exhausted: OnExhausted = "park"
+
+    def validate(self) -> RetryPolicy:
+        _check_range("retry_same_worker", self.retry_same_worker, 0, 100)
+        _check_range("retry_backoff", self.retry_backoff, 0, 3600)
+        _check_range("retry_backoff_max", self.retry_backoff_max, 0, 12 * 3600)
+        _check_range("max_attempts", self.max_attempts, 0, 1000)
+        if self.on_exhausted not in ON_EXHAUSTED:
+            raise InvalidArgument(
+                f"on_exhausted must be one of {', '.join(ON_EXHAUSTED)}", field="on_exhausted"
+            )
+        return self
+
+    def with_override(self, override: dict[str, Any]) -> RetryPolicy:
+        """This policy with a group's override applied; the override is checked like attribute changes."""
+        unknown = sorted(set(override) - set(RETRY_FIELDS))
+        if unknown:
+            raise InvalidArgument(
+                f"unknown retry policy field(s): {', '.join(unknown)} (known: {', '.join(RETRY_FIELDS)})",
+                fields=unknown,
+            )
+        try:
+            return dataclasses.replace(self, **_coerce(override)).validate()
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(f"bad retry policy value: {exc}") from exc
+
+    def backoff(self, failures: int) -> float:
+        """Delay before the retry after the `failures`-th failure: doubling, capped."""
+        if failures < 1 or self.retry_backoff <= 0:
+            return 0.0
+        return min(self.retry_backoff * 2.0 ** min(failures - 1, 40), self.retry_backoff_max)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 def _coerce(changes: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in changes.items():
-        if name in ("visibility_timeout", "retention", "delay", "dedup_window"):
+        if name in SECONDS_FIELDS:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise InvalidArgument(f"{name} must be a number of seconds", field=name)
             value = float(value)
-        elif name in ("max_receive_count", "max_message_size"):
+        elif name in (
+            "max_receive_count",
+            "max_message_size",
+            "retry_same_worker",
+            "max_attempts",
+            "log_retention_attempts",
+        ):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise InvalidArgument(f"{name} must be an integer", field=name)
         elif name == "content_based_dedup":

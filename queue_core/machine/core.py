@@ -12,13 +12,19 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from . import inspection
-from .attributes import QueueAttributes, validate_queue_name
+from .attributes import QueueAttributes, RetryPolicy, validate_queue_name
 from .effects import (
+    AttemptLogged,
+    AttemptRecorded,
+    AvailabilityChanged,
     ClaimRow,
     ClaimsChanged,
     DedupSaved,
     Effect,
     FloorRaised,
+    GroupEvent,
+    GroupPolicySaved,
+    HistorySaved,
     MessageInserted,
     MessagesClaimed,
     MessagesDeleted,
@@ -26,11 +32,13 @@ from .effects import (
     QueueDropped,
     QueuePurged,
     QueueSaved,
+    ReceiveCountsRestored,
     TokensRaised,
 )
 from .errors import (
     AlreadyExists,
     InvalidArgument,
+    LimitExceeded,
     NotFound,
     NotInFlight,
     QueueError,
@@ -40,17 +48,19 @@ from .errors import (
 )
 from .groups import DEFAULT_PARTITIONS, auto_group, partition_of, validate_group, validate_message_id
 from .heap import LazyHeap
-from .inputs import SendRequest, Snapshot
+from .inputs import OUTCOMES, AttemptResult, SendRequest, Snapshot
 from .queue import QueueState, tiebreak
 from .records import (
     KEY_SHIFT,
     AckOutcome,
+    AttemptHistory,
     Delivery,
     GroupState,
     Message,
     MoveStatus,
     PeekItem,
     QueueMetrics,
+    ReportOutcome,
     SendResult,
     format_receipt,
     message_id_for,
@@ -62,6 +72,12 @@ MAX_RECEIVE_LIMIT = 1000
 MAX_CLAIM_TTL = 12 * 3600.0
 MOVE_CHUNK = 2000  # messages moved per timer call, so a big move never stalls the shell
 RenewMode = Literal["extend", "set"]
+MAX_REASON = 2048  # characters of a result's reason (the API faces also bound the bytes)
+MAX_SIGNATURE = 512
+POLLER_WINDOW = 60.0  # a worker that received within this many seconds counts as present
+MAX_EXCLUDED_SKIPS = 64  # groups one receive sets aside because they exclude its worker, at most
+MAX_GROUP_POLICIES = 10_000  # per-group retry policy overrides per queue
+EXPIRED_REASON = "claim expired"
 
 
 class QueueCore:
@@ -82,6 +98,8 @@ class QueueCore:
         self._delays: LazyHeap[tuple[float, int, Message]] = LazyHeap(_delay_live)
         # (deadline, tiebreak, group): retention of each group's head.
         self._retention: LazyHeap[tuple[float, int, GroupState]] = LazyHeap(self._retention_live)
+        # (reserve_until, tiebreak, message): same-worker retries that anyone may take after that.
+        self._reservations: LazyHeap[tuple[float, int, Message]] = LazyHeap(_reservation_live)
         self.moves: dict[str, MoveStatus] = {}
         self._move_counter = 0
 
@@ -260,8 +278,12 @@ class QueueCore:
         collapse = queue.attributes.kind == "dedup"
         seen_digests: set[bytes] = set()
         doomed: dict[int, Message] = {}
+        self._saw_poller(queue, worker, now)
+        mine = queue.reserved.get(worker) if queue.reserved else None
+        skipped: list[GroupState] = []
+        zero: list[GroupState] = []  # claimed with ttl 0 (SQS VisibilityTimeout=0): visible again at once
         while len(deliveries) < limit:
-            group = queue.pop_ready()
+            group = self._next_group(queue, worker, mine, skipped, now)
             if group is None:
                 break
             token = self._new_token()
@@ -270,7 +292,11 @@ class QueueCore:
             superseded: list[int] = []
             claiming = True
             for message in group.messages:
-                if claiming and (len(deliveries) >= limit or message.available_at):
+                if claiming and (
+                    len(deliveries) >= limit
+                    or message.available_at
+                    or (message.history is not None and message.history.parked)
+                ):
                     claiming = False
                 if not claiming:
                     # Messages delivered under an older claim but not part of this one get the new token
@@ -299,10 +325,17 @@ class QueueCore:
                     ClaimRow(message.key, token, expires, message.receive_count, message.first_receive_at)
                 )
             queue.in_flight += len(group.claimed)
-            self._claims.push((expires, next(tiebreak), group, token))
+            if ttl:
+                self._claims.push((expires, next(tiebreak), group, token))
+            else:
+                zero.append(group)
             self.effects.append(FloorRaised(queue.name, group.name, token))
             if superseded:
                 self.effects.append(TokensRaised(tuple(superseded), token))
+        for group in skipped:  # excluded for this worker only: back for everyone else
+            queue.push_ready(group)
+        if mine is not None and mine.peek() is None:
+            del queue.reserved[worker]
         if claims:
             queue.received += len(claims)
             self.effects.append(MessagesClaimed(tuple(claims), worker))
@@ -314,9 +347,71 @@ class QueueCore:
                         doomed[message.key] = message
             if doomed:
                 self._delete(queue, list(doomed.values()))
+        for group in zero:
+            # Released right away, not expired: a claim given no time is no attempt that failed (the
+            # receive count still rises, so max_receive_count applies as in SQS).
+            for message in list(group.claimed):
+                self._unclaim(queue, message)
         return deliveries
 
+    def _next_group(
+        self,
+        queue: QueueState,
+        worker: str,
+        mine: LazyHeap[tuple[int, int, GroupState]] | None,
+        skipped: list[GroupState],
+        now: float,
+    ) -> GroupState | None:
+        """The oldest available group this worker may take: its own reserved retries compete with the
+        shared heap by head key; a group whose failing head excludes the worker is set aside while other
+        workers are polling. Without retries in play this is one heap pop, as before."""
+        ready = queue.ready
+        while True:
+            if mine is not None:
+                top = ready.peek()
+                own = mine.peek()
+                if own is not None and (top is None or own[0] < top[0]):
+                    mine.pop()
+                    group = own[2]
+                    history = group.messages[0].history
+                    if history is not None:
+                        history.reserved_for = ""  # the retry is taken
+                    return group
+            top = ready.pop()
+            if top is None:
+                return None
+            group = top[2]
+            history = group.messages[0].history
+            if (
+                history is not None
+                and history.exclude
+                and worker in history.failed_workers
+                and self._others_polling(queue, history, now)
+            ):
+                skipped.append(group)
+                if len(skipped) >= MAX_EXCLUDED_SKIPS:
+                    return None
+                continue
+            return group
+
+    @staticmethod
+    def _saw_poller(queue: QueueState, worker: str, now: float) -> None:
+        pollers = queue.pollers
+        pollers[worker] = now
+        if len(pollers) > 1024 and len(pollers) > 2 * queue.pollers_pruned_at:
+            horizon = now - POLLER_WINDOW
+            for name in [w for w, at in pollers.items() if at < horizon]:
+                del pollers[name]
+            queue.pollers_pruned_at = len(pollers)
+
+    @staticmethod
+    def _others_polling(queue: QueueState, history: AttemptHistory, now: float) -> bool:
+        horizon = now - POLLER_WINDOW
+        failed = history.failed_workers
+        return any(at >= horizon and w not in failed for w, at in queue.pollers.items())
+
     def _delivery(self, message: Message) -> Delivery:
+        history = message.history
         return Delivery(
             message.key,
             message.id,
@@ -329,6 +424,7 @@ class QueueCore:
             message.first_receive_at,
             message.claim_expires,
             message.origin,
+            history.view() if history is not None and history.attempts else None,
         )
 
     # ------------------------------------------------------------------------------- ack, renew, release
@@ -473,6 +569,9 @@ class QueueCore:
 
     def _delete(self, queue: QueueState, messages: list[Message]) -> None:
         ended: list[GroupState] = []
+        dropped = tuple((m.key, queue.qid, m.id, None) for m in messages if m.history is not None)
+        if dropped:
+            self.effects.append(HistorySaved(dropped))
         for message in messages:
             if queue.remove(message):
                 ended.append(message.group)
@@ -483,6 +582,375 @@ class QueueCore:
             self._claim_ended(queue, group)
         self.effects.append(MessagesDeleted(tuple(m.key for m in messages)))
 
+    # ------------------------------------------------------------------------ attempt results, retries
+    def report(
+        self, queue_name: str, worker: str, results: Sequence[AttemptResult], now: float
+    ) -> list[AckOutcome]:
+        """Apply workers' attempt results (docs/failure-management.md §1): `succeeded` deletes (fenced
+        like an ack), `failed`/`partial` count an attempt and hand the message to the retry policy,
+        `not_attempted` puts it back untouched. Per group, results are taken in sequence order, and a
+        success after a non-success of the same group refuses that group's whole batch (`out_of_order`)."""
+        self.handle_timer(now)
+        queue = self.queue(queue_name)
+        if len(results) > MAX_RECEIVE_LIMIT:
+            raise InvalidArgument(f"at most {MAX_RECEIVE_LIMIT} results per request", field="results")
+        seen: set[str] = set()
+        for result in results:
+            _check_result(result)
+            if result.message_id in seen:
+                raise InvalidArgument(
+                    f"message {result.message_id!r} is reported twice", field="results", id=result.message_id
+                )
+            seen.add(result.message_id)
+        outcomes: list[AckOutcome] = [AckOutcome(r.message_id, "") for r in results]
+        batches: dict[GroupState, list[tuple[int, Message, AttemptResult]]] = {}
+        for index, result in enumerate(results):
+            message = queue.by_id.get(result.message_id)
+            if message is None:
+                outcomes[index] = ReportOutcome(
+                    result.message_id, "gone", "no such message (already deleted?)"
+                )
+                continue
+            group_name, attempt = message.group.name, message.receive_count
+            stale = self._stale(message, result.token)
+            if stale is not None:
+                outcomes[index] = ReportOutcome(message.id, stale.status, stale.message, group_name, attempt)
+            elif result.outcome != "succeeded" and not message.claim_expires:
+                error = NotInFlight(
+                    "message is not in flight: its claim ended (an expired claim already counted as a"
+                    " failed attempt)",
+                    message_id=message.id,
+                )
+                outcomes[index] = ReportOutcome(message.id, error.code, error.message, group_name, attempt)
+            else:
+                batches.setdefault(message.group, []).append((index, message, result))
+        for group, items in batches.items():
+            items.sort(key=lambda item: item[1].key)
+            refusal = _order_refusal(group, items)
+            if refusal is not None:
+                for index, message, _ in items:
+                    outcomes[index] = ReportOutcome(
+                        message.id, "out_of_order", refusal, group.name, message.receive_count
+                    )
+                continue
+            self._apply_results(queue, worker, group, items, outcomes, now)
+        return outcomes
+
+    def _apply_results(
+        self,
+        queue: QueueState,
+        worker: str,
+        group: GroupState,
+        items: list[tuple[int, Message, AttemptResult]],
+        outcomes: list[AckOutcome],
+        now: float,
+    ) -> None:
+        """One group's results, in sequence order (successes first: the order rule put them first)."""
+        succeeded = [(i, m, r) for i, m, r in items if r.outcome == "succeeded"]
+        for index, message, result in succeeded:
+            self._record(queue, message, worker, result, now)
+            outcomes[index] = ReportOutcome(message.id, "ok", "", group.name, message.receive_count)
+        if succeeded:
+            self._delete(queue, [m for _, m, _ in succeeded])
+        first_failure: Message | None = None
+        ended: list[tuple[int, float]] = []
+        for index, message, result in items:
+            if result.outcome == "succeeded":
+                continue
+            attempt = message.receive_count
+            if queue.by_id.get(message.id) is not message:  # dead-lettered with its group just now
+                outcomes[index] = ReportOutcome(
+                    message.id, "gone", "dead-lettered with its group", group.name, attempt
+                )
+                continue
+            if not message.claim_expires:  # released as not attempted after an earlier failure here
+                outcomes[index] = ReportOutcome(message.id, "ok", "", group.name, attempt)
+                continue
+            if result.outcome == "not_attempted":
+                self._not_attempted(queue, message, now)
+            else:
+                self._end_claim(queue, message)
+                ended.append((message.key, now))
+                self._failed(queue, message, worker, result, now)
+                if first_failure is None:
+                    first_failure = message
+            outcomes[index] = ReportOutcome(message.id, "ok", "", group.name, attempt)
+        if ended:
+            self.effects.append(ClaimsChanged(tuple(ended)))
+        if first_failure is not None:
+            # The claim ends: its messages after the failed one cannot be processed in order now.
+            for message in [m for m in group.claimed if m.key > first_failure.key]:
+                self._not_attempted(queue, message, now)
+        if (ended or first_failure is not None or len(succeeded) < len(items)) and not group.claimed:
+            self._claim_ended(queue, group)
+
+    def _end_claim(self, queue: QueueState, message: Message) -> None:
+        message.claim_expires = 0.0
+        message.group.claimed.remove(message)
+        queue.in_flight -= 1
+
+    def _not_attempted(self, queue: QueueState, message: Message, now: float) -> None:
+        """Back untouched at its place: no attempt counted, the receive count as before the delivery."""
+        self._end_claim(queue, message)
+        message.receive_count = max(0, message.receive_count - 1)
+        if not message.receive_count:
+            message.first_receive_at = 0.0
+        self.effects.append(
+            ReceiveCountsRestored(((message.key, now, message.receive_count, message.first_receive_at),))
+        )
+
+    def _expire(self, queue: QueueState, group: GroupState, expired: list[Message], now: float) -> None:
+        """A claim ran out (the worker died or timed out): a failed attempt for every message it held,
+        the claiming worker's. No backoff and no same-worker retry: the visibility timeout was the wait,
+        and a worker that let it run out is the last one to offer the retry to."""
+        worker = group.claim_worker
+        for message in expired:
+            self._end_claim(queue, message)
+        for message in expired:
+            if queue.by_id.get(message.id) is message:  # dead_letter_group may have moved it already
+                result = AttemptResult(message.id, message.token, "expired", EXPIRED_REASON)
+                self._failed(queue, message, worker, result, now, expired=True)
+        if not group.claimed:
+            self._claim_ended(queue, group)
+
+    def _record(
+        self, queue: QueueState, message: Message, worker: str, result: AttemptResult, now: float
+    ) -> None:
+        """AttemptRecorded for the health monitor and the store's bounded per-group log data."""
+        group = message.group.name
+        attempt = message.receive_count
+        self.effects.append(
+            AttemptRecorded(
+                queue.name,
+                group,
+                message.id,
+                worker,
+                attempt,
+                result.outcome,
+                result.reason,
+                result.signature,
+                now,
+            )
+        )
+        attrs = queue.attributes
+        if attrs.log_retention_attempts:
+            self.effects.append(
+                AttemptLogged(
+                    queue.qid,
+                    group,
+                    message.id,
+                    worker,
+                    attempt,
+                    result.outcome,
+                    result.reason,
+                    result.signature,
+                    list(result.steps) or None,
+                    result.partial,
+                    result.fields,
+                    result.duration_ms,
+                    message.token if result.token is None else result.token,
+                    now,
+                    attrs.log_retention_attempts,
+                    now + attrs.retention,
+                )
+            )
+
+    def _failed(
+        self,
+        queue: QueueState,
+        message: Message,
+        worker: str,
+        result: AttemptResult,
+        now: float,
+        *,
+        expired: bool = False,
+    ) -> None:
+        """Count a failed attempt (its claim has ended) and apply the retry policy: give up per
+        `on_exhausted`, dead-letter at `max_receive_count`, or wait the backoff, reserved for the worker
+        that failed during its same-worker retries. The message stays at the head of its group."""
+        history = message.history
+        if history is None:
+            history = message.history = AttemptHistory()
+        history.record(result.outcome, result.reason, worker, result.steps, result.partial)
+        self._record(queue, message, worker, result, now)
+        policy = self._policy(queue, message.group.name)
+        history.exclude = history.failures > policy.retry_same_worker
+        history.reserved_for = ""
+        if policy.max_attempts and history.failures >= policy.max_attempts:
+            self._exhausted(queue, message, policy, now)
+            return
+        attrs = queue.attributes
+        dlq = self.queues.get(attrs.dead_letter_queue) if attrs.dead_letter_queue else None
+        if attrs.max_receive_count and message.receive_count >= attrs.max_receive_count and dlq is not None:
+            self._move(queue, dlq, [message], origin=queue.name)  # saves the history with it
+            queue.dead_lettered += 1
+            return
+        if not expired:
+            delay = policy.backoff(history.failures)
+            if delay > 0:
+                message.available_at = now + delay
+                queue.delayed += 1
+                self._delays.push((message.available_at, next(tiebreak), message))
+                self.effects.append(AvailabilityChanged(((message.key, message.available_at),)))
+            if not history.exclude:
+                history.reserved_for = worker
+                history.reserve_until = (message.available_at or now) + attrs.visibility_timeout
+                self._reservations.push((history.reserve_until, next(tiebreak), message))
+        self._save_history(queue, message)
+
+    def _exhausted(self, queue: QueueState, message: Message, policy: RetryPolicy, now: float) -> None:
+        history = message.history
+        assert history is not None
+        group = message.group
+        attrs = queue.attributes
+        dlq = self.queues.get(attrs.dead_letter_queue) if attrs.dead_letter_queue else None
+        action = policy.on_exhausted
+        reason = (
+            f"{history.failures} failed attempts (max_attempts {policy.max_attempts}): {history.last_reason}"
+        )
+        if action != "park" and (dlq is None or dlq is queue):
+            action = "park"  # never drop a message: without a dead-letter queue the group holds it
+            reason += "; no dead-letter queue, so parked"
+        if action == "park":
+            history.parked = True
+            queue.parked.add(group.name)
+            self._save_history(queue, message)
+            self.effects.append(GroupEvent(queue.name, group.name, "park", reason, message.id, now))
+            return
+        assert dlq is not None
+        doomed = [message] if action == "dead_letter_message" else list(group.messages)
+        self._move(queue, dlq, doomed, origin=queue.name)
+        queue.dead_lettered += len(doomed)
+        what = "message" if action == "dead_letter_message" else f"group ({len(doomed)} messages)"
+        self.effects.append(
+            GroupEvent(
+                queue.name, group.name, "dead_letter", f"{what} to {dlq.name}: {reason}", message.id, now
+            )
+        )
+
+    def _save_history(self, queue: QueueState, message: Message) -> None:
+        history = message.history
+        state = None if history is None else history.to_state()
+        self.effects.append(HistorySaved(((message.key, queue.qid, message.id, state),)))
+
+    def _policy(self, queue: QueueState, group: str) -> RetryPolicy:
+        policy = queue.attributes.retry_policy()
+        override = queue.policies.get(group)
+        return policy.with_override(override) if override else policy
+
+    def release_group(self, queue_name: str, group_name: str, now: float) -> int:
+        """Let a parked group go on (operator or rule): its messages get a fresh retry budget, nobody is
+        excluded any more; the log data stays. Returns how many parked messages were released."""
+        self.handle_timer(now)
+        queue = self.queue(queue_name)
+        group = queue.groups.get(group_name)
+        if group is None:
+            queue.parked.discard(group_name)
+            raise NotFound(f"queue {queue_name!r} has no group {group_name!r}", group=group_name)
+        released = 0
+        for message in group.messages:
+            history = message.history
+            if history is None:
+                if not message.token:
+                    break  # past every message ever delivered: nothing further has history
+                continue
+            released += history.parked
+            history.reset_budget()
+            self._save_history(queue, message)
+        queue.parked.discard(group_name)
+        if released:
+            self.effects.append(
+                GroupEvent(queue.name, group_name, "release", "released", group.messages[0].id, now)
+            )
+        if not group.claimed:
+            queue.push_ready(group)
+        return released
+
+    def redrive(self, queue_name: str, group_name: str, now: float) -> tuple[int, int]:
+        """Put a group's dead-lettered messages (those that came from this queue) back at the head of the
+        group, in order, and release it if parked. Returns (restored from the DLQ, parked released)."""
+        self.handle_timer(now)
+        queue = self.queue(queue_name)
+        attrs = queue.attributes
+        dlq = self.queues.get(attrs.dead_letter_queue) if attrs.dead_letter_queue else None
+        restored = 0
+        source = ""
+        if dlq is not None and dlq is not queue:
+            held = dlq.groups.get(group_name)
+            if held is not None:
+                back = [m for m in held.messages if m.origin == queue.name and not m.claim_expires]
+                self._move(dlq, queue, back[::-1], origin=None)  # newest first: each goes to the head
+                restored = sum(1 for m in back if queue.by_id.get(m.id) is m)
+                source = dlq.name
+        group = queue.groups.get(group_name)
+        if group is None:
+            raise NotFound(
+                f"queue {queue_name!r} has no group {group_name!r}, parked or dead-lettered", group=group_name
+            )
+        released = self.release_group(queue_name, group_name, now)
+        if restored:
+            reason = f"{restored} message(s) back from {source}"
+            self.effects.append(
+                GroupEvent(queue.name, group_name, "redrive", reason, group.messages[0].id, now)
+            )
+        return restored, released
+
+    def parked_groups(self, queue_name: str) -> list[str]:
+        """Groups held by a parked message now (the set is cleaned as it is read)."""
+        queue = self.queue(queue_name)
+        out: list[str] = []
+        for name in list(queue.parked):
+            group = queue.groups.get(name)
+            if group is not None and _parked_message(group) is not None:
+                out.append(name)
+            else:
+                queue.parked.discard(name)
+        return sorted(out)
+
+    def set_group_policy(
+        self, queue_name: str, group_name: str, override: dict[str, Any] | None, now: float
+    ) -> RetryPolicy:
+        """Replace a group's retry policy override (None or {}: remove it); returns the effective policy."""
+        queue = self.queue(queue_name)
+        if group_name not in queue.groups:
+            validate_group(group_name)
+        base = queue.attributes.retry_policy()
+        if not override:
+            if queue.policies.pop(group_name, None) is not None:
+                self.effects.append(GroupPolicySaved(queue.qid, group_name, None))
+            return base
+        if not isinstance(override, dict):
+            raise InvalidArgument("a retry policy override must be an object", field="policy")
+        effective = base.with_override(override)
+        if group_name not in queue.policies and len(queue.policies) >= MAX_GROUP_POLICIES:
+            raise LimitExceeded(f"at most {MAX_GROUP_POLICIES} group policy overrides per queue")
+        stored = {name: getattr(effective, name) for name in override}
+        queue.policies[group_name] = stored
+        self.effects.append(GroupPolicySaved(queue.qid, group_name, stored))
+        return effective
+
+    def group_policy(self, queue_name: str, group_name: str) -> tuple[RetryPolicy, dict[str, Any]]:
+        """The group's effective retry policy and its override ({} when it follows the queue)."""
+        queue = self.queue(queue_name)
+        override = queue.policies.get(group_name) or {}
+        return self._policy(queue, group_name), dict(override)
+
+    def forget_reservations(self, worker: str, now: float) -> int:
+        """The worker is gone (fenced, say): its same-worker retries go to everyone now, not after the
+        reservation timeout. Returns how many groups were freed."""
+        freed = 0
+        for queue in self.queues.values():
+            heap = queue.reserved.pop(worker, None)
+            if heap is None:
+                continue
+            for _, _, group in heap.live_entries():
+                history = group.messages[0].history
+                if history is not None:
+                    history.reserved_for = ""
+                queue.push_ready(group)
+                freed += 1
+        return freed
+
     # ------------------------------------------------------------------------------------------- moves
     def _move(
         self, source: QueueState, target: QueueState, messages: list[Message], origin: str | None
@@ -490,6 +958,7 @@ class QueueCore:
         """Move idle messages to another queue, keeping group, sequence and id (DLQ, redrive, _move)."""
         moved: list[Message] = []
         redriven: list[Message] = []
+        histories: list[tuple[int, int, str, dict[str, Any] | None]] = []
         for message in messages:
             if message.id in target.by_id:
                 continue  # the target already holds this id (an earlier redrive): keep it where it is
@@ -508,6 +977,14 @@ class QueueCore:
                 message.receive_count = 0
                 message.first_receive_at = 0.0
                 redriven.append(message)
+                if message.history is not None:
+                    message.history.reset_budget()  # a fresh retry budget; the log data stays
+            history = message.history
+            if history is not None:
+                history.reserved_for = ""
+                if history.parked:
+                    target.parked.add(group.name)
+                histories.append((message.key, target.qid, message.id, history.to_state()))
             target.insert(message)
             if digest is not None and target.attributes.kind == "dedup":
                 target.index_content(message, digest)
@@ -524,6 +1001,8 @@ class QueueCore:
                 self.effects.append(
                     MessagesMoved(tuple(m.key for m in redriven), target.qid, None, redrive=True)
                 )
+        if histories:
+            self.effects.append(HistorySaved(tuple(histories)))
 
     def start_move(self, source: str, destination: str, now: float) -> MoveStatus:
         """EmoDB `_move`: asynchronously move every message present now, group by group, in order."""
@@ -637,6 +1116,8 @@ class QueueCore:
         queue.ready.clear()
         queue.content_index.clear()
         queue.content_of.clear()
+        queue.reserved.clear()
+        queue.parked.clear()
         queue.in_flight = queue.delayed = 0
 
     # ------------------------------------------------------------------------------------------- time
@@ -644,7 +1125,7 @@ class QueueCore:
         """When the shell must call `handle_timer` next (None: nothing scheduled)."""
         if any(m.state == "running" and m.pending_groups for m in self.moves.values()):
             return 0.0
-        tops = (heap.peek() for heap in (self._claims, self._delays, self._retention))
+        tops = (heap.peek() for heap in (self._claims, self._delays, self._retention, self._reservations))
         candidates = [top[0] for top in tops if top is not None]
         return min(candidates) if candidates else None
 
@@ -655,8 +1136,9 @@ class QueueCore:
             claims.pop()
             _, _, group, token = due
             queue: QueueState = group.queue
-            for message in [m for m in group.claimed if m.claim_expires <= now]:
-                self._unclaim(queue, message)
+            expired = [m for m in group.claimed if m.claim_expires <= now]
+            if expired:
+                self._expire(queue, group, expired, now)
             if group.claimed and group.floor == token:  # messages renewed to different expiries remain
                 later = min(m.claim_expires for m in group.claimed)
                 claims.push((later, next(tiebreak), group, token))
@@ -668,6 +1150,13 @@ class QueueCore:
             group = message.group
             group.queue.delayed -= 1
             group.queue.push_ready(group)
+        reservations = self._reservations
+        while (over := reservations.peek()) is not None and over[0] <= now:
+            reservations.pop()
+            message = over[2]
+            if message.history is not None:
+                message.history.reserved_for = ""
+            message.group.queue.push_ready(message.group)  # now anyone's (a no-op if it moved on)
         retention = self._retention
         while (old := retention.peek()) is not None and old[0] <= now:
             retention.pop()
@@ -719,3 +1208,70 @@ def _claim_live(entry: tuple[float, int, GroupState, int]) -> bool:
 
 def _delay_live(entry: tuple[float, int, Message]) -> bool:
     return entry[2].available_at == entry[0]
+
+
+def _order_refusal(group: GroupState, items: list[tuple[int, Message, AttemptResult]]) -> str | None:
+    """Why a group's results (in sequence order) may not be applied, or None. A success may follow no
+    non-success in the batch, nor pass an earlier message of the group that waits outside any claim."""
+    blocker: tuple[Message, str] | None = None
+    for _, message, result in items:
+        if result.outcome != "succeeded":
+            blocker = blocker or (message, result.outcome)
+        elif blocker is not None:
+            return (
+                f"{message.id} is reported succeeded after {blocker[0].id} of its group was reported"
+                f" {blocker[1]}: none of this group's results were applied"
+            )
+    succeeded = {m.id for _, m, r in items if r.outcome == "succeeded"}
+    if not succeeded:
+        return None
+    last = max(m.key for _, m, r in items if r.outcome == "succeeded")
+    for message in group.messages:  # the delivered prefix, at most
+        if message.key >= last:
+            break
+        if message.id not in succeeded and not message.claim_expires:
+            return (
+                f"{message.id}, earlier in the group, is waiting to be processed: a success for a later"
+                " message would break the group's order; none of this group's results were applied"
+            )
+    return None
+
+
+def _parked_message(group: GroupState) -> Message | None:
+    for message in group.messages:
+        history = message.history
+        if history is None:
+            if not message.token:
+                return None
+            continue
+        if history.parked:
+            return message
+    return None
+
+
+def _reservation_live(entry: tuple[float, int, Message]) -> bool:
+    history = entry[2].history
+    return history is not None and bool(history.reserved_for) and history.reserve_until == entry[0]
+
+
+def _check_result(result: AttemptResult) -> None:
+    """Input the faces should have refused already; the core refuses it too (the whole request)."""
+    if not isinstance(result.message_id, str) or not result.message_id:
+        raise InvalidArgument("each result needs the message id", field="id")
+    if result.outcome not in OUTCOMES:
+        raise InvalidArgument(
+            f"outcome must be one of {', '.join(OUTCOMES)}, got {str(result.outcome)[:40]!r}",
+            field="outcome",
+            id=result.message_id,
+        )
+    token = result.token
+    if token is not None and (isinstance(token, bool) or not isinstance(token, int) or token < 0):
+        raise InvalidArgument("token must be a non-negative integer", field="token", id=result.message_id)
+    for name, limit in (("reason", MAX_REASON), ("signature", MAX_SIGNATURE)):
+        value = getattr(result, name)
+        if not isinstance(value, str):
+            raise InvalidArgument(f"{name} must be a string", field=name, id=result.message_id)
+        if len(value) > limit:
+            raise TooLarge(f"{name} is over {limit} characters", field=name, id=result.message_id)
+    if not isinstance(result.steps, list | tuple):
+        raise InvalidArgument("steps must be a list", field="steps", id=result.message_id)

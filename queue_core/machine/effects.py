@@ -122,6 +122,70 @@ class AttemptRecorded:
     at: float
 
 
+@dataclass(slots=True)
+class AttemptLogged:
+    """The full log data of one counted attempt, for the store's bounded per-group log (the last `keep`
+    attempts of the group, none older than `expires`)."""
+
+    qid: int
+    group: str
+    message_id: str
+    worker: str
+    attempt: int
+    outcome: str
+    reason: str
+    signature: str
+    steps: list[Any] | None
+    partial: Any
+    fields: Any
+    duration_ms: float | None
+    lease: int
+    at: float
+    keep: int
+    expires: float
+
+
+@dataclass(slots=True)
+class HistorySaved:
+    """Messages' attempt history (AttemptHistory.to_state()), or None: dropped with the message."""
+
+    rows: tuple[tuple[int, int, str, dict[str, Any] | None], ...]  # (key, qid, message id, state)
+
+
+@dataclass(slots=True)
+class AvailabilityChanged:
+    """Retry backoff: messages not deliverable before the given time."""
+
+    rows: tuple[tuple[int, float], ...]  # (key, available_at)
+
+
+@dataclass(slots=True)
+class ReceiveCountsRestored:
+    """`not_attempted`: the claim ends and the receive count is as before the delivery."""
+
+    rows: tuple[tuple[int, float, int, float], ...]  # (key, claim ended at, receive_count, first_receive_at)
+
+
+@dataclass(slots=True)
+class GroupPolicySaved:
+    qid: int
+    group: str
+    policy: dict[str, Any] | None  # None: the override is removed
+
+
+@dataclass(slots=True)
+class GroupEvent:
+    """A retry-workflow decision about a group, published for the event log (not stored): `park`,
+    `release`, `dead_letter` (message or group), `redrive`."""
+
+    queue: str
+    group: str
+    event: str
+    reason: str
+    message_id: str
+    at: float
+
+
 Effect = (
     QueueSaved
     | QueueDropped
@@ -135,6 +199,12 @@ Effect = (
     | QueuePurged
     | FloorRaised
     | AttemptRecorded
+    | AttemptLogged
+    | HistorySaved
+    | AvailabilityChanged
+    | ReceiveCountsRestored
+    | GroupPolicySaved
+    | GroupEvent
 )
 
 DURABLE_EFFECTS = (
@@ -148,4 +218,9 @@ DURABLE_EFFECTS = (
     MessagesDeleted,
     MessagesMoved,
     QueuePurged,
+    AttemptLogged,
+    HistorySaved,
+    AvailabilityChanged,
+    ReceiveCountsRestored,
+    GroupPolicySaved,
 )

@@ -54,3 +54,7 @@ class LazyHeap[E: tuple[Any, ...]]:
 
     def clear(self) -> None:
         self._entries.clear()
+
+    def live_entries(self) -> list[E]:
+        """Every live entry, in no particular order (O(n): for rare maintenance, not hot paths)."""
+        return [entry for entry in self._entries if self._is_live(entry)]

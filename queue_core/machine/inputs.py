@@ -20,6 +20,25 @@ class SendRequest:
     extra: bytes = b""
 
 
+OUTCOMES = ("succeeded", "failed", "partial", "not_attempted")
+
+
+@dataclass(slots=True)
+class AttemptResult:
+    """A worker's account of one attempt at one message (docs/failure-management.md §1). `steps`,
+    `partial` and `fields` are JSON values; the API faces bound their sizes before they get here."""
+
+    message_id: str
+    token: int | None
+    outcome: str  # succeeded | failed | partial | not_attempted
+    reason: str = ""
+    signature: str = ""  # what failed (endpoint + status class, or error kind): the health monitor's key
+    steps: list[Any] = field(default_factory=list)  # steps completed in this attempt
+    partial: Any = None
+    fields: Any = None  # free-form structured fields (log data only)
+    duration_ms: float | None = None
+
+
 MessageRow = tuple[int, int, str, str, float, int, float, int, float, str, "str | None", "bytes | None"]
 
 
@@ -34,6 +53,10 @@ class Snapshot:
     # (qid, dedup key, message id, seq, group, expires)
     dedup: list[tuple[int, str, str, int, str, float]] = field(default_factory=list)
     key_high_water: int = 0
+    # (key, qid, message id, AttemptHistory.to_state()): messages with failed attempts
+    histories: list[tuple[int, int, str, dict[str, Any]]] = field(default_factory=list)
+    # (qid, group, override): per-group retry policy overrides
+    policies: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)
 
 
 def parse_receipt(receipt: object) -> tuple[str, int]:

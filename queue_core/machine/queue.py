@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 from .attributes import QueueAttributes
 from .groups import partition_of
@@ -39,10 +41,27 @@ class QueueState:
         self.deleted = 0
         self.dead_lettered = 0
         self.age_of_first_attempt = 0.0
+        # Retry workflow. Groups whose head is reserved for the worker that just failed it wait in that
+        # worker's own heap, never in `ready`, so nobody else's receive pays for them.
+        self.reserved: dict[str, LazyHeap[tuple[int, int, GroupState]]] = {}
+        self.parked: set[str] = set()  # names of groups held by a parked message (checked when read)
+        self.policies: dict[str, dict[str, Any]] = {}  # group -> retry policy override
+        self.pollers: dict[str, float] = {}  # worker -> last receive, to know whether others are polling
+        self.pollers_pruned_at = 0  # size after the last prune (pruned again once it doubles)
 
     def push_ready(self, group: GroupState) -> None:
         if group.head_available():
-            self.ready.push((group.messages[0].key, next(tiebreak), group))
+            head = group.messages[0]
+            history = head.history
+            if history is not None and history.reserved_for:
+                heap = self.reserved.get(history.reserved_for)
+                if heap is None:
+                    heap = self.reserved[history.reserved_for] = LazyHeap(
+                        self._reserved_entry_live(history.reserved_for)
+                    )
+                heap.push((head.key, next(tiebreak), group))
+            else:
+                self.ready.push((head.key, next(tiebreak), group))
 
     def pop_ready(self) -> GroupState | None:
         """The group whose available head is the oldest (stale entries are skipped)."""
@@ -51,9 +70,30 @@ class QueueState:
 
     def _ready_entry_live(self, entry: tuple[int, int, GroupState]) -> bool:
         key, _, group = entry
+        if not group.head_available():
+            return False
+        head = group.messages[0]
         return (
-            group.head_available() and group.messages[0].key == key and self.groups.get(group.name) is group
+            head.key == key
+            and (head.history is None or not head.history.reserved_for)
+            and self.groups.get(group.name) is group
         )
+
+    def _reserved_entry_live(self, worker: str) -> Callable[[tuple[int, int, GroupState]], bool]:
+        def live(entry: tuple[int, int, GroupState]) -> bool:
+            key, _, group = entry
+            if not group.head_available():
+                return False
+            head = group.messages[0]
+            history = head.history
+            return (
+                head.key == key
+                and history is not None
+                and history.reserved_for == worker
+                and self.groups.get(group.name) is group
+            )
+
+        return live
 
     def group(self, name: str, partitions: int) -> tuple[GroupState, bool]:
         group = self.groups.get(name)
@@ -69,6 +109,8 @@ class QueueState:
         messages = group.messages
         if not messages or messages[-1].key < message.key:
             messages.append(message)
+        elif message.key < messages[0].key:  # redriven to the head (redrive inserts newest first)
+            messages.appendleft(message)
         else:  # moved or redriven: older than messages already there, so find its place
             index = len(messages)
             while index > 0 and messages[index - 1].key > message.key:

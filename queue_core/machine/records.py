@@ -7,6 +7,7 @@ effect and from then on holds only ~100 bytes of metadata per message; the shell
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ class Message:
         "claim_expires",
         "first_receive_at",
         "group",
+        "history",
         "id",
         "key",
         "origin",
@@ -50,6 +52,7 @@ class Message:
         self.token = 0
         self.claim_expires = 0.0  # 0.0: not claimed
         self.origin: str | None = None  # source queue, for dead-lettered messages
+        self.history: AttemptHistory | None = None  # only once an attempt at it failed (most never do)
 
     @property
     def seq(self) -> int:
@@ -76,7 +79,136 @@ class GroupState:
         self.claim_worker = ""
 
     def head_available(self) -> bool:
-        return bool(self.messages) and not self.claimed and self.messages[0].available_at == 0.0
+        if not self.messages or self.claimed:
+            return False
+        head = self.messages[0]
+        return head.available_at == 0.0 and (head.history is None or not head.history.parked)
+
+
+MAX_STEPS = 100  # steps kept per message (the newest); the API bounds each report's size too
+MAX_FAILED_WORKERS = 16
+
+
+class AttemptHistory:
+    """A message's failed attempts: what the next delivery carries and what the retry policy reads.
+
+    Exists only for messages with a failed attempt (failing heads and dead-lettered messages: few), so the
+    common message pays one empty slot for it. `failures` is the retry budget used (reset by release and
+    redrive); `attempts` counts every failed attempt ever. `reserved_for`/`reserve_until` (same-worker
+    retry) are not durable: after a restart any worker may take the retry.
+    """
+
+    __slots__ = (
+        "attempts",
+        "exclude",
+        "failed_workers",
+        "failures",
+        "last_outcome",
+        "last_reason",
+        "parked",
+        "partial",
+        "reserve_until",
+        "reserved_for",
+        "steps",
+    )
+
+    def __init__(self) -> None:
+        self.attempts = 0
+        self.failures = 0
+        self.last_outcome = ""
+        self.last_reason = ""
+        self.steps: list[Any] = []
+        self.partial: Any = None
+        self.failed_workers: tuple[str, ...] = ()
+        self.exclude = False  # same-worker retries are used up: failed workers wait while others poll
+        self.parked = False
+        self.reserved_for = ""
+        self.reserve_until = 0.0
+
+    def record(
+        self, outcome: str, reason: str, worker: str, steps: Sequence[Any] | None, partial: Any
+    ) -> None:
+        self.attempts += 1
+        self.failures += 1
+        self.last_outcome = outcome
+        self.last_reason = reason
+        if steps:
+            self.steps = merge_steps(self.steps, steps)
+        if partial is not None:
+            self.partial = partial
+        if worker not in self.failed_workers:
+            self.failed_workers = (*self.failed_workers, worker)[-MAX_FAILED_WORKERS:]
+
+    def reset_budget(self) -> None:
+        """Released or redriven: a fresh retry budget, nobody excluded; the log data stays."""
+        self.failures = 0
+        self.failed_workers = ()
+        self.exclude = False
+        self.parked = False
+        self.reserved_for = ""
+        self.reserve_until = 0.0
+
+    def view(self) -> dict[str, Any]:
+        """The poll item's `history` (a copy: the delivery must not change when the message does)."""
+        return {
+            "attempts": self.attempts,
+            "last_outcome": self.last_outcome,
+            "last_reason": self.last_reason,
+            "steps": list(self.steps),
+            "partial": self.partial,
+        }
+
+    def to_state(self) -> dict[str, Any]:
+        """What the store keeps (everything but the reservation)."""
+        return {
+            "attempts": self.attempts,
+            "failures": self.failures,
+            "last_outcome": self.last_outcome,
+            "last_reason": self.last_reason,
+            "steps": self.steps,
+            "partial": self.partial,
+            "failed_workers": list(self.failed_workers),
+            "exclude": self.exclude,
+            "parked": self.parked,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> AttemptHistory:
+        history = cls()
+        history.attempts = int(state.get("attempts", 0))
+        history.failures = int(state.get("failures", 0))
+        history.last_outcome = str(state.get("last_outcome", ""))
+        history.last_reason = str(state.get("last_reason", ""))
+        steps = state.get("steps")
+        history.steps = list(steps) if isinstance(steps, list) else []
+        history.partial = state.get("partial")
+        history.failed_workers = tuple(str(w) for w in state.get("failed_workers") or ())
+        history.exclude = bool(state.get("exclude", False))
+        history.parked = bool(state.get("parked", False))
+        return history
+
+
+def merge_steps(done: list[Any], new: Sequence[Any]) -> list[Any]:
+    """Steps completed so far: a step reported again (same name) replaces its earlier entry in place,
+    so a retry that verified a finished step does not list it twice; at most MAX_STEPS, the newest."""
+    out = list(done)
+    where = {_step_name(step): i for i, step in enumerate(out)}
+    for step in new:
+        name = _step_name(step)
+        if name is not None and name in where:
+            out[where[name]] = step
+        else:
+            if name is not None:
+                where[name] = len(out)
+            out.append(step)
+    return out[-MAX_STEPS:]
+
+
+def _step_name(step: Any) -> str | None:
+    if isinstance(step, dict):
+        name = step.get("name")
+        return name if isinstance(name, str) else None
+    return None
 
 
 @dataclass(slots=True)
@@ -103,6 +235,7 @@ class Delivery:
     first_receive_at: float
     claim_expires: float
     origin: str | None = None
+    history: dict[str, Any] | None = None  # prior failed attempts' log data (AttemptHistory.view)
 
 
 @dataclass(slots=True)
@@ -123,6 +256,15 @@ class AckOutcome:
     message_id: str
     status: str  # "ok" | "gone" | error code
     message: str = ""
+
+
+@dataclass(slots=True)
+class ReportOutcome(AckOutcome):
+    """Per-item result of `report`: also the message's group and attempt number (the delivery's receive
+    count), which the gateway's wire-log `log` record names; "" and 0 when the message is unknown."""
+
+    group: str = ""
+    attempt: int = 0
 
 
 @dataclass(slots=True)

@@ -12,7 +12,7 @@ from .attributes import QueueAttributes
 from .groups import partition_of
 from .inputs import Snapshot
 from .queue import QueueState, tiebreak
-from .records import GroupState, Message
+from .records import AttemptHistory, GroupState, Message
 
 if TYPE_CHECKING:
     from .core import QueueCore
@@ -77,6 +77,19 @@ def restore_into(core: QueueCore, snapshot: Snapshot, now: float) -> None:
         if key > last_key:
             last_key = key
     core._last_key = last_key
+    # Attempt histories before the groups are made ready: a parked head keeps its group out of the heap.
+    for key, qid, message_id, state in snapshot.histories:
+        owner = by_qid.get(qid)
+        found = None if owner is None else owner.by_id.get(message_id)
+        if owner is None or found is None or found.key != key:
+            continue  # the store drops such orphans when it opens
+        history = found.history = AttemptHistory.from_state(state)
+        if history.parked:
+            owner.parked.add(found.group.name)
+    for qid, group_name, override in snapshot.policies:
+        owner = by_qid.get(qid)
+        if owner is not None:
+            owner.policies[group_name] = dict(override)
     for queue in core.queues.values():
         for group in queue.groups.values():
             # A claim row whose token is not the group's newest belongs to a superseded claim.

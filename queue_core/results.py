@@ -1,0 +1,182 @@
+"""Attempt results as JSON (docs/failure-management.md §1): the contract's bounds, checked in one place
+for the internal API, the EmoDB face and the remote client.
+
+A request is `{"results": [{"id", "token", "outcome", "reason"?, "signature"?, "steps"?, "partial"?,
+"fields"?, "duration_ms"?}, ...]}`; bad input raises `InvalidArgument` (400) or `TooLarge` (413) for the
+whole request, before anything is applied. Unknown keys in an item are ignored (newer SDKs may add some).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import orjson
+
+from .machine import AckOutcome, InvalidArgument, TooLarge
+from .machine.inputs import OUTCOMES, AttemptResult
+from .machine.records import ReportOutcome
+
+MAX_RESULTS = 1000
+MAX_REASON_BYTES = 2048
+MAX_SIGNATURE_BYTES = 512
+MAX_JSON_BYTES = 16 * 1024  # each of steps, partial and fields, serialised
+MAX_STEPS = 100
+MAX_STEP_NAME = 128
+MAX_ID = 128
+MAX_TOKEN = (1 << 63) - 1
+
+
+def parse_results(data: Any) -> list[AttemptResult]:
+    if not isinstance(data, dict) or not isinstance(data.get("results"), list):
+        raise InvalidArgument('send {"results": [{"id", "token", "outcome", ...}, ...]}', field="results")
+    items = data["results"]
+    if not items:
+        raise InvalidArgument("results must not be empty", field="results")
+    if len(items) > MAX_RESULTS:
+        raise InvalidArgument(f"at most {MAX_RESULTS} results per request", field="results", count=len(items))
+    return [parse_result(item, index) for index, item in enumerate(items)]
+
+
+def parse_result(item: Any, index: int = 0) -> AttemptResult:
+    if not isinstance(item, dict):
+        raise InvalidArgument("each result must be a JSON object", field="results", index=index)
+    message_id = item.get("id")
+    if not isinstance(message_id, str) or not 0 < len(message_id) <= MAX_ID:
+        raise InvalidArgument(f"id must be a string of 1-{MAX_ID} characters", field="id", index=index)
+    outcome = item.get("outcome")
+    if outcome not in OUTCOMES:
+        raise InvalidArgument(
+            f"outcome must be one of {', '.join(OUTCOMES)}, got {str(outcome)[:40]!r}",
+            field="outcome",
+            index=index,
+            id=message_id,
+        )
+    return AttemptResult(
+        message_id=message_id,
+        token=_token(item.get("token"), index, message_id),
+        outcome=outcome,
+        reason=_text(item, "reason", MAX_REASON_BYTES, index, message_id),
+        signature=_text(item, "signature", MAX_SIGNATURE_BYTES, index, message_id),
+        steps=_steps(item.get("steps"), index, message_id),
+        partial=_bounded(item, "partial", index, message_id),
+        fields=_bounded(item, "fields", index, message_id),
+        duration_ms=_duration(item.get("duration_ms"), index, message_id),
+    )
+
+
+def _token(raw: Any, index: int, message_id: str) -> int | None:
+    if raw is None:
+        return None
+    if isinstance(raw, str) and raw.isascii() and raw.isdigit():
+        raw = int(raw)
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 0 < raw <= MAX_TOKEN:
+        raise InvalidArgument("token must be a positive integer", field="token", index=index, id=message_id)
+    return raw
+
+
+def _text(item: dict[str, Any], name: str, limit: int, index: int, message_id: str) -> str:
+    value = item.get(name)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{name} must be a string", field=name, index=index, id=message_id)
+    if len(value.encode("utf-8", "surrogatepass")) > limit:
+        raise TooLarge(f"{name} is over {limit} bytes", field=name, index=index, id=message_id, limit=limit)
+    return value
+
+
+def _size(value: Any) -> int:
+    try:
+        return len(orjson.dumps(value))
+    except TypeError:  # integers beyond 64 bits (the EmoDB face keeps them): the stdlib can say
+        return len(json.dumps(value, default=str))
+
+
+def _bounded(item: dict[str, Any], name: str, index: int, message_id: str) -> Any:
+    value = item.get(name)
+    if value is not None and _size(value) > MAX_JSON_BYTES:
+        raise TooLarge(
+            f"{name} is over {MAX_JSON_BYTES} bytes of JSON",
+            field=name,
+            index=index,
+            id=message_id,
+            limit=MAX_JSON_BYTES,
+        )
+    return value
+
+
+def _steps(raw: Any, index: int, message_id: str) -> list[Any]:
+    """Steps completed in this attempt: `{"name": ..., "result"?: ...}` objects (a bare name is taken
+    as `{"name": name}`)."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise InvalidArgument("steps must be a list", field="steps", index=index, id=message_id)
+    if len(raw) > MAX_STEPS:
+        raise TooLarge(f"at most {MAX_STEPS} steps per result", field="steps", index=index, id=message_id)
+    steps: list[Any] = []
+    for step in raw:
+        if isinstance(step, str):
+            step = {"name": step}
+        name = step.get("name") if isinstance(step, dict) else None
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_STEP_NAME:
+            raise InvalidArgument(
+                f'each step must be {{"name": <1-{MAX_STEP_NAME} characters>, "result": ...}}',
+                field="steps",
+                index=index,
+                id=message_id,
+            )
+        steps.append(step)
+    if _size(steps) > MAX_JSON_BYTES:
+        raise TooLarge(
+            f"steps are over {MAX_JSON_BYTES} bytes of JSON", field="steps", index=index, id=message_id
+        )
+    return steps
+
+
+def _duration(raw: Any, index: int, message_id: str) -> float | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw) or raw < 0:
+        raise InvalidArgument(
+            "duration_ms must be a non-negative number", field="duration_ms", index=index, id=message_id
+        )
+    return float(raw)
+
+
+def result_json(result: AttemptResult) -> dict[str, Any]:
+    """The wire form of a result (the remote client forwards parsed results with it)."""
+    out: dict[str, Any] = {"id": result.message_id, "token": result.token, "outcome": result.outcome}
+    for name in ("reason", "signature"):
+        if getattr(result, name):
+            out[name] = getattr(result, name)
+    if result.steps:
+        out["steps"] = list(result.steps)
+    for name in ("partial", "fields", "duration_ms"):
+        if getattr(result, name) is not None:
+            out[name] = getattr(result, name)
+    return out
+
+
+def outcome_json(outcome: AckOutcome) -> dict[str, Any]:
+    """A per-item status: `ok`, `gone`, `stale_claim`, `not_in_flight`, `out_of_order`, with the
+    message's group and attempt number when the core knows the message."""
+    out: dict[str, Any] = {"id": outcome.message_id, "status": outcome.status}
+    if outcome.message:
+        out["message"] = outcome.message
+    if isinstance(outcome, ReportOutcome) and outcome.group:
+        out["group"] = outcome.group
+        out["attempt"] = outcome.attempt
+    return out
+
+
+def outcome_from_json(item: dict[str, Any]) -> ReportOutcome:
+    return ReportOutcome(
+        str(item["id"]),
+        str(item["status"]),
+        str(item.get("message", "")),
+        str(item.get("group", "")),
+        int(item.get("attempt", 0)),
+    )
