@@ -404,6 +404,10 @@ def render(
         else:
             add("")
 
+    from .spark_bench import spark_section  # wire-log search: strictq index / search (if it ran)
+
+    spark_section(results, add)
+
     prof = results.get("profile")
     bp = (b or {}).get("profile")
     if (prof and prof.get("tool") == "py-spy") or bp:

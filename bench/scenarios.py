@@ -600,6 +600,13 @@ def _profile_pyinstrument(st: Settings, progress: Progress) -> None:
     st.results["profile"] = {"tool": "pyinstrument", "summary": _summary(summary), "text": text}
 
 
+def scenario_spark(st: Settings, progress: Progress) -> None:
+    """Wire-log search: index build, lookups, brute force, size (bench/spark_bench.py)."""
+    from .spark_bench import run_spark_bench
+
+    st.results["spark"] = run_spark_bench(st.work_dir, st.quick, st.out_dir, progress)
+
+
 SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "core": scenario_core,
     "e2e-100": scenario_e2e_100,
@@ -611,6 +618,7 @@ SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "backlog": scenario_backlog,
     "redis": scenario_redis,
     "proxy": scenario_proxy,
+    "spark": scenario_spark,
     "profile": scenario_profile,
 }
 ALIASES = {

@@ -298,6 +298,8 @@ def parquet_options(ndv: int, row_group_bytes: int = ROW_GROUP_BYTES) -> dict[st
         "parquet.bloom.filter.enabled": "false",
         # parquet-mr writes no bloom filter for a fully dictionary-encoded chunk; ids are near-unique anyway.
         "parquet.enable.dictionary#message_id": "false",
+        "parquet.enable.dictionary#id": "false",  # unique per record: a dictionary is only wasted work
+        "parquet.enable.dictionary#record": "false",
     }
 
 

@@ -76,6 +76,7 @@ class Traffic:
         self.spec = spec
         self.rng = random.Random(spec.seed)
         self.message_ids: list[str] = []
+        self.bytes_written = 0  # uncompressed record bytes handed to the writers
 
     def _uuid(self) -> str:
         return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
@@ -115,7 +116,7 @@ class Traffic:
                         queue=queue,
                         message_id=message_id,
                         group=group,
-                        body=self._body(120),
+                        body=self._body(70),
                         attributes={"trace": self._hex(16)},
                         seq=n + 1,
                         receive_count=attempt,
@@ -225,14 +226,14 @@ class Traffic:
                     status=status, headers=[["content-type", "application/json"]], body=body
                 )
         else:
-            method = rng.choice(("GET", "POST", "PUT"))
+            method = rng.choice(("GET", "GET", "POST", "PUT"))
             url = f"https://{rng.choice(HOSTS)}{rng.choice(PATHS).format(id=self._id())}"
             if rng.random() < 0.3:
                 url += f"?page={rng.randint(1, 50)}&q={rng.choice(WORDS)}"
             response = http_response(
                 status=rng.choice((200, 200, 200, 201, 204)),
                 headers=[["content-type", "application/json"], ["x-request-id", self._hex(16)]],
-                body=self._body(rng.randint(80, 260)),
+                body=self._body(rng.randint(30, 100)),
             )
         request = http_request(
             method=method,
@@ -241,7 +242,7 @@ class Traffic:
                 ["content-type", "application/json"],
                 ["authorization", f"Bearer redacted:{self._hex(16)}"],
             ],
-            body=self._body(rng.randint(60, 200)) if method != "GET" else None,
+            body=self._body(rng.randint(20, 80)) if method != "GET" else None,
         )
         return http_record(
             request=request,
@@ -269,15 +270,25 @@ class Traffic:
         return self._uuid()
 
     def write_to(
-        self, directory: Path, *, max_segment_bytes: int = 64 * 1024 * 1024, compress: bool = True
+        self,
+        directory: Path,
+        *,
+        max_segment_bytes: int = 64 * 1024 * 1024,
+        compress: bool = True,
+        limit: int | None = None,
+        suffix: str = "",
     ) -> int:
-        """Write every record through one WireLogWriter per writer name; returns the record count."""
+        """Write the records (at most `limit`) through one WireLogWriter per writer name (+ `suffix`, so
+        several generating processes can share a directory); returns the record count."""
         from wirelog.writer import WireLogWriter
 
         writers: dict[str, WireLogWriter] = {}
         count = 0
         try:
             for name, record in self.records():
+                if limit is not None and count >= limit:
+                    break
+                name += suffix
                 writer = writers.get(name)
                 if writer is None:
                     writer = writers[name] = WireLogWriter(
@@ -293,6 +304,7 @@ class Traffic:
         finally:
             for writer in writers.values():
                 writer.close(wait=True)
+                self.bytes_written += writer.counters()["bytes"]
         return count
 
 

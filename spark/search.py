@@ -12,6 +12,7 @@ starts in a few tens of milliseconds.
 
 from __future__ import annotations
 
+import bisect
 import re
 import time
 from dataclasses import dataclass, field
@@ -152,8 +153,6 @@ def _may_contain(statistics: Any, value: str) -> bool:
 def _point_lookup(
     files: list[Path], query: Query, columns: list[str], stats: SearchStats
 ) -> list[dict[str, Any]]:
-    import pyarrow.compute as pc
-
     assert query.message_id is not None
     rows: list[dict[str, Any]] = []
     for path in files:
@@ -172,9 +171,22 @@ def _point_lookup(
         stats.row_groups_read += len(wanted)
         table = parquet.read_row_groups(wanted, columns=columns)
         stats.rows_read += table.num_rows
-        table = table.filter(pc.equal(table.column("message_id"), query.message_id))
-        rows.extend(table.to_pylist())
+        # Rows are sorted by message id: the match is one contiguous run. (Slicing needs no compute
+        # kernels: pyarrow.compute's filter would import pandas, 150 ms, when it is installed.)
+        ids = table.column("message_id").to_pylist()
+        start = bisect.bisect_left(ids, _sort_key(query.message_id), key=_sort_key)
+        end = bisect.bisect_right(ids, _sort_key(query.message_id), key=_sort_key)
+        rows.extend(
+            row
+            for row in table.slice(start, end - start).to_pylist()
+            if row["message_id"] == query.message_id
+        )
     return rows
+
+
+def _sort_key(value: str | None) -> tuple[bool, str]:
+    """The files' order: nulls first, then by code point (= UTF-8 byte order, Parquet's)."""
+    return (value is not None, value or "")
 
 
 def _scan(files: list[Path], query: Query, columns: list[str], stats: SearchStats) -> list[dict[str, Any]]:
