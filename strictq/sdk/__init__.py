@@ -1,14 +1,18 @@
 """The strictq worker SDK: an asyncio `Worker` and a batching `Producer`, configured from the STRICTQ_*
 environment variables, talking to the gateway's EmoDB face.
 
-- `Worker(queue, handler)`: long-lived consumer; `await worker.run()` until `worker.stop()` (or SIGTERM
-  after `install_signal_handlers()`). The handler gets a `Message` (id, group, seq, token, attempt,
-  payload, `http`: the tagged outbound session).
+- `Worker(queue, handler, probe=None)`: long-lived consumer; `await worker.run()` until `worker.stop()`
+  (or SIGTERM after `install_signal_handlers()`). The handler gets a `Message` (id, group, seq, token,
+  attempt, payload, `http`: the tagged outbound session; `history`: what earlier attempts did; `probe`)
+  and records this attempt's log data on it (`await message.step(name, result)`, `message.partial`,
+  `message.fields`); the worker reports each attempt's outcome (succeeded / failed / partial /
+  not_attempted) to the gateway. `AttemptFailed(reason)`: fail an attempt with your own reason.
 - `Producer()`: `send_batch([Entry(queue, payload, group)])` → one `SendResult` per entry; `send()` buffers.
 - `ClientConfig.from_env()`: the configuration; `CallFenced`: raised by a tagged call the proxy refused.
 """
 
-from .client import EmoClient, GatewayError, LeaseRefused
+from .attempt import AttemptFailed, History
+from .client import EmoClient, GatewayError, LeaseRefused, ResultsUnsupported
 from .config import ClientConfig, ConfigError
 from .outbound import TAG_HEADERS, CallFenced
 from .producer import Entry, Producer, SendResult
@@ -16,6 +20,7 @@ from .worker import Context, Handler, Message, Worker, WorkerError, WorkerStats
 
 __all__ = [
     "TAG_HEADERS",
+    "AttemptFailed",
     "CallFenced",
     "ClientConfig",
     "ConfigError",
@@ -24,9 +29,11 @@ __all__ = [
     "Entry",
     "GatewayError",
     "Handler",
+    "History",
     "LeaseRefused",
     "Message",
     "Producer",
+    "ResultsUnsupported",
     "SendResult",
     "Worker",
     "WorkerError",

@@ -181,6 +181,25 @@ class EmoClient:
     async def release(self, queue: str, ids: Sequence[str], token: int | str | None) -> None:
         await self.renew(queue, ids, token, 0)
 
+    async def report(self, queue: str, results: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Attempt results (strictq's extension of the face, docs/failure-management.md §1): one item per
+        result, `{"id", "status": "ok" | "gone" | "stale_claim" | "not_in_flight" | "out_of_order", ...}`,
+        in the order given. A gateway without the route raises `ResultsUnsupported`."""
+        try:
+            answer = await self._call("POST", f"/{queue}/results", body={"results": list(results)})
+        except GatewayError as exc:
+            if exc.status in (404, 405) and exc.code in (None, "no_such_route", "method_not_allowed"):
+                raise ResultsUnsupported(str(exc), exc.status, exc.body) from exc
+            raise
+        items = answer.get("results") if isinstance(answer, dict) else None
+        if not isinstance(items, list) or len(items) != len(results):
+            raise GatewayError(f"results of {queue}: unexpected answer {answer!r}"[:300], 200, answer)
+        return [i if isinstance(i, dict) else {} for i in items]
+
+
+class ResultsUnsupported(GatewayError):
+    """The gateway has no results route (an older version): ack and release are all it takes."""
+
 
 def _lease(token: int | str | None) -> dict[str, str]:
     return {} if token is None or token == "" else {LEASE_HEADER: str(token)}

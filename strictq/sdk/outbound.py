@@ -59,6 +59,7 @@ class Tags:
         self.task: asyncio.Task[Any] | None = None
         self.abort_reason: str | None = None
         self.fenced: CallFenced | None = None
+        self.last_failed_call: str | None = None  # signature of the attempt's latest failed call
 
     def next_headers(self) -> dict[str, str]:
         self.calls += 1
@@ -70,6 +71,13 @@ class Tags:
             H_ATTEMPT: str(self.attempt),
             H_CALL: str(self.calls),
         }
+
+    def note_failure(self, method: str, url: str, status: int | None, action: str | None) -> None:
+        """A tagged call failed (no answer, >= 400, or the proxy answered it): the attempt's signature,
+        should the handler fail (strictq.sdk.attempt.failure_signature)."""
+        from .attempt import call_signature
+
+        self.last_failed_call = call_signature(method, url, status, action)
 
     @property
     def aborted(self) -> bool:
@@ -119,10 +127,18 @@ class TaggingMiddleware:
             resp = await handler(req)
         except aiohttp.ClientHttpProxyError as exc:  # the proxy answered a CONNECT itself
             action = exc.headers.get(H_PROXY_ACTION) if exc.headers else None
+            if tags is not None:
+                tags.note_failure(req.method, str(req.url), exc.status, action)
             if tags is not None and action in CANCELLING_ACTIONS:
                 raise self._fence(tags, action, None, exc.status) from exc
             raise
+        except (aiohttp.ClientError, TimeoutError):
+            if tags is not None:
+                tags.note_failure(req.method, str(req.url), None, None)
+            raise
         action = resp.headers.get(H_PROXY_ACTION)
+        if tags is not None and resp.status >= 400:
+            tags.note_failure(req.method, str(req.url), resp.status, action)
         if tags is not None and action in CANCELLING_ACTIONS:
             code = None
             try:

@@ -20,19 +20,35 @@ What it does, against the gateway's EmoDB face:
 - Heartbeats: once work on a claim has lasted `heartbeat_fraction` of the ttl, the claim is renewed
   (extend) for another ttl, and so on while it runs (the backlog article's heartbeating). A refused renew
   (409: superseded) cancels the handler; so does failing to renew until the claim is about to expire.
-- Success: the message is acked with its lease token. Failure (the handler raised): that message and the
-  rest of its group's claimed messages are released (renew ttl 0, after a backoff that doubles with the
-  attempt: a poison message must not spin) and the group stops there, so it is
-  redelivered in order. The EmoDB face has no field for a reason: the reason is logged (logger
-  `strictq.sdk`) and counted, not sent.
+- Log data (docs/failure-management.md §1): each attempt's outcome is reported to the gateway's results
+  route with the steps the handler completed (`await msg.step(name, result)`), its partial results
+  (`msg.partial = ...`), free-form fields (`msg.fields[...]`), a reason, a signature (what failed: the
+  failed outbound call, or the error's kind; strictq.sdk.attempt) and the duration. The handler returns:
+  `succeeded` (the message is deleted, like a fenced ack). It raises: `partial` if it completed a step or
+  set partial results, else `failed` (raise `AttemptFailed(reason)` to give the reason yourself); the
+  core's retry workflow decides when and where it runs again (retry_backoff, same worker first), and the
+  retried delivery's `msg.history` carries what earlier attempts did (`attempts`, `last_reason`, `steps`,
+  `partial`; `msg.history.done("charged-card")`) so the handler can skip or verify finished steps.
+- Batches (SQS FIFO semantics): a claim's messages of one group run in seq order; at the first failure the
+  group stops: the messages before it succeeded (reported one by one as they finished), it failed, and
+  the rest are reported `not_attempted` in the same request (they go back untouched, in order).
+- Probes (failure management's dummy messages, `msg.probe` true): routed to the `probe` handler when one
+  is given (`Worker(queue, handle, probe=check)`), else to the normal handler, and reported like any
+  message (succeeded passes the probe). They are not heartbeated (they are not claims).
+- Against a gateway without the results route (an older version) the worker falls back to acks and
+  releases: success is acked; a failure holds the group's claim for a backoff (`retry_backoff`, doubling
+  with the attempt: a poison message must not spin) and then releases it (renew ttl 0); the reason is only
+  logged (logger `strictq.sdk`) and counted.
 - `msg.http` is an aiohttp session whose calls carry the message's tags (`X-Strictq-*`, call ordinal per
   attempt), go through `STRICTQ_PROXY_URL` with Proxy-Authorization basic worker id:secret, and cancel
   the handler when the proxy answers `X-Strictq-Proxy-Action: stale-lease` or `block` (the call raises
-  `CallFenced`). Such a message is not acked; after `block` it is released, after `stale-lease` not (the
-  claim is someone else's now).
+  `CallFenced`). Such a message is not acked; after `block` the group is handed back (`not_attempted`,
+  after the `retry_backoff`: a fenced worker must not spin either), after `stale-lease` nothing is done
+  (the claim is someone else's now).
 - `stop()` (or SIGTERM): no more polls; a poll in flight is awaited and what it claimed is released;
-  running handlers get `grace` seconds to finish (and are acked), then are cancelled; everything claimed
-  and not processed is released, so other workers get it at once instead of after the ttl.
+  running handlers get `grace` seconds to finish (and are reported), then are cancelled; everything
+  claimed and not processed is handed back (`not_attempted`), so other workers get it at once instead of
+  after the ttl.
 """
 
 from __future__ import annotations
@@ -47,7 +63,16 @@ from typing import Any
 
 import aiohttp
 
-from .client import EmoClient, GatewayError, LeaseRefused
+from .attempt import (
+    EMPTY_HISTORY,
+    AttemptFailed,
+    History,
+    add_step,
+    failure_reason,
+    failure_signature,
+    result_item,
+)
+from .client import EmoClient, GatewayError, LeaseRefused, ResultsUnsupported
 from .config import ClientConfig
 from .outbound import CURRENT, Tags, proxy_authorization, tagged_session
 
@@ -60,7 +85,8 @@ MAX_ERROR_BACKOFF = 1.0
 
 @dataclass(slots=True)
 class Message:
-    """What a handler gets: the message, its claim and a tagged outbound session."""
+    """What a handler gets: the message, its claim, a tagged outbound session, what earlier attempts did
+    (`history`), and what this attempt records for its log data (`step()`, `partial`, `fields`)."""
 
     queue: str
     id: str
@@ -72,6 +98,16 @@ class Message:
     http: aiohttp.ClientSession = field(repr=False)
     worker_id: str = ""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    probe: bool = False  # a dummy message of failure management: exercise the handler path, no real work
+    history: History = EMPTY_HISTORY  # prior failed attempts' log data (empty on a first delivery)
+    steps: list[dict[str, Any]] = field(default_factory=list)  # completed in this attempt (use step())
+    partial: Any = None  # this attempt's partial results (JSON): reported when it fails
+    fields: dict[str, Any] = field(default_factory=dict)  # free-form structured fields for the log data
+
+    async def step(self, name: str, result: Any = None) -> None:
+        """Record that this attempt completed the step `name` (with its JSON `result`): reported with the
+        outcome, and carried to the next attempt's `history` should this one fail."""
+        add_step(self.steps, name, result)
 
 
 Context = Message
@@ -82,11 +118,14 @@ Handler = Callable[[Message], Awaitable[Any]]
 class WorkerStats:
     polls: int = 0
     received: int = 0
-    acked: int = 0
+    acked: int = 0  # succeeded: deleted (reported succeeded, or acked)
     failed: int = 0  # the handler raised or was cancelled
-    released: int = 0  # messages handed back (renew ttl 0)
+    released: int = 0  # messages handed back (reported failed / partial / not_attempted, or renew ttl 0)
     lost: int = 0  # claims lost (superseded, expired, or refused at ack)
     heartbeats: int = 0
+    reported: int = 0  # attempt results the gateway took (status ok)
+    probes: int = 0  # probes handled
+    probes_failed: int = 0
     reasons: list[str] = field(default_factory=list)  # the latest release reasons (bounded)
 
     def note(self, reason: str) -> None:
@@ -113,7 +152,12 @@ class Worker:
         wait: float | None = None,
         gateway_timeout: float = 30.0,
         retry_backoff: tuple[float, float] = (0.1, 30.0),
+        probe: Handler | None = None,
+        report_results: bool | None = None,
     ) -> None:
+        """`probe`: the handler for probes (failure management's dummy messages; default: `handler`).
+        `report_results`: report attempt results (log data) to the gateway; None (default) does when the
+        gateway has the route and falls back to acks and releases when it has not; False never does."""
         if not 0 < heartbeat_fraction < 0.9:
             raise ValueError("heartbeat_fraction must be in (0, 0.9)")
         if ttl <= 0 or limit < 1 or concurrency < 1:
@@ -123,6 +167,8 @@ class Worker:
         self.worker_id = self.config.worker_id or ""
         self.queue = queue
         self.handler = handler
+        self.probe_handler = probe
+        self.report_results = report_results  # None: not known yet (the first report tells)
         self.ttl = float(ttl)
         self.limit = limit
         self.concurrency = concurrency
@@ -130,8 +176,9 @@ class Worker:
         self.grace = grace
         self.wait = wait
         self.gateway_timeout = gateway_timeout
-        # After a handler failure the group's claim is held (heartbeats go on) for base * 2**(attempt-1)
-        # seconds, at most `max`, before it is released: a poison message must not spin the queue hot.
+        # Without the results route, and after a proxy `block`: the group's claim is held (heartbeats go
+        # on) for base * 2**(attempt-1) seconds, at most `max`, before it is handed back, so a poison
+        # message (or a fenced worker) does not spin. With results, the core's retry policy delays retries.
         self.retry_backoff = retry_backoff
         self.stats = WorkerStats()
         self._proxy_headers = proxy_authorization(self.config.worker_id, self.config.worker_secret)
@@ -332,11 +379,17 @@ class Worker:
 
     async def _invoke(self, message: Message, tags: Tags) -> BaseException | None:
         CURRENT.set(tags)  # this task's context: worker.http tags its calls too
+        handler = self.probe_handler if message.probe and self.probe_handler is not None else self.handler
         try:
-            await self.handler(message)
+            await handler(message)
         except Exception as exc:  # the handler's failure is an outcome, not the task group's
             return exc
         return None
+
+    def _unsupported(self, exc: GatewayError) -> None:
+        if self.report_results is not False:
+            log.warning("the gateway has no results route (%s): acking and releasing without log data", exc)
+        self.report_results = False
 
 
 class _GroupRun:
@@ -355,10 +408,11 @@ class _GroupRun:
         self.held = messages  # claimed and neither acked nor released, in seq order
         self.expires = claimed_at + worker.ttl  # local, conservative: from when the poll was sent
         self.previous = previous
+        self.probe = any(raw.get("probe") is True for raw in messages)  # not a claim: no heartbeat
         self.finished = asyncio.Event()
         self.lost: str | None = None  # the claim is gone: nothing more to ack, renew or release
         self.release_reason: str | None = None
-        self.retry_after = 0.0  # backoff before releasing after a handler failure
+        self.retry_after = 0.0  # backoff before handing back after a failure (see Worker.retry_backoff)
         self.stop_reason: str | None = None
         self.current: Tags | None = None
         self.lock = asyncio.Lock()  # ack, renew and release never overlap (a renew must not name acked ids)
@@ -380,9 +434,11 @@ class _GroupRun:
     async def run(self) -> None:
         worker = self.worker
         assert worker._tg is not None
-        heartbeat = worker._tg.create_task(
-            self._heartbeat(), name=f"strictq-heartbeat-{worker.queue}-{self.group}"
-        )
+        heartbeat = None
+        if not self.probe:
+            heartbeat = worker._tg.create_task(
+                self._heartbeat(), name=f"strictq-heartbeat-{worker.queue}-{self.group}"
+            )
         try:
             if self.previous is not None:
                 await self.previous.finished.wait()
@@ -391,24 +447,27 @@ class _GroupRun:
                     self.release_reason = self.stop_reason or "worker stopping"
                     break
                 if not await self._process(self.held[0]):
-                    if self.retry_after > 0 and self.lost is None:
+                    if self.retry_after > 0 and self.lost is None and self.held:
                         await worker._sleep(self.retry_after)  # ends early when the worker stops
                     break
         finally:
-            heartbeat.cancel()
+            if heartbeat is not None:
+                heartbeat.cancel()
             try:
                 if self.held and self.lost is None:
-                    await self._release(self.release_reason or "worker stopping")
+                    await self._hand_back(self.release_reason or "worker stopping")
             finally:
                 self.finished.set()
                 worker._run_finished(self)
 
     async def _process(self, raw: dict[str, Any]) -> bool:
+        """Run the handler on the group's next message and report how it went; False stops the group."""
         worker = self.worker
         assert worker._tg is not None
         attempt = raw.get("receive_count") or raw.get("attempt") or 1
         tags = Tags(worker.queue, raw["id"], self.group, raw.get("token", ""), int(attempt))
         session = worker._session(tags)
+        probe = raw.get("probe") is True
         message = Message(
             queue=worker.queue,
             id=raw["id"],
@@ -420,8 +479,12 @@ class _GroupRun:
             http=session,
             worker_id=worker.worker_id,
             raw=raw,
+            probe=probe,
+            history=History.from_poll(raw.get("history")),
         )
         self.current = tags
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         task = worker._tg.create_task(
             worker._invoke(message, tags), name=f"strictq-handler-{worker.queue}-{raw['id']}"
         )
@@ -434,36 +497,141 @@ class _GroupRun:
         finally:
             self.current = None
             await session.close()
+        duration_ms = (loop.time() - started) * 1000
+        if probe:
+            worker.stats.probes += 1
         if task.cancelled() or tags.aborted:
             reason = tags.abort_reason or "the handler was cancelled"
             worker.stats.failed += 1
+            worker.stats.probes_failed += probe
             if tags.fenced is not None and tags.fenced.action == "stale-lease":
                 self.lose(f"message {raw['id']}: {reason}")
             else:
                 self.release_reason = f"message {raw['id']}: {reason}"
-                # A fenced (blocked) worker backs off like a failing handler rather than taking the
-                # message straight back: it would only be refused again.
-                self.retry_after = self._backoff(attempt)
+                if tags.fenced is not None:
+                    # A fenced (blocked) worker backs off rather than taking the message straight back:
+                    # it would only be refused again.
+                    self.retry_after = self._backoff(attempt)
             return False
         error = task.result()
-        if error is not None:
-            worker.stats.failed += 1
-            self.release_reason = f"message {raw['id']} attempt {attempt}: handler raised {error!r}"
-            self.retry_after = self._backoff(attempt)
-            log.warning(
-                "handler failed on message %s (group %s of %s, attempt %s); releasing the group's rest",
+        if error is None:
+            return await self._succeeded(raw, message, duration_ms)
+        worker.stats.failed += 1
+        worker.stats.probes_failed += probe
+        reason = f"message {raw['id']} attempt {attempt}: handler raised {error!r}"
+        log.warning(
+            "handler failed on message %s (group %s of %s, attempt %s)%s: %s",
+            raw["id"],
+            self.group,
+            worker.queue,
+            attempt,
+            "" if len(self.held) == 1 else f"; handing back the group's {len(self.held) - 1} other(s)",
+            failure_reason(error),
+            exc_info=None if isinstance(error, AttemptFailed) else error,
+        )
+        if worker.report_results is not False:
+            item = self._failed_item(raw, message, error, tags, duration_ms)
+            why = f"an earlier message of the group failed ({raw['id']})"
+            rest = [result_item(r["id"], r.get("token"), "not_attempted", reason=why) for r in self.held[1:]]
+            if await self._report([item, *rest], reason) is not None:
+                worker.stats.note(reason)
+                return False
+        # No results route: hold the claim for a backoff, then release (a poison message must not spin).
+        self.release_reason = reason
+        self.retry_after = self._backoff(attempt)
+        return False
+
+    def _failed_item(
+        self, raw: dict[str, Any], message: Message, error: BaseException, tags: Tags, duration_ms: float
+    ) -> dict[str, Any]:
+        partial = message.partial
+        fields = dict(message.fields)
+        if isinstance(error, AttemptFailed):
+            partial = error.partial if error.partial is not None else partial
+            fields.update(error.fields)
+        progressed = bool(message.steps) or partial is not None
+        return result_item(
+            raw["id"],
+            raw.get("token"),
+            "partial" if progressed else "failed",
+            reason=failure_reason(error),
+            signature=failure_signature(error, tags.last_failed_call),
+            steps=message.steps,
+            partial=partial,
+            fields=fields,
+            duration_ms=duration_ms,
+        )
+
+    async def _succeeded(self, raw: dict[str, Any], message: Message, duration_ms: float) -> bool:
+        worker = self.worker
+        if worker.report_results is not False:
+            item = result_item(
                 raw["id"],
-                self.group,
-                worker.queue,
-                attempt,
-                exc_info=error,
+                raw.get("token"),
+                "succeeded",
+                steps=message.steps,
+                partial=message.partial,
+                fields=message.fields,
+                duration_ms=duration_ms,
             )
-            return False
+            reported = await self._report([item], f"message {raw['id']} succeeded")
+            if reported is not None:
+                return reported
+        if message.probe:  # without the results route a probe has nowhere to go
+            self.held.pop(0)
+            return True
         return await self._ack(raw)
 
     def _backoff(self, attempt: Any) -> float:
         base, ceiling = self.worker.retry_backoff
         return float(min(ceiling, base * 2 ** (max(1, int(attempt)) - 1)))
+
+    async def _report(self, items: list[dict[str, Any]], what: str) -> bool | None:
+        """Report results for the first len(items) held messages (in seq order) and drop them from `held`.
+        True: all taken (for a single `succeeded`: it is deleted); False: the claim is gone or the report
+        could not be made (the rest is handed back by `run`); None: the gateway has no results route."""
+        worker = self.worker
+        assert worker._gateway is not None
+        delay = MIN_BACKOFF
+        async with self.lock:
+            while True:
+                try:
+                    statuses = await worker._gateway.report(worker.queue, items)
+                    break
+                except ResultsUnsupported as exc:
+                    worker._unsupported(exc)
+                    return None
+                except GatewayError as exc:
+                    loop = asyncio.get_running_loop()
+                    if not exc.transient or loop.time() + delay >= self.expires:
+                        self.release_reason = f"report for {what} failed: {exc}"
+                        log.error("report of %s in %s failed: %s", what, worker.queue, exc)
+                        return False
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, MAX_ERROR_BACKOFF)
+            if worker.report_results is None:
+                worker.report_results = True
+            ok = True
+            for raw, item, status in zip(self.held, items, statuses, strict=False):
+                code = status.get("status")
+                if code == "ok" or (code == "gone" and item["outcome"] == "succeeded"):
+                    worker.stats.reported += code == "ok"
+                    if raw.get("probe") is True:
+                        pass
+                    elif item["outcome"] == "succeeded":
+                        worker.stats.acked += 1
+                    else:
+                        worker.stats.released += 1
+                elif code in ("stale_claim", "not_in_flight", "gone"):
+                    self.lose(f"result for {item['id']} refused: {code} {status.get('message', '')}".strip())
+                    ok = False
+                else:
+                    self.release_reason = f"result for {item['id']} refused: {code} {status.get('message')}"
+                    log.error("%s in %s", self.release_reason, worker.queue)
+                    ok = False
+            if ok or self.lost is not None:
+                del self.held[: len(items)]
+        return ok
 
     async def _ack(self, raw: dict[str, Any]) -> bool:
         worker = self.worker
@@ -489,11 +657,35 @@ class _GroupRun:
         worker.stats.acked += 1
         return True
 
+    async def _hand_back(self, reason: str) -> None:
+        """Everything still held goes back untouched, in order: reported `not_attempted` (the results
+        route), else released (renew ttl 0)."""
+        worker = self.worker
+        held = list(self.held)
+        if worker.report_results is not False:
+            items = [result_item(r["id"], r.get("token"), "not_attempted", reason=reason) for r in held]
+            reported = await self._report(items, f"{len(items)} message(s) handed back")
+            if reported is not None:
+                if self.held and self.lost is None:  # refused: release what is left the old way
+                    await self._release(reason)
+                else:
+                    worker.stats.note(reason)
+                    log.info(
+                        "handed back %d message(s) of group %s in %s (from %s): %s",
+                        len(held),
+                        self.group,
+                        worker.queue,
+                        held[0]["id"] if held else "-",
+                        reason,
+                    )
+                return
+        await self._release(reason)
+
     async def _release(self, reason: str) -> None:
         worker = self.worker
         assert worker._gateway is not None
         async with self.lock:
-            held, self.held = self.held, []
+            held, self.held = [r for r in self.held if r.get("probe") is not True], []
             for token, ids in _by_token(held).items():
                 try:
                     await worker._gateway.release(worker.queue, ids, token)
