@@ -10,6 +10,7 @@ from aiohttp import web
 from queue_core.admin_http import add_admin_routes
 from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub
+from queue_core.failures import FailureManager
 from queue_core.service import QueueService
 
 from .deliveries import DELIVERIES, DeliveryLog
@@ -42,6 +43,7 @@ def make_gateway_app(
     control: ControlHub | None = None,
     index: Path | None = None,
     deliveries: DeliveryLog | None = None,
+    failures: FailureManager | None = None,
 ) -> web.Application:
     """`deliveries`: write a wire-log record per message handed to a worker (gateway.deliveries)."""
     from . import emodb, sqs  # the faces register their own routes
@@ -57,7 +59,8 @@ def make_gateway_app(
     sqs.add_routes(app)
     emodb.add_routes(app)
     if isinstance(service, QueueService):  # the core is in this process: its control stream and fences too
-        add_admin_routes(app, control or ControlHub(service), keys)
+        hub = control or (failures.hub if failures is not None else ControlHub(service))
+        add_admin_routes(app, hub, keys, failures)  # failures: failure management's routes and hooks
     if index is not None:  # GET /admin/v1/search over the wire-log index (strictq index builds it)
         from spark.admin_endpoint import add_search_route
 

@@ -462,6 +462,7 @@ async def poll(call: Call) -> web.StreamResponse:
                 "seq": r.delivery.seq,
                 "token": r.delivery.token,
                 "attempt": r.delivery.receive_count,
+                **({"probe": True} if r.probe else {}),  # failure management's dummy message
             }
             for r in received
         ]

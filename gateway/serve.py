@@ -22,7 +22,9 @@ from aiohttp import web
 from fencing.child import ProxyChild, ProxyStartError, start_proxy_child
 from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub
+from queue_core.failures import FailureManager
 from queue_core.fences import FenceRegistry
+from queue_core.machine.health import HealthSettings
 from queue_core.remote import RemoteQueueService
 from queue_core.service import QueueService
 
@@ -49,6 +51,8 @@ class ServeOptions:
     proxy: bool = True  # start the egress proxy as a child process
     proxy_port: int | None = None  # default: 8480, or 0 (a free port) when `port` is 0
     index: Path | None = None  # wire-log index for GET /admin/v1/search; default <data-dir>/index
+    # Failure management (docs/failure-management.md §3) with the core in-process; None: off.
+    health: HealthSettings | None = None
 
 
 def client_env(
@@ -110,8 +114,11 @@ async def serve(options: ServeOptions) -> None:
     gc.set_threshold(50_000, 20, 100)
     # With the core in-process, this process serves the control stream and fences (<data-dir>/fences.json).
     control = None
+    failures = None
     if isinstance(service, QueueService):
         control = ControlHub(service, FenceRegistry(data_dir / "fences.json"))
+        if options.health is not None:  # its events go to the wire log beside the gateway's records
+            failures = FailureManager(service, control, options.health, wirelog=data_dir / "wirelog")
     # One `delivery` record per message handed to a worker, beside the proxy's records (same redaction key).
     deliveries = DeliveryLog(data_dir / "wirelog", key_dir=data_dir)
     deliveries.start()
@@ -122,6 +129,7 @@ async def serve(options: ServeOptions) -> None:
             control=control,
             index=options.index or data_dir / "index",
             deliveries=deliveries,
+            failures=failures,
         ),
         access_log=None,
         handle_signals=False,

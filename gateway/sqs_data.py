@@ -219,7 +219,12 @@ async def receive_message(call: Call) -> Result:
             return {"Messages": again}
     try:
         received = await queue.service.receive(
-            queue.internal, limit, None if ttl is None else float(ttl), worker=call.credential.id, wait=wait
+            queue.internal,
+            limit,
+            None if ttl is None else float(ttl),
+            worker=call.credential.id,
+            wait=wait,
+            probes=False,  # failure management's probes are for SDK workers: an SQS one cannot report one
         )
     except QueueError as exc:
         raise from_core(exc) from None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -19,6 +19,9 @@ from gateway.keys import Credential, KeyRing
 
 from .control import KEEPALIVE_FRAME, ControlHub, StreamClosed
 from .fences import FenceError, InvalidFence, NotFenced, UnknownWorker
+
+if TYPE_CHECKING:
+    from .failures import FailureManager
 
 log = logging.getLogger("strictq.admin")
 CONTROL = web.AppKey("strictq_control", ControlHub)
@@ -180,22 +183,33 @@ async def delete_fence(request: web.Request) -> web.StreamResponse:
 
 
 # ------------------------------------------------------------------------------------------- mounting
-def add_admin_routes(app: web.Application, hub: ControlHub, keys: KeyRing) -> None:
-    """Serve /admin/v1/control and /admin/v1/fences from `app`, with the hub living as long as it."""
+def add_admin_routes(
+    app: web.Application, hub: ControlHub, keys: KeyRing, failures: FailureManager | None = None
+) -> None:
+    """Serve /admin/v1/control and /admin/v1/fences from `app`, with the hub living as long as it; with
+    `failures` (its hub must be `hub`), failure management's routes too (queue_core.health_http)."""
     app[CONTROL] = hub
     app[ADMIN_KEYS] = keys
     app.router.add_get("/admin/v1/control", control_stream)
     app.router.add_get("/admin/v1/fences", list_fences)
     app.router.add_put("/admin/v1/fences/{worker}", put_fence)
     app.router.add_delete("/admin/v1/fences/{worker}", delete_fence)
+    if failures is not None:
+        from .health_http import add_health_routes
+
+        add_health_routes(app, failures)
 
     async def start(app: web.Application) -> None:
         await hub.start()
+        if failures is not None:
+            await failures.start()
 
     async def end_streams(app: web.Application) -> None:
         await hub.shutdown_streams()
 
     async def close(app: web.Application) -> None:
+        if failures is not None:
+            await failures.close()
         await hub.close()
 
     app.on_startup.append(start)

@@ -47,7 +47,13 @@ class QueueBackend(Protocol):
         self, queue: str, requests: Sequence[SendRequest], *, create: bool = False
     ) -> list[SendResult | QueueError]: ...
     async def receive(
-        self, queue: str, limit: int = 10, ttl: float | None = None, worker: str = "", wait: float = 0.0
+        self,
+        queue: str,
+        limit: int = 10,
+        ttl: float | None = None,
+        worker: str = "",
+        wait: float = 0.0,
+        probes: bool = True,  # False: a face that cannot hand out failure management's probes (SQS)
     ) -> list[Received]: ...
     async def ack(self, queue: str, items: Sequence[tuple[str, int | None]]) -> list[AckOutcome]: ...
     async def renew(

@@ -212,10 +212,18 @@ class RemoteQueueService:
         return [_send_result(item) for item in payload["results"]]
 
     async def receive(
-        self, queue: str, limit: int = 10, ttl: float | None = None, worker: str = "", wait: float = 0.0
+        self,
+        queue: str,
+        limit: int = 10,
+        ttl: float | None = None,
+        worker: str = "",
+        wait: float = 0.0,
+        probes: bool = True,
     ) -> list[Received]:
         wait = min(max(wait, 0.0), MAX_WAIT)
-        body = {"limit": limit, "ttl": ttl, "worker": worker, "wait": wait}
+        body: dict[str, Any] = {"limit": limit, "ttl": ttl, "worker": worker, "wait": wait}
+        if not probes:
+            body["probes"] = False
         path = self._q(queue) + "/receive"
         if wait <= 0:
             payload = await self._call("POST", path, body)
@@ -348,7 +356,7 @@ def _received(item: dict[str, Any]) -> Received:
         item["claim_expires"],
         item.get("origin"),
     )
-    return Received(delivery, *_body_of(item))
+    return Received(delivery, *_body_of(item), probe=item.get("probe") is True)
 
 
 def _move(data: dict[str, Any]) -> MoveStatus:

@@ -25,6 +25,7 @@ from gateway.keys import KeyRing, write_development_keys
 
 from .admin_http import add_admin_routes
 from .control import ControlHub
+from .failures import FailureManager
 from .machine import (
     AckOutcome,
     AlreadyExists,
@@ -41,6 +42,7 @@ from .machine import (
     Unavailable,
     parse_receipt,
 )
+from .machine.health import HealthSettings
 from .service import QueueService, Received
 from .store import StoreError
 
@@ -260,6 +262,7 @@ def received_json(item: Received) -> dict[str, Any]:
         "claim_expires": d.claim_expires,
         "origin": d.origin,
         **body_fields(item.body, item.content_type, item.extra),
+        **({"probe": True} if item.probe else {}),  # failure management's dummy message
     }
 
 
@@ -393,6 +396,7 @@ async def receive(request: web.Request) -> web.Response:
         ttl=number(data, "ttl", None),
         worker=worker,
         wait=number(data, "wait", 0.0) or 0.0,
+        probes=data.get("probes", True) is not False,  # false: the caller cannot hand out probes (SQS)
     )
     return json_response({"messages": [received_json(r) for r in received]})
 
@@ -503,7 +507,14 @@ def make_app(service: QueueService) -> web.Application:
 
 
 # ------------------------------------------------------------------------------------- the process
-async def serve(host: str, port: int, data_dir: Path, partitions: int, keys: Path | None = None) -> None:
+async def serve(
+    host: str,
+    port: int,
+    data_dir: Path,
+    partitions: int,
+    keys: Path | None = None,
+    health: HealthSettings | None = None,
+) -> None:
     # The admin routes (control stream, fences) authenticate with the key file; a missing default one is
     # created with development credentials, as `strictq serve` does.
     keys_path = keys or data_dir / "keys.toml"
@@ -516,7 +527,12 @@ async def serve(host: str, port: int, data_dir: Path, partitions: int, keys: Pat
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
     app = make_app(service)
-    add_admin_routes(app, ControlHub(service), key_ring)  # fences in <data-dir>/fences.json
+    hub = ControlHub(service)  # fences in <data-dir>/fences.json
+    # Failure management (docs/failure-management.md §3); its events go to <data-dir>/wirelog.
+    failures = (
+        FailureManager(service, hub, health, wirelog=data_dir / "wirelog") if health is not None else None
+    )
+    add_admin_routes(app, hub, key_ring, failures)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
@@ -548,11 +564,18 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def run(host: str, port: int, data_dir: Path, partitions: int, keys: Path | None = None) -> None:
+def run(
+    host: str,
+    port: int,
+    data_dir: Path,
+    partitions: int,
+    keys: Path | None = None,
+    health: HealthSettings | None = None,
+) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         import uvloop
 
-        uvloop.run(serve(host, port, data_dir, partitions, keys))
+        uvloop.run(serve(host, port, data_dir, partitions, keys, health))
     except ImportError:  # uvloop is pinned, but the server still runs on plain asyncio without it
-        asyncio.run(serve(host, port, data_dir, partitions, keys))
+        asyncio.run(serve(host, port, data_dir, partitions, keys, health))

@@ -32,7 +32,14 @@ from .machine import (
     SendResult,
 )
 from .machine.core import RenewMode
-from .machine.effects import Effect, FloorRaised, MessageInserted, MessagesDeleted
+from .machine.effects import (
+    AttemptRecorded,
+    Effect,
+    FloorRaised,
+    GroupEvent,
+    MessageInserted,
+    MessagesDeleted,
+)
 from .machine.groups import DEFAULT_PARTITIONS
 from .store import SqliteStore
 
@@ -50,6 +57,14 @@ class Received:
     body: bytes
     content_type: str
     extra: bytes
+    probe: bool = False  # a dummy message of failure management (queue_core.failures), not the core's
+
+
+# (queue, worker, probes) -> None: receive as usual; a list: return it instead (failure management holds
+# the worker or the queue: nothing, or only a probe; never a probe when `probes` is False).
+ReceiveGate = Callable[[str, str, bool], "list[Received] | None"]
+# (queue, worker, message id, outcome, reason) -> True when the id was a probe and the result was taken.
+ProbeResults = Callable[[str, str, str, str, str], bool]
 
 
 class BodyCache:
@@ -114,6 +129,11 @@ class QueueService:
         self.ready = False
         self.restore_seconds = 0.0
         self.floor_listeners: list[Callable[[FloorRaised], None]] = []
+        # Failure management's hooks (queue_core.failures): the attempts it accounts and the retry
+        # workflow's group events it publishes, who may receive, probe results.
+        self.failure_listeners: list[Callable[[AttemptRecorded | GroupEvent], None]] = []
+        self.receive_gate: ReceiveGate | None = None
+        self.probe_results: ProbeResults | None = None
         self._store = SqliteStore(self.data_dir / "queue.sqlite3", clock)
         self._log: DurableLog | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -182,6 +202,9 @@ class QueueService:
             elif isinstance(effect, FloorRaised):
                 for listener in self.floor_listeners:
                     listener(effect)
+            elif isinstance(effect, AttemptRecorded | GroupEvent):
+                for failure_listener in self.failure_listeners:
+                    failure_listener(effect)
         future = self._log.submit(effects, fetch)
         self._reschedule()
         return future
@@ -215,6 +238,12 @@ class QueueService:
         event = self._waiters.pop(queue, None)
         if event is not None:
             event.set()
+
+    def wake(self, queue: str | None = None) -> None:
+        """Let long polls of `queue` (None: of every queue) look again: failure management changed who
+        may receive, or has a probe for one of them."""
+        for name in [queue] if queue is not None else list(self._waiters):
+            self._notify(name)
 
     # ------------------------------------------------------------------------------------ queues
     async def create_queue(self, name: str, attributes: dict[str, Any] | None = None) -> QueueAttributes:
@@ -263,13 +292,26 @@ class QueueService:
         return results
 
     async def receive(
-        self, queue: str, limit: int = 10, ttl: float | None = None, worker: str = "", wait: float = 0.0
+        self,
+        queue: str,
+        limit: int = 10,
+        ttl: float | None = None,
+        worker: str = "",
+        wait: float = 0.0,
+        probes: bool = True,
     ) -> list[Received]:
-        """Claim up to `limit` messages; with `wait`, long-poll until some arrive or the wait ends."""
+        """Claim up to `limit` messages; with `wait`, long-poll until some arrive or the wait ends.
+        `probes`: whether the caller can hand out failure management's probes (the SQS face cannot)."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + min(max(wait, 0.0), MAX_WAIT)
+        gate = self.receive_gate
         while True:
-            deliveries = self.core.receive(queue, limit, ttl, worker, now=self.clock())
+            held = gate(queue, worker, probes) if gate is not None else None
+            if held:
+                return held
+            deliveries = (
+                [] if held is not None else self.core.receive(queue, limit, ttl, worker, now=self.clock())
+            )
             remaining = give_up - loop.time()
             if deliveries or remaining <= 0 or not self.ready:
                 break
@@ -318,6 +360,34 @@ class QueueService:
         self._notify(queue)
         await self._durable(future)
         return count
+
+    async def release_worker(self, worker: str) -> int:
+        """Hand back every claim `worker` holds, in every queue (failure management fenced it), and its
+        same-worker retries, so its groups go to other workers in order; returns how many messages were
+        released."""
+        freed, future = self._apply(self.core.forget_reservations, worker)
+        if freed:
+            self.wake()
+            await self._durable(future)
+        released = 0
+        for state in list(self.core.queues.values()):
+            items: list[tuple[str, int | None]] = [
+                (message.id, group.floor)
+                for group in state.groups.values()
+                if group.claimed and group.claim_worker == worker
+                for message in group.claimed
+            ]
+            if items:
+                outcomes, future = self._apply(self.core.release, state.name, items)
+                released += sum(outcome.status == "ok" for outcome in outcomes)
+                self._notify(state.name)
+                await self._durable(future)
+        return released
+
+    def take_probe_result(self, queue: str, worker: str, message_id: str, outcome: str, reason: str) -> bool:
+        """A reported result for a probe goes to failure management, not the core (True: it took it)."""
+        handler = self.probe_results
+        return handler is not None and handler(queue, worker, message_id, outcome, reason)
 
     async def purge(self, queue: str) -> int:
         count, future = self._apply(self.core.purge, queue)

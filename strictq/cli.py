@@ -12,6 +12,8 @@ from typing import Any
 from fencing.cli import register as register_proxy_commands
 
 from .admin_cli import register as register_admin_commands
+from .health_cli import add_settings_arguments as add_health_arguments
+from .health_cli import register as register_health_commands
 
 CLIENT_ENV_HELP = (
     "Client commands read STRICTQ_URL (default http://127.0.0.1:8470), STRICTQ_CA_FILE, STRICTQ_API_KEY "
@@ -68,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="credential file for the admin routes (control stream, fences; default: <data-dir>/keys.toml, "
         "created with development keys)",
     )
+    add_health_arguments(server)
     server.set_defaults(handler=cmd_queue_server)
 
     serve = commands.add_parser(
@@ -127,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="egress proxy port (default: 8480, or a free one with --port 0); its admin port is this + 10",
     )
+    add_health_arguments(serve)
     serve.set_defaults(handler=cmd_serve)
 
     send = commands.add_parser(
@@ -202,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     queues.set_defaults(handler=cmd_queues)
     register_proxy_commands(commands)  # strictq proxy / proxy ca (fencing.cli)
     register_admin_commands(commands)  # strictq fence / unfence / fences
+    register_health_commands(commands)  # strictq status / suspend / resume / unblacklist
     from wirelog.cli import register as register_wirelog  # strictq wirelog tail / grep (stdlib imports only)
 
     register_wirelog(commands)
@@ -226,8 +231,11 @@ def cmd_queue_server(args: argparse.Namespace) -> int:
     if not 1 <= args.partitions <= 65536:
         print("strictq: --partitions must be 1-65536", file=sys.stderr)
         return 2
+    health = _health_settings(args)
+    if health is False:
+        return 2
     try:
-        run(args.host, args.port, args.data_dir, args.partitions, args.keys)
+        run(args.host, args.port, args.data_dir, args.partitions, args.keys, health)
     except (KeyFileError, FenceFileError) as exc:
         print(f"strictq: {exc}", file=sys.stderr)
         return 2
@@ -244,6 +252,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if (args.tls_cert is None) != (args.tls_key is None):
         print("strictq: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
+    health = _health_settings(args)
+    if health is False:
+        return 2
     options = ServeOptions(
         host=args.host,
         port=args.port,
@@ -258,6 +269,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         proxy=args.proxy,
         proxy_port=args.proxy_port,
         index=args.index,
+        health=health,
     )
     if args.queue_server is not None and not args.queue_server.startswith(("http://", "https://")):
         print("strictq: --queue-server must be an http:// or https:// URL", file=sys.stderr)
@@ -268,6 +280,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"strictq: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _health_settings(args: argparse.Namespace) -> Any:
+    """Failure-management settings from the flags: None (--no-health), or False after printing why not."""
+    from .health_cli import settings_from_args
+
+    try:
+        return settings_from_args(args)
+    except ValueError as exc:
+        print(f"strictq: {exc}", file=sys.stderr)
+        return False
 
 
 # ------------------------------------------------------------------------------------------ client

@@ -131,4 +131,5 @@ async def client(server: ServerProcess) -> AsyncIterator[QueueClient]:
 
 # The in-process gateway fixture (real TLS with a trustme CA) for the gateway faces' tests.
 from gateway_support import gateway  # noqa: E402, F401
+from health_support import health  # noqa: E402, F401  (failure management on: tests/test_failure_management.py)
 from spark_support import spark, spark_sample  # noqa: E402, F401  (one session-wide SparkSession)

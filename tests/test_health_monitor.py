@@ -675,3 +675,12 @@ def test_anonymous_workers_are_never_fenced_but_suspensions_hold_for_them(
     assert monitor.drain_decisions() == [] and monitor.poll(Q, "", clock.now).allowed
     monitor.suspend(Q, "maintenance", clock.now)
     assert not monitor.poll(Q, "", clock.now).allowed
+
+
+def test_a_poller_that_cannot_take_probes_never_gets_one(monitor: HealthMonitor, clock: Clock) -> None:
+    """The SQS face polls with probes=False: the probe waits for a poller that can report it."""
+    fence(monitor, clock)
+    run_timers(monitor, clock, clock.now + SETTINGS.probe_interval)
+    verdict = monitor.poll(Q, "w1", clock.now, probes=False)
+    assert not verdict.allowed and verdict.probe is None
+    assert deliver(monitor, clock, "w1").startswith("probe-")  # still there for the next able poller

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -11,6 +12,7 @@ from .errors import InvalidArgument
 
 KIB = 1024
 MAX_MESSAGE_SIZE_CEILING = 1024 * KIB
+MAX_PROBE_PAYLOAD = 16 * KIB
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 
 QueueKind = Literal["queue", "dedup"]
@@ -50,6 +52,11 @@ class QueueAttributes:
     max_attempts: int = 0  # 0: off (max_receive_count / DLQ rules only)
     on_exhausted: OnExhausted = "park"
     log_retention_attempts: int = 50  # attempts of log data the store keeps per group (0: none)
+    # Failure management (docs/failure-management.md §3): the payload of the probes (dummy messages) its
+    # workers get (JSON; None: {"probe": true}), and whether the proxy may let a fenced worker's probe
+    # calls reach the backends (else it answers them by mimicry).
+    probe_payload: Any = None
+    probe_safe: bool = False
 
     def validate(self) -> QueueAttributes:
         _check_range("visibility_timeout", self.visibility_timeout, 0, 12 * 3600)
@@ -67,6 +74,7 @@ class QueueAttributes:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.labels.items()):
             raise InvalidArgument("labels must map strings to strings", field="labels")
         _check_range("log_retention_attempts", self.log_retention_attempts, 0, 10_000)
+        _check_probe_payload(self.probe_payload)
         self.retry_policy().validate()
         return self
 
@@ -159,7 +167,7 @@ def _coerce(changes: dict[str, Any]) -> dict[str, Any]:
         ):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise InvalidArgument(f"{name} must be an integer", field=name)
-        elif name == "content_based_dedup":
+        elif name in ("content_based_dedup", "probe_safe"):
             if not isinstance(value, bool):
                 raise InvalidArgument(f"{name} must be a boolean", field=name)
         elif name == "labels":
@@ -173,6 +181,17 @@ def _coerce(changes: dict[str, Any]) -> dict[str, Any]:
 def _check_range(name: str, value: float, low: float, high: float) -> None:
     if not low <= value <= high:
         raise InvalidArgument(f"{name} must be between {low} and {high}, got {value}", field=name)
+
+
+def _check_probe_payload(value: Any) -> None:
+    """Any JSON value up to MAX_PROBE_PAYLOAD bytes serialised (it travels in every probe)."""
+    try:
+        size = len(json.dumps(value, allow_nan=False, separators=(",", ":")))
+    except (TypeError, ValueError):
+        raise InvalidArgument("probe_payload must be a JSON value", field="probe_payload") from None
+    if size > MAX_PROBE_PAYLOAD:
+        message = f"probe_payload must be at most {MAX_PROBE_PAYLOAD} bytes"
+        raise InvalidArgument(message, field="probe_payload")
 
 
 def validate_queue_name(name: object) -> str:

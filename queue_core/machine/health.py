@@ -416,8 +416,9 @@ class HealthMonitor:
                 probe_id=probe.id,
             )
 
-    def poll(self, queue: str, worker: str, now: float) -> PollVerdict:
-        """A worker polls a queue: whether it may get messages, and the probe to hand it first, if any.
+    def poll(self, queue: str, worker: str, now: float, *, probes: bool = True) -> PollVerdict:
+        """A worker polls a queue: whether it may get messages, and the probe to hand it first, if any
+        (never with `probes` False: a poller that cannot take one, e.g. through the SQS face).
 
         Every poller counts among the queue's recent workers (the large-scale rule's denominator). A probe
         returned here counts as delivered: its result is due within `probe_timeout`."""
@@ -435,13 +436,13 @@ class HealthMonitor:
             if not w.queue:
                 w.queue = queue
             probe = w.probe
-            if probe is not None and probe.delivered is None and probe.queue in (queue, ""):
+            if probes and probe is not None and probe.delivered is None and probe.queue in (queue, ""):
                 probe.queue = queue  # "": a fence adopted after a restart, its queue learnt from this poll
                 return PollVerdict(False, self._deliver(probe, worker, now))
             allowed = allowed and w.state in ("healthy", "suspect")
         if allowed:
             return ALLOWED
-        if q.suspended and (w is None or w.state in ("healthy", "suspect")):
+        if probes and q.suspended and (w is None or w.state in ("healthy", "suspect")):
             if q.probe is not None and q.probe.delivered is None:
                 return PollVerdict(False, self._deliver(q.probe, worker, now))
         return BLOCKED
