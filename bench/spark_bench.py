@@ -182,24 +182,15 @@ def warm_lookups(index: Path, ids: list[str]) -> tuple[list[float], dict[str, An
 
 
 def spark_lookups(index: Path, present: list[str], absent: list[str], progress: Progress) -> dict[str, Any]:
-    from pyspark.sql import functions as F
-
-    from spark import layout
-    from spark.buckets import bucket_of
-    from spark.schema import spark_index_schema
+    from spark.lookup import spark_lookup
     from spark.session import build_session
 
     session = build_session(app_name="strictq-bench", driver_memory="2g")
     try:
-        state = layout.load_state(index)
-        schema = spark_index_schema()
-        file_schema = type(schema)([f for f in schema.fields if f.name != "bucket"])
 
         def one(message_id: str) -> float:
-            files = layout.bucket_files(index, state, bucket_of(message_id, state.buckets))
             started = time.perf_counter()
-            frame = session.read.schema(file_schema).parquet(*[str(p) for p in files])
-            frame.where(F.col("message_id") == message_id).select("ts", "kind", "status").collect()
+            spark_lookup(session, index, message_id, columns=("ts", "kind", "status"))
             return (time.perf_counter() - started) * 1000
 
         for message_id in present[:3]:  # warm-up: first jobs compile and load classes

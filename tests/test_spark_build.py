@@ -59,7 +59,10 @@ def assert_index_matches_segments(wirelog: Path, index: Path, sample_ids: int = 
         assert got == brute_force(wirelog, message_id)
 
 
-def test_incremental_runs_index_only_new_segments(spark: Any, tmp_path: Path) -> None:
+def test_incremental_runs_index_only_new_segments(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(layout, "CONSOLIDATE_AFTER", 2)  # merge manifests early, to test that too
     wirelog, index = tmp_path / "wirelog", tmp_path / "index"
     write_traffic(wirelog, SampleSpec(messages=120, seed=1))
     first = _index(spark, wirelog, index)
@@ -73,8 +76,14 @@ def test_incremental_runs_index_only_new_segments(spark: Any, tmp_path: Path) ->
     third = _index(spark, wirelog, index)
     assert third.batches == [] and third.records == 0
     assert_index_matches_segments(wirelog, index)
-    manifests = layout.committed_manifests(index, layout.load_state(index))
-    assert [m["batch"] for m in manifests] == [1, 2]
+    # The third run merged batches 1-2 into upto-00000002.json; a fourth still finds nothing new.
+    assert (index / layout.MANIFEST_DIR / "upto-00000002.json").exists()
+    assert layout.committed_manifests(index, layout.load_state(index)) == []
+    assert _index(spark, wirelog, index).batches == []
+    write_traffic(wirelog, SampleSpec(messages=20, seed=12, start=1_795_346_000.0))
+    assert len(_index(spark, wirelog, index).batches) == 1
+    assert [m["batch"] for m in layout.committed_manifests(index, layout.load_state(index))] == [3]
+    assert_index_matches_segments(wirelog, index)
 
 
 def test_a_run_failing_at_any_point_is_redone_without_duplicates_or_gaps(spark: Any, tmp_path: Path) -> None:
@@ -128,7 +137,7 @@ def test_killed_index_processes_then_rerun_leave_no_duplicates_or_gaps(spark: An
                 seen += lines.get(timeout=1)
             except queue.Empty:
                 assert proc.poll() is None, f"exited early ({proc.returncode}):\n{seen}"
-        time.sleep(0.3)  # inside the Spark job
+        time.sleep(0.05)  # printed just before the batch starts: batch 2 is being written, never committed
         proc.send_signal(signal.SIGKILL)
     finally:
         if proc.poll() is None:

@@ -118,6 +118,14 @@ def test_index_files_are_sorted_zstd_with_bloom_filters(spark_sample: SampleInde
         assert {bucket_of(m, SAMPLE_BUCKETS) for m, _ in keys} == {bucket}
 
 
+def test_spark_lookup_uses_the_bucket_and_equals_brute_force(spark: Any, spark_sample: SampleIndex) -> None:
+    from spark.lookup import spark_lookup
+
+    for message_id in [*random.Random(4).sample(spark_sample.traffic.message_ids, 3), "absent-id"]:
+        rows = spark_lookup(spark, spark_sample.index, message_id)
+        assert [orjson.loads(r["record"]) for r in rows] == brute_force(spark_sample.wirelog, message_id)
+
+
 def test_every_kind_is_indexed(spark_sample: SampleIndex) -> None:
     message_id = next(
         m
