@@ -5,6 +5,7 @@ real control-stream client following it, and plain EmoDB calls (no SDK) for prod
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
 import time
@@ -143,6 +144,13 @@ class Health:
 
 @pytest.fixture
 async def health(tmp_path: Path) -> AsyncIterator[Health]:
+    async with running_health(tmp_path) as h:
+        yield h
+
+
+@contextlib.asynccontextmanager
+async def running_health(tmp_path: Path, settings: HealthSettings = SETTINGS) -> AsyncIterator[Health]:
+    """The gateway with failure management on, a control-stream client synchronised with it."""
     ca = trustme.CA()
     ca_file = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
@@ -153,7 +161,7 @@ async def health(tmp_path: Path) -> AsyncIterator[Health]:
     await service.create_queue(f"t1.{QUEUE}", {"retry_backoff": 0.0})  # retries at once: quick scenarios
     hub = ControlHub(service)
     wirelog = tmp_path / "wirelog"
-    manager = FailureManager(service, hub, SETTINGS, wirelog=wirelog, alert_poll=0.05)
+    manager = FailureManager(service, hub, settings, wirelog=wirelog, alert_poll=0.05)
     keys = KeyRing(list(CREDENTIALS))
     runner = web.AppRunner(make_gateway_app(service, keys, failures=manager), access_log=None)
     await runner.setup()

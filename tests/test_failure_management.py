@@ -22,9 +22,12 @@ from conftest import start_server
 from health_support import QUEUE, SETTINGS, TIMEOUT, Health, until
 
 from fencing.control_client import ControlClient
+from queue_core.control import ControlHub
+from queue_core.failures import FailureManager
 from queue_core.machine import SendRequest
 from queue_core.machine.inputs import AttemptResult
 from queue_core.remote import RemoteQueueService
+from queue_core.service import QueueService
 from wirelog.reader import RecordFilter, read_records
 from wirelog.record import event_record
 from wirelog.writer import WireLogWriter
@@ -406,3 +409,51 @@ async def test_probes_travel_through_a_separate_queue_server(tmp_path: Path) -> 
         assert server.terminate() == 0
     records = list(read_records(tmp_path / "data" / "wirelog", where=RecordFilter(kind="event")))
     assert [r["event"] for r in records if r["event"] in ("fence", "unfence")] == ["fence", "unfence"]
+
+
+# -------------------------------------------------------------------------------------------- restart
+async def test_a_fence_outlives_a_restart_and_the_worker_is_probed_again(tmp_path: Path) -> None:
+    """The fence is durable (fences.json); a new process adopts it (reason `health: …`) and probes."""
+
+    async def start() -> tuple[QueueService, ControlHub, FailureManager]:
+        service = QueueService(tmp_path / "queue")
+        await service.start()
+        hub = ControlHub(service)
+        await hub.start()
+        manager = FailureManager(service, hub, SETTINGS)
+        await manager.start()
+        return service, hub, manager
+
+    async def stop(service: QueueService, hub: ControlHub, manager: FailureManager) -> None:
+        await manager.close()
+        await hub.close()
+        await service.close()
+
+    service, hub, manager = await start()
+    try:
+        await service.create_queue("t1.jobs", {"retry_backoff": 0.0})
+        requests = [SendRequest(body=b"{}", group=f"g{i}", content_type="application/json") for i in range(3)]
+        await service.send("t1.jobs", requests)
+        got = await service.receive("t1.jobs", 10, None, "worker-1")
+        results = [AttemptResult(r.delivery.message_id, r.delivery.token, "failed", "bug") for r in got]
+        await service.report("t1.jobs", "worker-1", results)
+        await until(lambda: hub.registry.get("worker-1") is not None, what="the fence")
+    finally:
+        await stop(service, hub, manager)
+    service, hub, manager = await start()
+    try:
+        assert manager.monitor.blocked("worker-1")
+        probe = None
+        for _ in range(100):
+            received = await service.receive("t1.jobs", 10, None, "worker-1", wait=0.5)
+            assert all(r.probe for r in received)
+            if received:
+                (probe,) = received
+                break
+        assert probe is not None
+        passed = AttemptResult(probe.delivery.message_id, probe.delivery.token, "succeeded")
+        await service.report("t1.jobs", "worker-1", [passed])
+        await until(lambda: hub.registry.get("worker-1") is None, what="the unfence")
+        assert not manager.monitor.blocked("worker-1")
+    finally:
+        await stop(service, hub, manager)
