@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 
 from .control import ControlHub
-from .fences import MAX_REASON, Fence, FenceMode, NotFenced
+from .fences import MAX_REASON, Fence, FenceMode, NotFenced, _replace_file
 from .machine import Delivery, QueueNotFound
 from .machine.effects import AttemptRecorded, GroupEvent
 from .machine.health import Decision, HealthMonitor, HealthSettings, Probe
@@ -83,6 +83,9 @@ class FailureManager:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._writer: Any = None  # wirelog.writer.WireLogWriter, imported lazily
+        # Suspended queues survive restarts (beside fences.json); the rest of the monitor's state is
+        # rebuilt from what happens next (fences are adopted from the hub).
+        self.suspensions_path = hub.registry.path.with_name("suspended.json")
         self._started = False
 
     # ------------------------------------------------------------------------------------ lifecycle
@@ -99,6 +102,9 @@ class FailureManager:
             if fence.reason.startswith(REASON_PREFIX):
                 self._fences[fence.worker] = fence
                 self.monitor.adopt_fence(fence.worker, fence.reason[len(REASON_PREFIX) :], fence.since, now)
+        for queue, saved in (await asyncio.to_thread(self._load_suspensions)).items():
+            if queue in self.service.core.queues:
+                self.monitor.suspend(queue, saved["reason"], now, manual=saved["manual"])
         self.service.failure_listeners.append(self._on_effect)
         self.service.receive_gate = self._gate
         self.service.probe_results = self.probe_result
@@ -249,7 +255,9 @@ class FailureManager:
         elif event in ("probe-passed", "probe-failed", "probe-cancelled") and decision.probe_id:
             self._announced.discard(decision.probe_id)
             self.hub.probe_end(decision.probe_id)
-        elif event == "resume" and queue is not None:
+        if event in ("suspend", "resume"):
+            self._act(self._save_suspensions)
+        if event == "resume" and queue is not None:
             self.service.wake(queue)
 
     def _announce(self, probe: Probe) -> None:
@@ -306,6 +314,33 @@ class FailureManager:
             pass
         finally:
             self._changing.discard(worker)
+
+    def _load_suspensions(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = orjson.loads(self.suspensions_path.read_bytes())
+        except FileNotFoundError:
+            return {}
+        except (OSError, orjson.JSONDecodeError) as exc:  # not worth refusing to start over
+            log.error("cannot read %s (%s): starting with no queue suspended", self.suspensions_path, exc)
+            return {}
+        queues = data.get("queues") if isinstance(data, dict) else None
+        return {
+            name: {
+                "reason": str(entry.get("reason") or "restored"),
+                "manual": entry.get("manual") is not False,
+            }
+            for name, entry in (queues or {}).items()
+            if isinstance(name, str) and isinstance(entry, dict)
+        }
+
+    async def _save_suspensions(self) -> None:
+        queues = {
+            q.name: {"reason": q.reason, "manual": q.manual, "since": q.since}
+            for q in self.monitor.queues.values()
+            if q.suspended
+        }
+        data = orjson.dumps({"version": 1, "queues": queues}, option=orjson.OPT_INDENT_2)
+        await asyncio.to_thread(_replace_file, self.suspensions_path, data)
 
     # ------------------------------------------------------------------------------------------ probes
     def _attributes(self, queue: str) -> Any:

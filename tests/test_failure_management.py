@@ -412,8 +412,9 @@ async def test_probes_travel_through_a_separate_queue_server(tmp_path: Path) -> 
 
 
 # -------------------------------------------------------------------------------------------- restart
-async def test_a_fence_outlives_a_restart_and_the_worker_is_probed_again(tmp_path: Path) -> None:
-    """The fence is durable (fences.json); a new process adopts it (reason `health: …`) and probes."""
+async def test_fences_and_suspensions_outlive_a_restart(tmp_path: Path) -> None:
+    """The fence is durable (fences.json); a new process adopts it (reason `health: …`) and probes. A
+    suspended queue stays suspended."""
 
     async def start() -> tuple[QueueService, ControlHub, FailureManager]:
         service = QueueService(tmp_path / "queue")
@@ -438,11 +439,15 @@ async def test_a_fence_outlives_a_restart_and_the_worker_is_probed_again(tmp_pat
         results = [AttemptResult(r.delivery.message_id, r.delivery.token, "failed", "bug") for r in got]
         await service.report("t1.jobs", "worker-1", results)
         await until(lambda: hub.registry.get("worker-1") is not None, what="the fence")
+        await service.create_queue("t1.other")
+        manager.suspend("t1.other", "operator: maintenance")
     finally:
         await stop(service, hub, manager)
     service, hub, manager = await start()
     try:
         assert manager.monitor.blocked("worker-1")
+        assert manager.monitor.suspended("t1.other")  # suspensions are durable too (suspended.json)
+        assert await service.receive("t1.other", 10, None, "worker-2") == []
         probe = None
         for _ in range(100):
             received = await service.receive("t1.jobs", 10, None, "worker-1", wait=0.5)

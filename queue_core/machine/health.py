@@ -573,9 +573,10 @@ class HealthMonitor:
                 suspended.append(name)
         return suspended
 
-    def suspend(self, queue: str, reason: str, now: float) -> None:
-        """Operator: stop deliveries from `queue` until `resume` (no probes, no automatic resume)."""
-        self._suspend(self._queue(queue), reason, now, manual=True)
+    def suspend(self, queue: str, reason: str, now: float, *, manual: bool = True) -> None:
+        """Operator: stop deliveries from `queue` until `resume` (no probes, no automatic resume).
+        `manual=False` restores an automatic suspension after a restart (probed, resumes by itself)."""
+        self._suspend(self._queue(queue), reason, now, manual=manual)
 
     def resume(self, queue: str, reason: str, now: float) -> bool:
         """Operator: resume a suspended queue (automatic or not); False if it was not suspended."""
