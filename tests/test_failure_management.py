@@ -462,3 +462,43 @@ async def test_fences_and_suspensions_outlive_a_restart(tmp_path: Path) -> None:
         assert not manager.monitor.blocked("worker-1")
     finally:
         await stop(service, hub, manager)
+
+
+# ---------------------------------------------------------------------------------------------- flags
+def test_settings_flags_of_serve_and_queue_server() -> None:
+    from strictq.cli import build_parser
+    from strictq.health_cli import settings_from_args
+
+    parser = build_parser()
+    for command in ("serve", "queue-server"):
+        args = parser.parse_args(
+            [
+                command,
+                "--probe-interval",
+                "0.2",
+                "--probe-backoff-max",
+                "2s",
+                "--fence-after",
+                "3",
+                "--fence-mode",
+                "mimic",
+                "--health-window",
+                "5m",
+                "--large-scale-fraction",
+                "0.25",
+            ]
+        )
+        settings = settings_from_args(args)
+        assert (settings.probe_interval, settings.probe_backoff_max, settings.window) == (0.2, 2.0, 300.0)
+        assert (settings.worker_failures, settings.fence_mode, settings.large_scale_fraction) == (
+            3,
+            "mimic",
+            0.25,
+        )
+        assert settings.blacklist_for == 600.0  # the contract's default where no flag is given
+        assert settings_from_args(parser.parse_args([command, "--no-health"])) is None
+    with pytest.raises(ValueError, match="probe_backoff_max"):
+        settings_from_args(parser.parse_args(["serve", "--probe-interval", "5", "--probe-backoff-max", "1"]))
+    for bad in (["--fence-after", "0"], ["--large-scale-fraction", "2"], ["--probe-interval", "soon"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", *bad])
