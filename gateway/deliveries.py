@@ -68,6 +68,7 @@ class DeliveryLog:
         self._ticker: asyncio.Task[None] | None = None
         self._pending: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
         self._scheduled = False
+        self._draining = False
 
     # ------------------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -130,13 +131,18 @@ class DeliveryLog:
 
     def _drain(self) -> None:
         self._scheduled = False
-        pending, self._pending = self._pending, []
-        for write, args in pending:
-            try:
-                write(*args)
-            except Exception:  # a record that cannot be built must not stop the others
-                self.errors += 1
-                log.exception("delivery log: cannot build a record")
+        self._draining = True
+        try:
+            while self._pending:
+                pending, self._pending = self._pending, []
+                for write, args in pending:
+                    try:
+                        write(*args)
+                    except Exception:  # a record that cannot be built must not stop the others
+                        self.errors += 1
+                        log.exception("delivery log: cannot build a record")
+        finally:
+            self._draining = False
 
     # ----------------------------------------------------------------------------------------- records
     def _deliveries(
@@ -209,6 +215,9 @@ class DeliveryLog:
         return self.redactor.value(attributes) if attributes else None
 
     def _write(self, record: dict[str, Any]) -> None:
+        """Write one record now (after anything still pending, so records keep their order)."""
+        if self._pending and not self._draining:
+            self._drain()
         try:
             record_id = self.writer.write(record)
         except Exception:  # a full disk must not fail a poll: the message was delivered regardless

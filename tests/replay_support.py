@@ -217,7 +217,7 @@ def _record_queue(serve: Serve, backend: CountingBackend, entries: list[Any], *w
                 for r in records
                 if r.get("kind") == "delivery" and r.get("queue") == queue_name
             }
-            done = {r["message_id"] for r in records if r.get("kind") == "event" and r.get("event") == "ack"}
+            done = {r["message_id"] for r in records if _acked(r)}
             return len(ids) == len(entries) and ids <= done
 
         _wait(acked, 60, f"the worker to ack every message of {queue_name}")
@@ -228,6 +228,15 @@ def _record_queue(serve: Serve, backend: CountingBackend, entries: list[Any], *w
         except subprocess.TimeoutExpired:
             worker.kill()
             worker.wait(STOP_TIMEOUT)
+
+
+def _acked(record: dict[str, Any]) -> bool:
+    """An ack event, or a `succeeded` attempt result the core took (workers that report results)."""
+    if record.get("kind") == "event":
+        return record.get("event") == "ack"
+    return (
+        record.get("kind") == "log" and record.get("outcome") == "succeeded" and record.get("status") == "ok"
+    )
 
 
 def make_recording(base: Path, backend: CountingBackend) -> Recording:

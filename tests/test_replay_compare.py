@@ -17,6 +17,7 @@ from wirelog.record import (
     http_record,
     http_request,
     http_response,
+    log_record,
 )
 
 
@@ -73,6 +74,32 @@ def test_attempt_outcomes_from_the_gateways_events() -> None:
     assert m2.processed[0].reason == "claim expired (delivered again)"
     assert m3.processed[0].outcome == "timeout" and m3.processed[0].reason == "no ack or release recorded"
     assert m1.body == b'{"n": 1}' and m1.body_problem is None and m1.tenant == "t1"
+
+
+def result(outcome: str, message_id: str, lease: int, ts: float, status: str = "ok") -> dict[str, Any]:
+    """A reported attempt result as the gateway's results route logs it (kind `log`)."""
+    record = log_record(
+        outcome=outcome, reason="card declined", queue="orders", message_id=message_id, lease=lease, ts=ts
+    )
+    record.update(id=f"l-{message_id}-{ts}", status=status)
+    return record
+
+
+def test_reported_attempt_results_are_outcomes_too() -> None:
+    stories = build(
+        delivery("a", 1, 1, 1.0),
+        result("failed", "a", 1, 1.2),
+        delivery("a", 2, 2, 3.0),
+        result("succeeded", "a", 2, 3.1, status="stale_claim"),  # refused: changes nothing
+        result("succeeded", "a", 2, 3.2),
+        delivery("b", 1, 1, 1.0),
+        result("not_attempted", "b", 1, 1.2),
+        delivery("b", 1, 3, 4.0),
+        result("partial", "b", 3, 4.5),
+    )
+    assert [(a.outcome, a.ended_at) for a in stories["a"].processed] == [("fail", 1.2), ("ack", 3.2)]
+    assert stories["a"].processed[0].reason == "reported failed: card declined"
+    assert [(a.lease, a.outcome) for a in stories["b"].processed] == [(3, "fail")]
 
 
 def test_handed_back_deliveries_are_not_processing_attempts() -> None:

@@ -403,10 +403,31 @@ class IsolatedRun:
         elif kind == "event" and record.get("event") == "ack":
             self._finish(track, "ack")
         elif kind == "event" and record.get("event") == "release":
-            if track.deliveries >= self.settings.attempts:
-                self._finish(track, "fail")  # the queue dead-letters it: no more attempts
-            else:
+            self._failed(track)
+        elif kind == "log" and record.get("status") in (None, "ok"):  # a reported attempt result
+            outcome = record.get("outcome")
+            if outcome == "succeeded":
+                self._finish(track, "ack")
+            elif outcome in ("failed", "partial"):
+                self._failed(track)
+            elif outcome == "not_attempted":
                 track.state, track.since = "queued", time.monotonic()
+                track.deliveries -= 1  # it goes back untouched
+
+    def _failed(self, track: _Track) -> None:
+        """A failed attempt: retried until `attempts`, then taken out of the queue (the queue's own
+        dead-lettering may already have) so the group moves on."""
+        if track.deliveries < self.settings.attempts:
+            track.state, track.since = "queued", time.monotonic()
+            return
+        self._finish(track, "fail")
+        task = asyncio.get_running_loop().create_task(self._remove(track))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _remove(self, track: _Track) -> None:
+        with contextlib.suppress(Exception):
+            await self._service.ack(track.internal, [(track.message_id, None)])
 
     def _finish(self, track: _Track, outcome: str) -> None:
         track.state, track.outcome = "done", outcome

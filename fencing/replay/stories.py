@@ -8,6 +8,9 @@ two `MessageStory` values built by this one module.
 - An attempt is one delivery (receive count n, fencing token = lease). Its outcome is `ack` (an ack
   with its token, or without one after it), `fail` (released: the worker handed it back) or `timeout`
   (the claim ran out: redelivered later, or nothing recorded; replay also writes `replay-timeout`).
+  Workers that report attempt results (docs/failure-management.md §1) leave `log` records instead of
+  ack/release events: `succeeded` is an ack, `failed`/`partial` a fail, `not_attempted` a hand-back;
+  results the core refused (`status` other than ok) change nothing.
 - A delivery that was handed back unprocessed with a failing predecessor of its group (released in
   the same request, not first, no calls) is not a processing attempt: production claims whole groups,
   replay hands a worker one message of a group at a time, and only processing attempts are compared.
@@ -33,6 +36,8 @@ from wirelog.times import format_time
 OUTCOMES = ("ack", "fail", "timeout")
 OUTCOME_ALIASES = {"ack": "ack", "acked": "ack", "fail": "fail", "failed": "fail", "timeout": "timeout"}
 TIMEOUT_EVENT = "replay-timeout"
+# Reported attempt results (kind `log`, written by the gateway's results route) as the events they mean.
+RESULT_EVENTS = {"succeeded": "ack", "failed": "fail", "partial": "fail", "not_attempted": "not-attempted"}
 AUTO_GROUP_PREFIX = "~auto."
 
 
@@ -238,7 +243,7 @@ class StoryBuilder:
         pending = self._pending.setdefault(message_id, _Pending())
         if kind == "delivery":
             pending.deliveries.append(record)
-        elif kind == "event":
+        elif kind == "event" or (kind == "log" and record.get("status") in (None, "ok")):
             pending.events.append(record)
         elif kind == "http":
             pending.calls.append(record)
@@ -317,8 +322,12 @@ class StoryBuilder:
     def _apply_events(self, story: MessageStory, events: list[dict[str, Any]]) -> None:
         attempts = story.attempts
         for event in events:
-            name = event.get("event")
-            if name not in ("ack", "release", TIMEOUT_EVENT):
+            name = (
+                event.get("event")
+                if event.get("kind") == "event"
+                else RESULT_EVENTS.get(event.get("outcome"))
+            )
+            if name not in ("ack", "release", "fail", "not-attempted", TIMEOUT_EVENT):
                 continue
             attempt = _attempt_for(attempts, event.get("lease"), _ts(event))
             if attempt is None or attempt.ended_at is not None:
@@ -331,6 +340,15 @@ class StoryBuilder:
                 attempt.reason = "released by the worker"
                 position = event.get("position")
                 attempt.handed_back = isinstance(position, int) and position > 0
+            elif name == "fail":
+                attempt.outcome = "fail"
+                attempt.reason = f"reported {event.get('outcome')}" + (
+                    f": {event['reason']}" if event.get("reason") else ""
+                )
+            elif name == "not-attempted":
+                attempt.outcome = "fail"
+                attempt.reason = "handed back (not attempted)"
+                attempt.handed_back = True
             else:
                 attempt.outcome = "timeout"
                 attempt.reason = str(event.get("reason") or "replay timed out")
