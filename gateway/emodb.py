@@ -62,11 +62,13 @@ from queue_core.machine import (
     TooLarge,
     Unavailable,
 )
+from queue_core.results import outcome_json, parse_results
 from queue_core.store import StoreError
 
 from .app import KEYS, ROUTER
 from .deliveries import deliveries_of
 from .keys import Credential
+from .results_log import log_results
 from .tenancy import Forbidden, internal_name, require
 
 log = logging.getLogger("strictq.gateway.emodb")
@@ -463,6 +465,7 @@ async def poll(call: Call) -> web.StreamResponse:
                 "token": r.delivery.token,
                 "attempt": r.delivery.receive_count,
                 **({"probe": True} if r.probe else {}),  # failure management's dummy message
+                **({"history": r.delivery.history} if r.delivery.history else {}),  # prior attempts
             }
             for r in received
         ]
@@ -532,6 +535,20 @@ def _log_ended(
         deliveries.ended(
             call.credential, call.face.log_name, call.request.match_info["queue"], event, items, outcomes
         )
+
+
+async def results(call: Call) -> web.StreamResponse:
+    """strictq extension: the worker's attempt results (docs/failure-management.md §1), per-item
+    statuses; each result also becomes a wire-log `log` record."""
+    queue = call.queue()
+    parsed = parse_results(await read_json(call.request))
+    try:
+        outcomes = await call.service_for_queue(queue).report(queue, call.credential.id, parsed)
+    except QueueNotFound:  # EmoDB: a queue nobody sent to is an empty queue
+        outcomes = [AckOutcome(r.message_id, "gone", "no such message (already deleted?)") for r in parsed]
+    name = call.request.match_info["queue"]
+    log_results(call.request, call.credential, call.face.log_name, name, parsed, outcomes)
+    return json_response({"results": [outcome_json(o) for o in outcomes]})
 
 
 # -------------------------------------------------------------------------------------- admin calls
@@ -655,6 +672,7 @@ ROUTES: list[tuple[str, str, Role, str, Handler]] = [
     ("GET", "/{queue}/poll", "consume", "poll", poll),
     ("POST", "/{queue}/ack", "consume", "acknowledge claims", ack),
     ("POST", "/{queue}/renew", "consume", "renew claims", renew),
+    ("POST", "/{queue}/results", "consume", "report attempt results", results),
     ("GET", "/{queue}/peek", "admin", "peek", peek),
     ("GET", "/{queue}/size", "admin", "count messages", size),
     ("GET", "/{queue}/claimcount", "admin", "count claims", claimcount),

@@ -19,6 +19,8 @@ from gateway.keys import Credential, KeyRing
 
 from .control import KEEPALIVE_FRAME, ControlHub, StreamClosed
 from .fences import FenceError, InvalidFence, NotFenced, UnknownWorker
+from .machine import LimitExceeded, NotFound, QueueError, TooLarge, Unavailable
+from .store import StoreError
 
 if TYPE_CHECKING:
     from .failures import FailureManager
@@ -54,6 +56,13 @@ STATUS_BY_ERROR: tuple[tuple[type[Exception], int], ...] = (
     (InvalidFence, 400),
     (FenceError, 400),
     (ShuttingDown, 503),
+    # The core's errors, for the routes that call it (queue_core.retry_http).
+    (NotFound, 404),
+    (TooLarge, 413),
+    (LimitExceeded, 429),
+    (Unavailable, 503),
+    (StoreError, 503),
+    (QueueError, 400),
 )
 
 
@@ -194,6 +203,9 @@ def add_admin_routes(
     app.router.add_get("/admin/v1/fences", list_fences)
     app.router.add_put("/admin/v1/fences/{worker}", put_fence)
     app.router.add_delete("/admin/v1/fences/{worker}", delete_fence)
+    from .retry_http import add_retry_routes  # it imports this module
+
+    add_retry_routes(app, hub.service)  # release, redrive and policies of groups (the retry workflow)
     if failures is not None:
         from .health_http import add_health_routes
 

@@ -34,6 +34,8 @@ from .machine import (
 )
 from .machine.core import RenewMode
 from .machine.groups import DEFAULT_PARTITIONS
+from .machine.inputs import AttemptResult
+from .results import outcome_from_json, result_json
 from .service import MAX_WAIT, Received
 
 log = logging.getLogger("strictq.remote")
@@ -258,6 +260,11 @@ class RemoteQueueService:
     ) -> list[AckOutcome]:
         return await self._claims(queue, "renew", items, ttl=ttl, mode=mode)
 
+    async def report(self, queue: str, worker: str, results: Sequence[AttemptResult]) -> list[AckOutcome]:
+        body = {"worker": worker, "results": [result_json(r) for r in results]}
+        payload = await self._call("POST", self._q(queue) + "/results", body)
+        return [outcome_from_json(item) for item in payload["results"]]
+
     async def release(self, queue: str, items: Sequence[tuple[str, int | None]]) -> list[AckOutcome]:
         return await self._claims(queue, "release", items)
 
@@ -355,6 +362,7 @@ def _received(item: dict[str, Any]) -> Received:
         item["first_receive_at"],
         item["claim_expires"],
         item.get("origin"),
+        item.get("history"),
     )
     return Received(delivery, *_body_of(item), probe=item.get("probe") is True)
 

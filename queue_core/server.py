@@ -43,6 +43,7 @@ from .machine import (
     parse_receipt,
 )
 from .machine.health import HealthSettings
+from .results import outcome_json, parse_results
 from .service import QueueService, Received
 from .store import StoreError
 
@@ -263,6 +264,7 @@ def received_json(item: Received) -> dict[str, Any]:
         "origin": d.origin,
         **body_fields(item.body, item.content_type, item.extra),
         **({"probe": True} if item.probe else {}),  # failure management's dummy message
+        **({"history": d.history} if d.history else {}),  # prior failed attempts' log data
     }
 
 
@@ -406,6 +408,17 @@ async def ack(request: web.Request) -> web.Response:
     return outcomes_response(await service_of(request).ack(request.match_info["queue"], items))
 
 
+async def results(request: web.Request) -> web.Response:
+    """Attempt results (docs/failure-management.md §1); always 200 with per-item statuses."""
+    data = await read_object(request)
+    worker = data.get("worker", "")
+    if not isinstance(worker, str) or len(worker) > 128:
+        raise InvalidArgument("worker must be a string of at most 128 characters", field="worker")
+    parsed = parse_results(data)
+    outcomes = await service_of(request).report(request.match_info["queue"], worker, parsed)
+    return json_response({"results": [outcome_json(o) for o in outcomes]})
+
+
 async def renew(request: web.Request) -> web.Response:
     data = await read_object(request)
     items = claim_items(data)
@@ -490,6 +503,7 @@ def make_app(service: QueueService) -> web.Application:
             web.post(q + "/send", send),
             web.post(q + "/receive", receive),
             web.post(q + "/ack", ack),
+            web.post(q + "/results", results),
             web.post(q + "/renew", renew),
             web.post(q + "/release", release),
             web.post(q + "/unclaimall", unclaim_all),

@@ -31,6 +31,7 @@ from .machine import (
     SendRequest,
     SendResult,
 )
+from .machine.attributes import RetryPolicy
 from .machine.core import RenewMode
 from .machine.effects import (
     AttemptRecorded,
@@ -41,7 +42,9 @@ from .machine.effects import (
     MessagesDeleted,
 )
 from .machine.groups import DEFAULT_PARTITIONS
-from .store import SqliteStore
+from .machine.inputs import AttemptResult
+from .machine.records import ReportOutcome
+from .store import SqliteStore, read_attempt_log
 
 log = logging.getLogger("strictq.queue")
 T = TypeVar("T")
@@ -415,3 +418,57 @@ class QueueService:
 
     async def cancel_move(self, move_id: str) -> MoveStatus:
         return self.core.cancel_move(move_id, self.clock())
+
+    # ---------------------------------------------------------- attempt results and the retry workflow
+    async def report(self, queue: str, worker: str, results: Sequence[AttemptResult]) -> list[AckOutcome]:
+        """Workers' attempt results (docs/failure-management.md §1): per-item outcomes once durable.
+        Results for probes (failure management's dummy messages) go to it instead of the core."""
+        outcomes: list[AckOutcome | None] = [None] * len(results)
+        real: list[AttemptResult] = []
+        for index, result in enumerate(results):
+            if result.message_id.startswith("probe-") and self.take_probe_result(
+                queue, worker, result.message_id, result.outcome, result.reason
+            ):
+                outcomes[index] = ReportOutcome(result.message_id, "ok")
+            else:
+                real.append(result)
+        if real or not results:
+            applied, future = self._apply(self.core.report, queue, worker, real)
+            self._notify(queue)
+            await self._durable(future)
+            taken = iter(applied)
+            outcomes = [o if o is not None else next(taken) for o in outcomes]
+        return [o for o in outcomes if o is not None]
+
+    async def release_group(self, queue: str, group: str) -> int:
+        released, future = self._apply(self.core.release_group, queue, group)
+        self._notify(queue)
+        await self._durable(future)
+        return released
+
+    async def redrive_group(self, queue: str, group: str) -> tuple[int, int]:
+        counts, future = self._apply(self.core.redrive, queue, group)
+        self._notify(queue)
+        await self._durable(future)
+        return counts
+
+    async def parked_groups(self, queue: str) -> list[str]:
+        return self.core.parked_groups(queue)
+
+    async def group_policy(self, queue: str, group: str) -> tuple[RetryPolicy, dict[str, Any]]:
+        return self.core.group_policy(queue, group)
+
+    async def set_group_policy(
+        self, queue: str, group: str, override: dict[str, Any] | None
+    ) -> tuple[RetryPolicy, dict[str, Any]]:
+        _, future = self._apply(self.core.set_group_policy, queue, group, override)
+        await self._durable(future)
+        return self.core.group_policy(queue, group)
+
+    async def group_log(self, queue: str, group: str, limit: int = 50) -> list[dict[str, Any]]:
+        """The group's stored log data, newest first (read off the event loop, committed rows only)."""
+        qid = self.core.queue(queue).qid
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise InvalidArgument("limit must be an integer from 1 to 1000", field="limit")
+        await self._durable(self._submit([]))  # what was reported before this call is committed
+        return await asyncio.to_thread(read_attempt_log, self._store.path, qid, group, limit)

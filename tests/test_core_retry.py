@@ -516,3 +516,12 @@ def test_a_receive_with_no_visibility_time_is_no_failed_attempt() -> None:
     assert attempts(core) == []
     (again,) = core.receive("q", 1, None, "w2", T0)
     assert again.message_id == "a1" and again.history is None
+
+
+def test_release_also_ends_a_backoff() -> None:
+    core = failing_core({"retry_backoff": 100, "retry_same_worker": 0}, ("a1",))
+    fail_head(core, "w1", T0)
+    assert core.receive("q", 1, None, "w2", T0 + 1) == []
+    assert core.release_group("q", "A", T0 + 1) == 0  # nothing was parked
+    assert core.metrics("q", T0 + 1).delayed == 0
+    assert ids(core.receive("q", 1, None, "w2", T0 + 1)) == ["a1"]

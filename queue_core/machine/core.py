@@ -840,7 +840,8 @@ class QueueCore:
 
     def release_group(self, queue_name: str, group_name: str, now: float) -> int:
         """Let a parked group go on (operator or rule): its messages get a fresh retry budget, nobody is
-        excluded any more; the log data stays. Returns how many parked messages were released."""
+        excluded and no backoff waited for any more; the log data stays. Returns how many parked messages
+        were released."""
         self.handle_timer(now)
         queue = self.queue(queue_name)
         group = queue.groups.get(group_name)
@@ -848,6 +849,7 @@ class QueueCore:
             queue.parked.discard(group_name)
             raise NotFound(f"queue {queue_name!r} has no group {group_name!r}", group=group_name)
         released = 0
+        waited: list[tuple[int, float]] = []
         for message in group.messages:
             history = message.history
             if history is None:
@@ -857,6 +859,12 @@ class QueueCore:
             released += history.parked
             history.reset_budget()
             self._save_history(queue, message)
+            if message.available_at:  # a retry's backoff: the operator says go now
+                message.available_at = 0.0
+                queue.delayed -= 1
+                waited.append((message.key, 0.0))
+        if waited:
+            self.effects.append(AvailabilityChanged(tuple(waited)))
         queue.parked.discard(group_name)
         if released:
             self.effects.append(

@@ -1,0 +1,161 @@
+"""Admin routes of the retry workflow (docs/failure-management.md §2), beside the fence API.
+
+- `POST /admin/v1/queues/{queue}/groups/release?group=G`: a parked group goes on (fresh retry budget);
+- `POST /admin/v1/queues/{queue}/groups/redrive?group=G`: its dead-lettered messages back at the head of
+  the group, in order, and released if parked;
+- `GET|PUT|DELETE /admin/v1/queues/{queue}/groups/policy?group=G`: the group's retry policy override
+  (PUT body: `{"max_attempts": 3, "on_exhausted": "dead_letter_message", ...}`, replacing the override);
+- `GET /admin/v1/queues/{queue}/groups/log?group=G&limit=N`: the group's stored log data, newest first;
+- `GET /admin/v1/queues/{queue}/parked`: the queue's parked groups.
+
+Queues are named as the admin's tenant sees them (`orders`; `?face=dedupq` for an EmoDB dedup queue), or by
+their core name on a queue server used without tenants. The group rides in the query: group ids may hold
+'/', '?' or '#'. Reads take the `proxy` or `admin` role, changes `admin`. Errors are mapped to HTTP by
+`admin_http.error_response`, the one place for the admin routes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from gateway.keys import Credential
+
+from .admin_http import READ_ROLES, WRITE_ROLES, authenticate, error_response, json_response
+from .machine import InvalidArgument, QueueNotFound, TooLarge
+from .service import QueueService
+
+RETRY_SERVICE = web.AppKey("strictq_retry_service", QueueService)
+MAX_BODY = 16 * 1024
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _errors_as_json(handler: Handler) -> Handler:
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except (web.HTTPException, ConnectionError):
+            raise
+        except Exception as exc:
+            return error_response(exc)
+
+    return wrapped
+
+
+def _queue(request: web.Request, admin: Credential) -> tuple[str, str]:
+    """(the admin's name, the core's name) of the queue in the path; QueueNotFound (404) for others'."""
+    from gateway.tenancy import internal_name
+
+    name = request.match_info["queue"]
+    queues = request.app[RETRY_SERVICE].core.queues
+    internal = internal_name(admin, name)
+    face = request.query.get("face", "queue")
+    if face == "dedupq":
+        internal = f"{admin.tenant}_dedupq.{name}"
+    elif face != "queue":
+        raise InvalidArgument("face must be 'queue' or 'dedupq'", field="face")
+    if internal not in queues and "." not in name and name in queues:
+        internal = name  # a queue of the internal API used without tenants (no tenant's name lacks '.')
+    if internal not in queues:
+        raise QueueNotFound(f"queue {name!r} does not exist", queue=name)
+    return name, internal
+
+
+def _group(request: web.Request) -> str:
+    group = request.query.get("group")
+    if not group:
+        raise InvalidArgument("give the group as ?group=", field="group")
+    return group
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    if request.content_length is not None and request.content_length > MAX_BODY:
+        raise TooLarge(f"request body over {MAX_BODY} bytes")
+    raw = await request.read()
+    try:
+        data = orjson.loads(raw) if raw else {}
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgument(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidArgument("send a JSON object of retry policy fields")
+    return data
+
+
+@_errors_as_json
+async def release_group(request: web.Request) -> web.StreamResponse:
+    name, queue = _queue(request, authenticate(request, WRITE_ROLES))
+    group = _group(request)
+    released = await request.app[RETRY_SERVICE].release_group(queue, group)
+    return json_response({"queue": name, "group": group, "released": released})
+
+
+@_errors_as_json
+async def redrive_group(request: web.Request) -> web.StreamResponse:
+    name, queue = _queue(request, authenticate(request, WRITE_ROLES))
+    group = _group(request)
+    restored, released = await request.app[RETRY_SERVICE].redrive_group(queue, group)
+    return json_response({"queue": name, "group": group, "restored": restored, "released": released})
+
+
+async def _policy_response(name: str, group: str, policy: Any, override: dict[str, Any]) -> web.Response:
+    return json_response({"queue": name, "group": group, "override": override, "effective": policy.to_dict()})
+
+
+@_errors_as_json
+async def get_policy(request: web.Request) -> web.StreamResponse:
+    name, queue = _queue(request, authenticate(request, READ_ROLES))
+    group = _group(request)
+    policy, override = await request.app[RETRY_SERVICE].group_policy(queue, group)
+    return await _policy_response(name, group, policy, override)
+
+
+@_errors_as_json
+async def put_policy(request: web.Request) -> web.StreamResponse:
+    name, queue = _queue(request, authenticate(request, WRITE_ROLES))
+    group = _group(request)
+    override = await _body(request)
+    if not override:
+        raise InvalidArgument("send the override's fields (DELETE removes the override)")
+    policy, stored = await request.app[RETRY_SERVICE].set_group_policy(queue, group, override)
+    return await _policy_response(name, group, policy, stored)
+
+
+@_errors_as_json
+async def delete_policy(request: web.Request) -> web.StreamResponse:
+    name, queue = _queue(request, authenticate(request, WRITE_ROLES))
+    group = _group(request)
+    policy, override = await request.app[RETRY_SERVICE].set_group_policy(queue, group, None)
+    return await _policy_response(name, group, policy, override)
+
+
+@_errors_as_json
+async def group_log(request: web.Request) -> web.StreamResponse:
+    name, queue = _queue(request, authenticate(request, READ_ROLES))
+    group = _group(request)
+    raw = request.query.get("limit", "50")
+    if not raw.isdigit():
+        raise InvalidArgument("limit must be an integer from 1 to 1000", field="limit")
+    attempts = await request.app[RETRY_SERVICE].group_log(queue, group, int(raw))
+    return json_response({"queue": name, "group": group, "attempts": attempts})
+
+
+@_errors_as_json
+async def parked(request: web.Request) -> web.StreamResponse:
+    name, queue = _queue(request, authenticate(request, READ_ROLES))
+    return json_response({"queue": name, "groups": await request.app[RETRY_SERVICE].parked_groups(queue)})
+
+
+def add_retry_routes(app: web.Application, service: QueueService) -> None:
+    """Mounted by `admin_http.add_admin_routes` (its key ring authenticates these routes too)."""
+    app[RETRY_SERVICE] = service
+    base = "/admin/v1/queues/{queue}"
+    app.router.add_post(base + "/groups/release", release_group)
+    app.router.add_post(base + "/groups/redrive", redrive_group)
+    app.router.add_get(base + "/groups/policy", get_policy)
+    app.router.add_put(base + "/groups/policy", put_policy)
+    app.router.add_delete(base + "/groups/policy", delete_policy)
+    app.router.add_get(base + "/groups/log", group_log)
+    app.router.add_get(base + "/parked", parked)
