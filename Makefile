@@ -17,11 +17,12 @@ HOST ?= 127.0.0.1
 PORT ?= 8443
 DATA_DIR ?= var/strictq
 
-.PHONY: help run test bench lint venv clean
+.PHONY: help run test demo bench lint venv clean
 
 help:
 	@echo "make run    set up .venv (Python 3.12) and start strictq serve (HTTPS gateway + queue core) on $(HOST):$(PORT)"
 	@echo "make test   set up .venv and run the whole test suite"
+	@echo "make demo   set up .venv and run strictq demo: the whole system on this machine, narrated"
 	@echo "make bench  run the benchmarks and write docs/benchmarks.md"
 	@echo "make lint   ruff on everything, mypy on queue_core"
 
@@ -40,6 +41,9 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(VENV)/bin/strictq demo $(DEMO_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -216,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     from spark.cli import register as register_spark  # strictq index / search / errors (stdlib imports only)
 
     register_spark(commands)
+    __import__("strictq.demo").demo.register(commands)  # strictq demo (the failover scenario, narrated)
     return parser
 
 

@@ -90,10 +90,8 @@ class History:
 
     def step(self, name: str) -> dict[str, Any] | None:
         """The step `name` as a prior attempt reported it, or None."""
-        for step in reversed(self.steps):
-            if step.get("name") == name:
-                return step
-        return None
+        found: dict[str, Any] | None = next((s for s in reversed(self.steps) if s.get("name") == name), None)
+        return found
 
     def done(self, name: str) -> bool:
         """Whether a prior attempt completed the step `name` (skip it, or verify it)."""
@@ -189,8 +187,13 @@ def call_signature(method: str, url: str, status: int | None, action: str | None
 
 
 def failure_reason(error: BaseException) -> str:
+    """The reason reported for a failed attempt: `AttemptFailed`'s, an HTTP error as `POST url: 503
+    Service Unavailable`, else the exception as `Kind: text`."""
     if isinstance(error, AttemptFailed):
         return error.reason
+    if isinstance(error, aiohttp.ClientResponseError) and error.request_info is not None:
+        info = error.request_info
+        return f"{info.method} {info.real_url}: {error.status} {error.message}".rstrip()
     text = str(error)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
