@@ -408,6 +408,10 @@ def render(
 
     spark_section(results, add)
 
+    from .failure_bench import failover_section  # failure management: time to fence, recovery (if it ran)
+
+    failover_section(results, add)
+
     prof = results.get("profile")
     bp = (b or {}).get("profile")
     if (prof and prof.get("tool") == "py-spy") or bp:

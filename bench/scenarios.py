@@ -607,6 +607,13 @@ def scenario_spark(st: Settings, progress: Progress) -> None:
     st.results["spark"] = run_spark_bench(st.work_dir, st.quick, st.out_dir, progress)
 
 
+def scenario_failover(st: Settings, progress: Progress) -> None:
+    """Failure management: time to fence, recovery to delivery (bench/failure_bench.py)."""
+    from .failure_bench import run_failover_bench
+
+    st.results["failover"] = run_failover_bench(st.work_dir, st.quick, progress)
+
+
 SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "core": scenario_core,
     "e2e-100": scenario_e2e_100,
@@ -619,6 +626,7 @@ SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "redis": scenario_redis,
     "proxy": scenario_proxy,
     "spark": scenario_spark,
+    "failover": scenario_failover,
     "profile": scenario_profile,
 }
 ALIASES = {
