@@ -267,6 +267,8 @@ def _shown(line: str) -> bool:
     noise = (
         "WARN ",
         "WARNING: ",
+        "FutureWarning",  # pyspark on pandas 3
+        "require_minimum_pandas_version",
         "Setting default log level",
         "To adjust logging level",
         "SLF4J",
