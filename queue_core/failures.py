@@ -107,6 +107,7 @@ class FailureManager:
                 self.monitor.suspend(queue, saved["reason"], now, manual=saved["manual"])
         self.service.failure_listeners.append(self._on_effect)
         self.service.receive_gate = self._gate
+        self.service.worker_blocked = self.monitor.blocked
         self.service.probe_results = self.probe_result
         self.hub.event_listeners.append(self._on_hub_event)
         loop = asyncio.get_running_loop()
@@ -126,6 +127,7 @@ class FailureManager:
         if self._on_effect in self.service.failure_listeners:
             self.service.failure_listeners.remove(self._on_effect)
         self.service.receive_gate = None
+        self.service.worker_blocked = None
         self.service.probe_results = None
         if self._on_hub_event in self.hub.event_listeners:
             self.hub.event_listeners.remove(self._on_hub_event)

@@ -136,6 +136,8 @@ class QueueService:
         # workflow's group events it publishes, who may receive, probe results.
         self.failure_listeners: list[Callable[[AttemptRecorded | GroupEvent], None]] = []
         self.receive_gate: ReceiveGate | None = None
+        # Failure management's "this worker gets nothing now" (fenced, probing, blacklisted).
+        self.worker_blocked: Callable[[str], bool] | None = None
         self.probe_results: ProbeResults | None = None
         self._store = SqliteStore(self.data_dir / "queue.sqlite3", clock)
         self._log: DurableLog | None = None
@@ -434,8 +436,15 @@ class QueueService:
                 real.append(result)
         if real or not results:
             applied, future = self._apply(self.core.report, queue, worker, real)
+            # The failure just reported may have got the worker fenced (the monitor decides while the
+            # effects are handed over, above): a same-worker retry reserved for it would only wait out
+            # its reservation timeout, so it goes to everyone now, in this same step.
+            if self.worker_blocked is not None and self.worker_blocked(worker):
+                freed, future = self._apply(self.core.forget_reservations, worker)
+                if freed:
+                    self.wake()
             self._notify(queue)
-            await self._durable(future)
+            await self._durable(future)  # commits are in order: this one covers the report's too
             taken = iter(applied)
             outcomes = [o if o is not None else next(taken) for o in outcomes]
         return [o for o in outcomes if o is not None]

@@ -811,11 +811,7 @@ class Scenario:
     async def _first_round(self, producer: Producer, admin: Admin) -> None:
         await self._send_round(producer)
         settings = self.settings
-        # Retry elsewhere at once (retry_same_worker 0): with the default (1) a failure the faulty worker
-        # reports between its fence decision and the release of its claims reserves the retry for it, and
-        # that group waits out the visibility timeout (reported to the core's owners).
         policy = {
-            "retry_same_worker": 0,
             "retry_backoff": settings.retry_backoff,
             "retry_backoff_max": settings.retry_backoff_max,
         }

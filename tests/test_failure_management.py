@@ -105,6 +105,20 @@ async def test_a_fenced_workers_claims_are_released_to_the_others(health: Health
     del held2
 
 
+async def test_the_failure_that_fences_a_worker_reserves_no_retry_for_it(health: Health) -> None:
+    """The report that crosses the threshold fences the worker in the same step: its failed message is
+    not held for a same-worker retry the fenced worker will never take (it goes to the others at once)."""
+    h = health
+    await send_groups(h, {"g1": ["a1"], "g2": ["b1"], "g3": ["c1"]})
+    items = await h.poll("worker-1")
+    for item in items:
+        await h.fail("worker-1", item, "bug")
+    # No waiting for the fence's slower steps (disk, control stream, release of claims): already free.
+    assert "worker-1" not in h.service.core.queue(f"t1.{QUEUE}").reserved
+    got = await h.poll("worker-2")
+    assert sorted(i["payload"]["name"] for i in got) == ["a1", "b1", "c1"]
+
+
 async def test_a_passing_probe_lifts_the_fence(health: Health) -> None:
     h = health
     await fence_worker_1(h)
