@@ -78,7 +78,9 @@ def error_response(exc: Exception) -> web.Response:
     return json_response({"code": "internal", "message": "internal error; see the server log"}, 500)
 
 
-def _errors_as_json(handler: Handler) -> Handler:
+def errors_as_json(handler: Handler) -> Handler:
+    """Every admin route's errors as JSON through `error_response`, the one mapping of this face."""
+
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
             return await handler(request)
@@ -115,7 +117,7 @@ def known_worker(keys: KeyRing, admin: Credential, worker: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------- handlers
-@_errors_as_json
+@errors_as_json
 async def control_stream(request: web.Request) -> web.StreamResponse:
     authenticate(request, STREAM_ROLES)
     hub = request.app[CONTROL]
@@ -144,13 +146,13 @@ async def control_stream(request: web.Request) -> web.StreamResponse:
     return response
 
 
-@_errors_as_json
+@errors_as_json
 async def list_fences(request: web.Request) -> web.StreamResponse:
     authenticate(request, READ_ROLES)
     return json_response({"fences": [fence.to_dict() for fence in request.app[CONTROL].fences()]})
 
 
-@_errors_as_json
+@errors_as_json
 async def put_fence(request: web.Request) -> web.StreamResponse:
     admin = authenticate(request, WRITE_ROLES)
     worker = request.match_info["worker"]
@@ -175,7 +177,7 @@ async def put_fence(request: web.Request) -> web.StreamResponse:
     return json_response(fence.to_dict())
 
 
-@_errors_as_json
+@errors_as_json
 async def delete_fence(request: web.Request) -> web.StreamResponse:
     admin = authenticate(request, WRITE_ROLES)
     worker = request.match_info["worker"]

@@ -24,25 +24,13 @@ from aiohttp import web
 
 from gateway.keys import Credential
 
-from .admin_http import READ_ROLES, WRITE_ROLES, authenticate, error_response, json_response
+from .admin_http import READ_ROLES, WRITE_ROLES, authenticate, errors_as_json, json_response
 from .machine import InvalidArgument, QueueNotFound, TooLarge
 from .service import QueueService
 
 RETRY_SERVICE = web.AppKey("strictq_retry_service", QueueService)
 MAX_BODY = 16 * 1024
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def _errors_as_json(handler: Handler) -> Handler:
-    async def wrapped(request: web.Request) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except (web.HTTPException, ConnectionError):
-            raise
-        except Exception as exc:
-            return error_response(exc)
-
-    return wrapped
 
 
 def _queue(request: web.Request, admin: Credential) -> tuple[str, str]:
@@ -84,7 +72,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return data
 
 
-@_errors_as_json
+@errors_as_json
 async def release_group(request: web.Request) -> web.StreamResponse:
     name, queue = _queue(request, authenticate(request, WRITE_ROLES))
     group = _group(request)
@@ -92,7 +80,7 @@ async def release_group(request: web.Request) -> web.StreamResponse:
     return json_response({"queue": name, "group": group, "released": released})
 
 
-@_errors_as_json
+@errors_as_json
 async def redrive_group(request: web.Request) -> web.StreamResponse:
     name, queue = _queue(request, authenticate(request, WRITE_ROLES))
     group = _group(request)
@@ -104,7 +92,7 @@ async def _policy_response(name: str, group: str, policy: Any, override: dict[st
     return json_response({"queue": name, "group": group, "override": override, "effective": policy.to_dict()})
 
 
-@_errors_as_json
+@errors_as_json
 async def get_policy(request: web.Request) -> web.StreamResponse:
     name, queue = _queue(request, authenticate(request, READ_ROLES))
     group = _group(request)
@@ -112,7 +100,7 @@ async def get_policy(request: web.Request) -> web.StreamResponse:
     return await _policy_response(name, group, policy, override)
 
 
-@_errors_as_json
+@errors_as_json
 async def put_policy(request: web.Request) -> web.StreamResponse:
     name, queue = _queue(request, authenticate(request, WRITE_ROLES))
     group = _group(request)
@@ -123,7 +111,7 @@ async def put_policy(request: web.Request) -> web.StreamResponse:
     return await _policy_response(name, group, policy, stored)
 
 
-@_errors_as_json
+@errors_as_json
 async def delete_policy(request: web.Request) -> web.StreamResponse:
     name, queue = _queue(request, authenticate(request, WRITE_ROLES))
     group = _group(request)
@@ -131,7 +119,7 @@ async def delete_policy(request: web.Request) -> web.StreamResponse:
     return await _policy_response(name, group, policy, override)
 
 
-@_errors_as_json
+@errors_as_json
 async def group_log(request: web.Request) -> web.StreamResponse:
     name, queue = _queue(request, authenticate(request, READ_ROLES))
     group = _group(request)
@@ -142,7 +130,7 @@ async def group_log(request: web.Request) -> web.StreamResponse:
     return json_response({"queue": name, "group": group, "attempts": attempts})
 
 
-@_errors_as_json
+@errors_as_json
 async def parked(request: web.Request) -> web.StreamResponse:
     name, queue = _queue(request, authenticate(request, READ_ROLES))
     return json_response({"queue": name, "groups": await request.app[RETRY_SERVICE].parked_groups(queue)})
