@@ -811,7 +811,10 @@ class Scenario:
     async def _first_round(self, producer: Producer, admin: Admin) -> None:
         await self._send_round(producer)
         settings = self.settings
+        # Retry on another worker at once (the narration says so): a faulty worker's failures must not
+        # wait for it to come back.
         policy = {
+            "retry_same_worker": 0,
             "retry_backoff": settings.retry_backoff,
             "retry_backoff_max": settings.retry_backoff_max,
         }

@@ -192,6 +192,16 @@ def test_forgetting_a_workers_reservations_frees_its_groups_at_once() -> None:
     assert ids(core.receive("q", 10, None, "w2", T0 + 1)) == ["a1"]
 
 
+def test_forgetting_a_workers_reservations_covers_retries_still_in_backoff() -> None:
+    """A worker fenced while its retry waits out the backoff: when the backoff ends the retry is
+    everyone's, not reserved for the fenced worker until the reservation times out."""
+    core = failing_core({"retry_backoff": 5.0, "visibility_timeout": 30}, ("a1",))
+    fail_head(core, "w1", T0)
+    assert core.forget_reservations("w1", T0 + 1) == 1
+    assert core.receive("q", 10, None, "w2", T0 + 2) == []  # still backing off
+    assert ids(core.receive("q", 10, None, "w2", T0 + 5.5)) == ["a1"]
+
+
 def test_groups_reserved_for_one_worker_cost_others_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     core = make_core(attributes=NO_BACKOFF)
     for i in range(2000):

@@ -957,6 +957,13 @@ class QueueCore:
                     history.reserved_for = ""
                 queue.push_ready(group)
                 freed += 1
+        # Retries still in their backoff are not in a reserved heap yet (they enter it when the backoff
+        # ends): unreserve them too, or they would wait for this worker once it ends.
+        for _, _, message in self._reservations.live_entries():
+            history = message.history
+            if history is not None and history.reserved_for == worker:
+                history.reserved_for = ""
+                freed += 1
         return freed
 
     # ------------------------------------------------------------------------------------------- moves
