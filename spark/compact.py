@@ -89,12 +89,11 @@ def _compact(
     rows = spark.read.schema(file_schema).parquet(*[str(p) for paths in old.values() for p in paths])
     rows = rows.select(*COLUMN_NAMES, spark_bucket(F.col("message_id"), state.buckets).alias("bucket"))
     partitions = max(1, min(len(targets), int(spark.conf.get("spark.sql.shuffle.partitions"))))
-    ndv = max(1_000, min(1_000_000, expected // 4))
     (
         rows.repartition(partitions, "bucket")
         .sortWithinPartitions("bucket", "message_id", "ts")
         .write.mode("overwrite")
-        .options(**parquet_options(ndv, row_group_bytes))
+        .options(**parquet_options(row_group_bytes))
         .option("maxRecordsPerFile", MAX_RECORDS_PER_FILE)
         .partitionBy("bucket")
         .parquet(str(output))

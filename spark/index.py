@@ -49,7 +49,7 @@ log = logging.getLogger("strictq.spark.index")
 ROW_GROUP_BYTES = 1024 * 1024  # parquet.block.size: small row groups, so a lookup reads little
 PAGE_BYTES = 256 * 1024
 DEFAULT_MAX_BATCH_BYTES = 1024 * 1024 * 1024  # on-disk segment bytes per batch (gzip ~5x smaller)
-BYTES_PER_RECORD = 600  # for sizing bloom filters; a guess is enough (they are capped at 1 MiB)
+MIN_RECORD_BYTES = 300  # in-memory bytes of the smallest records: the most ids a row group can hold
 CRASH_ENV = "STRICTQ_INDEX_CRASH_AT"  # tests: "<point>:<batch>" -> SIGKILL ourselves there
 Fault = Callable[[str, int], None]
 POINTS = ("before-write", "after-write", "after-move", "after-manifest", "after-commit")
@@ -232,10 +232,9 @@ def index_batch(
     output = staging / "out"
     fault("before-write", batch)
     inputs = [str(s.path) for s in segments]
-    ndv = _expected_ndv(segments, state.buckets)
     if inputs:
         try:
-            write_batch(spark, inputs, output, state.buckets, ndv, row_group_bytes)
+            write_batch(spark, inputs, output, state.buckets, row_group_bytes)
         except Exception as exc:
             repaired = repair_inputs(segments, staging / "salvage", report)
             if repaired is None:
@@ -243,7 +242,7 @@ def index_batch(
             log.warning("batch %d: re-running after an unreadable input (%s)", batch, _first_line(exc))
             shutil.rmtree(output, ignore_errors=True)
             if repaired:
-                write_batch(spark, repaired, output, state.buckets, ndv, row_group_bytes)
+                write_batch(spark, repaired, output, state.buckets, row_group_bytes)
     fault("after-write", batch)
 
     moved: dict[int, list[str]] = {}
@@ -287,8 +286,13 @@ def index_batch(
 
 
 # ------------------------------------------------------------------------------------------ spark
-def parquet_options(ndv: int, row_group_bytes: int = ROW_GROUP_BYTES) -> dict[str, str]:
-    """Writer options: zstd, small row groups, a bloom filter on message_id only (its NDV sizes it)."""
+def parquet_options(row_group_bytes: int = ROW_GROUP_BYTES) -> dict[str, str]:
+    """Writer options: zstd, small row groups, a bloom filter on message_id only.
+
+    parquet-mr sizes a bloom filter per row group from the expected NDV, so the NDV is that of one row
+    group (at most one id per record), not of a file: sized per file, the filters outweighed the data.
+    """
+    ndv = max(256, row_group_bytes // MIN_RECORD_BYTES)
     return {
         "compression": "zstd",
         "parquet.block.size": str(row_group_bytes),
@@ -308,7 +312,6 @@ def write_batch(
     inputs: list[str],
     output: Path,
     buckets: int,
-    ndv: int,
     row_group_bytes: int = ROW_GROUP_BYTES,
 ) -> None:
     """The Spark job of one batch: parse, classify, bucket, sort and write to `output`."""
@@ -318,7 +321,7 @@ def write_batch(
         rows.repartition(partitions, "bucket")
         .sortWithinPartitions("bucket", "message_id", "ts")
         .write.mode("overwrite")
-        .options(**parquet_options(ndv, row_group_bytes))
+        .options(**parquet_options(row_group_bytes))
         .partitionBy("bucket")
         .parquet(str(output))
     )
@@ -479,11 +482,6 @@ def _gzip_intact(path: Path) -> bool:
 
 
 # ------------------------------------------------------------------------------------------ misc
-def _expected_ndv(segments: list[Segment], buckets: int) -> int:
-    raw = sum(s.size * (6 if s.path.name.endswith(".gz") else 1) for s in segments)
-    return max(1_000, min(1_000_000, raw // BYTES_PER_RECORD // max(buckets, 1)))
-
-
 def _mib(segments: list[Segment]) -> str:
     return f"{sum(s.size for s in segments) / 1048576:.1f}"
 
