@@ -566,7 +566,7 @@ def spark_section(results: dict[str, Any], add: Any) -> None:
         ("files / row groups read per lookup",
          f"{s['files_per_lookup']:.1f} / {s['row_groups_per_lookup']:.1f}", "", None),
         ("brute-force scan of the raw segments", f"{r['brute_force']['median_ms'] / 1000:.1f} s", "", None),
-        ("brute force / `strictq search` p50", f"{r['ratio']:,.0f}x", f">= {RATIO_TARGET:.0f}x",
+        ("brute force / `strictq search` p50", f"{r['ratio']:,.0f}x", f">= {RATIO_TARGET:.0f}x (at 10M)",
          r["ratio"] >= RATIO_TARGET),
         ("index size / raw records",
          f"{size['vs_raw']:.1%} ({size['index_bytes'] / mib:,.0f} MiB of {g['raw_bytes'] / mib:,.0f} MiB)",
