@@ -13,16 +13,17 @@ FULL_BACKLOG = 1_000_000
 GW_TARGET = 10_000.0  # msg/s over HTTPS, batch 10, EmoDB face
 EDGE_TARGET = 0.30  # edge cost: 1 - gateway rate / internal-API rate (EmoDB face)
 GATEWAY_WIRELOG_NOTE = (
-    "The gateway under test is `strictq serve` as shipped: besides the faces it writes the wire log's gat"
-    "eway side (a `delivery` record for every message handed to a worker and an `ack` event for every ack"
-    "nowledged one: what replay and `strictq search` read), runs failure management's receive gate on eve"
-    "ry poll, and starts the egress proxy child (idle here). A delivery record measured ~10 µs in isolation; the two records per message run"
-    " on the gateway's event loop (redaction scan, orjson, buffered write), most of the +30 µs per messag"
-    "e over the internal API; the previous full run, before the gateway wrote them, measured 15,666 msg/s"
-    " and a 10% edge cost. What would close the gap: write the records from a writer thread fed with the "
-    "already-encoded bodies (the redaction scan only when a configured field name occurs in the body), an"
-    "d make the `ack` event optional for deployments whose workers report attempt results (their `log` re"
-    "cord already says it).\n"
+    "The gateway under test is `strictq serve` as shipped: besides the faces it writes the wire log's "
+    "gateway side (a `delivery` record for every message handed to a worker and an `ack` event for "
+    "every acknowledged one: what replay and `strictq search` read), runs failure management's "
+    "receive gate on every poll, and starts the egress proxy child (idle here). A delivery record "
+    "measured ~10 µs in isolation; the two records per message run on the gateway's event loop "
+    "(redaction scan, orjson, buffered write), most of the +30 µs per message over the internal API; "
+    "the previous full run, before the gateway wrote them, measured 15,666 msg/s and a 10% edge cost. "
+    "What would close the gap: write the records from a writer thread fed with the already-encoded "
+    "bodies (the redaction scan only when a configured field name occurs in the body), and make the "
+    "`ack` event optional for deployments whose workers report attempt results (their `log` record "
+    "already says it).\n"
 )
 PROXY_TARGET = 1.4  # our proxy with every addon on vs stock mitmdump, requests/s per process
 GW_LOADS = (("gw-emodb", "gateway, EmoDB face (HTTPS)"), ("gw-sqs", "gateway, SQS JSON face (HTTPS, SigV4)"))

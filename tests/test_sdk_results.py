@@ -181,7 +181,7 @@ async def test_stopping_hands_back_unprocessed_claims_not_attempted(
 
     async def slow(msg: Message) -> None:
         started.set()
-        await asyncio.sleep(30)
+        await asyncio.Event().wait()  # until the stop cancels it
 
     await send(gw, "stopping", [{"n": n} for n in range(3)], "g")
     worker = Worker("stopping", slow, config=config(gw), ttl=30.0, grace=0.2)
