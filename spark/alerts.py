@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-import re
 import time
 import tomllib
 from dataclasses import dataclass
@@ -32,6 +31,8 @@ from typing import Any
 
 import orjson
 
+from wirelog.times import TimeParseError, parse_duration
+
 from . import layout
 from .errors import ErrorReport
 
@@ -39,8 +40,6 @@ log = logging.getLogger("strictq.alerts")
 WRITER = "spark-alerts"
 STATE_FILE = "alerts-state.json"
 KEEP_FIRED_SECONDS = 90 * 86400
-_WINDOW = re.compile(r"^\s*(\d+)\s*(s|m|h|d)\s*$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _KEYS = {"name", "signature", "template", "threshold", "window", "severity"}
 
 
@@ -109,10 +108,13 @@ class Alert:
 
 
 def parse_window(text: Any) -> int:
-    match = _WINDOW.match(str(text))
-    if match is None or int(match[1]) <= 0:
+    try:
+        seconds = int(parse_duration(str(text), unit_required=True))
+    except TimeParseError:
+        seconds = 0
+    if seconds <= 0:
         raise AlertConfigError(f"window {text!r}: use a duration like 30s, 5m, 1h or 1d")
-    return int(match[1]) * _UNITS[match[2]]
+    return seconds
 
 
 def load_rules(path: Path) -> list[AlertRule]:

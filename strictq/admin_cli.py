@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -22,8 +21,6 @@ ENV_HELP = (
     "serve` writes it to <data-dir>/client.env, `strictq queue-server` has it in <data-dir>/keys.toml), "
     "trusting the CA in STRICTQ_CA_FILE for HTTPS."
 )
-TTL_RE = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
-TTL_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 class UsageError(Exception):
@@ -76,10 +73,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def parse_ttl(text: str) -> float:
     """'600' or '600s', '30m', '2h', '7d' -> seconds (positive)."""
-    match = TTL_RE.match(text.strip())
-    if match is None:
-        raise UsageError(f"--ttl {text!r}: give seconds (600) or a number with s, m, h or d (30m)")
-    seconds = float(match.group(1)) * TTL_UNITS[match.group(2)]
+    from wirelog.times import TimeParseError, parse_duration  # stdlib only: the CLI stays cheap
+
+    try:
+        seconds = parse_duration(text)
+    except TimeParseError:
+        raise UsageError(f"--ttl {text!r}: give seconds (600) or a number with s, m, h or d (30m)") from None
     if seconds <= 0:
         raise UsageError("--ttl must be positive")
     return seconds

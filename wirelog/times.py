@@ -9,7 +9,8 @@ import re
 import time
 from datetime import UTC, datetime
 
-_RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)(?:\s+ago)?\s*$", re.IGNORECASE)
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$", re.IGNORECASE)
+_AGO = re.compile(r"\s+ago\s*$", re.IGNORECASE)
 _UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 
 
@@ -17,11 +18,22 @@ class TimeParseError(ValueError):
     """The text is neither an ISO-8601 time nor a relative duration like `15m`."""
 
 
+def parse_duration(text: str, *, unit_required: bool = False) -> float:
+    """Seconds in `600`, `600s`, `30m`, `2h`, `7d` or `1w` (a bare number is seconds unless
+    `unit_required`): the one duration syntax of every command line (ttls, windows, intervals)."""
+    match = _DURATION.match(text)
+    if match is None or (unit_required and match.group(2) is None):
+        raise TimeParseError(f"not a duration: {text!r} (use seconds, or a number with s, m, h, d or w)")
+    return float(match.group(1)) * _UNIT_SECONDS[(match.group(2) or "s").lower()]
+
+
 def parse_time(text: str, *, now: float | None = None) -> float:
     """Seconds since the epoch for `text`: ISO-8601 (naive means UTC) or `<n><s|m|h|d|w>` before `now`."""
-    match = _RELATIVE.match(text)
-    if match:
-        amount = float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()]
+    try:
+        amount = parse_duration(_AGO.sub("", text), unit_required=True)
+    except TimeParseError:
+        pass
+    else:
         return (time.time() if now is None else now) - amount
     try:
         parsed = datetime.fromisoformat(text.strip())
