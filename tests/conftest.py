@@ -22,14 +22,16 @@ STOP_TIMEOUT = 10.0
 LISTENING = "strictq: listening on "
 
 
-class ServerProcess:
-    """One `strictq queue-server` process; stdout is drained by a thread, stderr goes to a log file."""
+class ChildProcess:
+    """A server process a test started: stdout drained by a thread, stderr in a log file, stopped by
+    SIGTERM (SIGKILL if it will not stop) or killed as a crash."""
 
-    def __init__(self, data_dir: Path, proc: subprocess.Popen[bytes], log_path: Path) -> None:
-        self.data_dir = data_dir
+    LOG_TAIL = 4000  # characters of the log a failing test shows
+    STOP_TIMEOUT = STOP_TIMEOUT
+
+    def __init__(self, proc: subprocess.Popen[bytes], log_path: Path) -> None:
         self.proc = proc
         self.log_path = log_path
-        self.url = ""
         self.stdout: queue.SimpleQueue[str | None] = queue.SimpleQueue()
         threading.Thread(target=self._drain, daemon=True).start()
 
@@ -48,7 +50,7 @@ class ServerProcess:
 
     def log(self) -> str:
         try:
-            return self.log_path.read_text(errors="replace")[-4000:]
+            return self.log_path.read_text(errors="replace")[-self.LOG_TAIL :]
         except OSError:
             return ""
 
@@ -56,19 +58,28 @@ class ServerProcess:
         """SIGKILL, as a crash: nothing gets to flush or close."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
-        return self.proc.wait(timeout=STOP_TIMEOUT)
+        return self.proc.wait(timeout=self.STOP_TIMEOUT)
 
-    def terminate(self, timeout: float = STOP_TIMEOUT) -> int:
+    def terminate(self, timeout: float | None = None) -> int:
         """SIGTERM and wait; SIGKILL if it does not stop in time. Returns the exit code."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                return self.proc.wait(timeout=timeout)
+                return self.proc.wait(timeout=self.STOP_TIMEOUT if timeout is None else timeout)
             except subprocess.TimeoutExpired:
                 self.proc.send_signal(signal.SIGKILL)
-                self.proc.wait(timeout=STOP_TIMEOUT)
+                self.proc.wait(timeout=self.STOP_TIMEOUT)
                 raise
         return self.proc.returncode
+
+
+class ServerProcess(ChildProcess):
+    """One `strictq queue-server` process."""
+
+    def __init__(self, data_dir: Path, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+        super().__init__(proc, log_path)
+        self.data_dir = data_dir
+        self.url = ""
 
 
 def start_server(data_dir: Path, *extra_args: str) -> ServerProcess:

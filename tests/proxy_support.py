@@ -25,11 +25,9 @@ import contextlib
 import gzip
 import os
 import queue
-import signal
 import ssl
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +39,7 @@ import orjson
 import pytest
 import trustme
 from aiohttp import web
+from conftest import ChildProcess
 from gateway_support import CREDENTIALS as GATEWAY_CREDENTIALS
 
 from gateway.keys import Credential
@@ -234,22 +233,22 @@ def free_port() -> int:
 
 
 # ------------------------------------------------------------------------------------- proxy process
-class ProxyProcess:
+class ProxyProcess(ChildProcess):
     """One `strictq proxy` process (a parent with children under `--processes N`)."""
+
+    LOG_TAIL = 6000
+    STOP_TIMEOUT = STOP_TIMEOUT  # SIGTERM closes the wire log first
 
     def __init__(
         self, data_dir: Path, wirelog_dir: Path, proc: subprocess.Popen[bytes], log_path: Path
     ) -> None:
         self.data_dir = data_dir
         self.wirelog_dir = wirelog_dir
-        self.proc = proc
-        self.log_path = log_path
         self.urls: list[str] = []  # one per proxy process
         self.ca_file = Path()
         self.admin_urls: list[str] = []
         self.lines: list[str] = []  # stdout so far
-        self.stdout: queue.SimpleQueue[str | None] = queue.SimpleQueue()
-        threading.Thread(target=self._drain, daemon=True).start()
+        super().__init__(proc, log_path)
 
     @property
     def url(self) -> str:
@@ -258,38 +257,6 @@ class ProxyProcess:
     @property
     def admin_url(self) -> str:
         return self.admin_urls[0]
-
-    def _drain(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            self.stdout.put(raw.decode(errors="replace").rstrip("\n"))
-        self.stdout.put(None)
-
-    def running(self) -> bool:
-        return self.proc.poll() is None
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-6000:]
-        except OSError:
-            return ""
-
-    def kill(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        return self.proc.wait(timeout=STOP_TIMEOUT)
-
-    def terminate(self, timeout: float = STOP_TIMEOUT) -> int:
-        """SIGTERM and wait (the wire log is flushed and closed); SIGKILL if it will not stop."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.send_signal(signal.SIGKILL)
-                self.proc.wait(timeout=STOP_TIMEOUT)
-                raise
-        return self.proc.returncode
 
     def read_startup(self, timeout: float = START_TIMEOUT) -> None:
         """Wait for the start-up contract: listening, proxy ca, admin (in that order)."""
