@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, Literal
 
 import orjson
 from aiohttp import web
 
 from queue_core.machine import QueueError
+from queue_core.machine.text import check_json
 
 from . import sqs_admin as admin
 from . import sqs_data as data
@@ -25,6 +27,7 @@ from .keys import Credential
 from .sqs_auth import identify, parse_authorization, verify
 from .sqs_call import SQS_STATE, Call, SqsState
 from .sqs_errors import SqsError, error_response, from_core, json_response, new_request_id
+from .sqs_receipts import RECEIPTS, ReceiptSigner
 
 log = logging.getLogger("strictq.gateway.sqs")
 TARGET_PREFIX = "AmazonSQS."
@@ -69,8 +72,11 @@ def allowed(credential: Credential, permission: Permission) -> bool:
     return credential.role == "admin"
 
 
-def add_routes(app: web.Application) -> None:
+def add_routes(app: web.Application, receipt_key: Path | None = None) -> None:
+    """`receipt_key`: the file of the key that authenticates receipt handles (made if missing); None:
+    a key for this process only (sqs_receipts)."""
     app[SQS_STATE] = SqsState()
+    app[RECEIPTS] = ReceiptSigner.load(receipt_key) if receipt_key is not None else ReceiptSigner.ephemeral()
     app.router.add_post("/", handle)
 
 
@@ -123,4 +129,8 @@ async def _dispatch(request: web.Request) -> dict[str, Any]:
         raise SqsError("SerializationException", f"The request body is not valid JSON: {exc}") from None
     if not isinstance(params, dict):
         raise SqsError("SerializationException", "The request body must be a JSON object.")
+    # The shared text checker (queue_core.machine.text), as on every API: orjson already refuses lone
+    # surrogates, so this is the invariant stated where the face takes its input, not a second parse.
+    # Names and ids are matched whole by their own rules (fullmatch), bodies and attributes by SQS's set.
+    check_json(params, "request body")
     return await handler(Call(request, credential, auth.region, params))

@@ -66,14 +66,14 @@ def check_new_queue_name(name: str, fifo_attribute: str | None) -> bool:
         raise SqsError("InvalidAttributeValue", "Invalid value for the parameter FifoQueue.")
     wants_fifo = fifo_attribute is not None and fifo_attribute.lower() == "true"
     if fifo or wants_fifo:
-        if not (fifo and wants_fifo and FIFO_NAME_RE.match(name)):
+        if not (fifo and wants_fifo and FIFO_NAME_RE.fullmatch(name)):
             raise SqsError(
                 "InvalidParameterValue",
                 "The name of a FIFO queue can only include alphanumeric characters, hyphens, or underscores,"
                 " must end with .fifo suffix and be 1 to 80 in length, and FifoQueue must be true.",
             )
         return True
-    if not STANDARD_NAME_RE.match(name):
+    if not STANDARD_NAME_RE.fullmatch(name):
         raise SqsError(
             "InvalidParameterValue",
             "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in length.",

@@ -21,7 +21,7 @@ class Forbidden(Exception):
 
 def internal_name(credential: Credential, name: str) -> str:
     """The core's name for a queue the credential names; unknown to it means 'does not exist'."""
-    if not VISIBLE_NAME_RE.match(name) or not credential.may_use(name):
+    if not VISIBLE_NAME_RE.fullmatch(name) or not credential.may_use(name):
         raise QueueNotFound(f"queue {name!r} does not exist", queue=name)
     return f"{credential.tenant}.{name}"
 

@@ -2,17 +2,38 @@
 
 The event loop never waits on the disk; a request awaits the future of the batch holding its effects,
 and batches commit in submission order, so a response never reveals state that a crash could undo.
+
+Two kinds of store errors, kept apart (`commit`):
+- the store's own failure (sqlite3.OperationalError: disk I/O error, disk full; corruption): nothing more
+  can be made durable, so this batch and every later submission fail and readiness turns 503;
+- one submission's data (`StoreDataError`: a value the store cannot hold). The batch is rolled back and
+  its submissions are applied again one transaction each, in order: only the one at fault fails, the
+  others commit, and the store stays healthy. One request never stops the writes of everyone else.
+
+What a refused submission means for the in-memory core, which applied its effects before they reached
+the disk: the core refuses any text it could not persist before changing its state (machine.text), and
+the API faces refuse it before the core, so no client input can get here; a refused submission is a bug
+in what the core emits. Its request fails (its client was never told it happened, as with a crash before
+the commit), its effects are absent from disk, and the effects of later submissions stay correct on disk
+without them: every statement after an insert addresses rows by key (an UPDATE or DELETE of a row that is
+not there changes nothing; an orphan history row is swept at the next open), so the store holds exactly
+"that request never happened". Memory may hold its effects until the next restart, which rebuilds the core
+from the store; that is logged at ERROR naming the error, so an operator can restart at a quiet moment.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from .machine.effects import DURABLE_EFFECTS, Effect, MessageInserted
-from .store import SqliteStore, StoreError
+from .store import SqliteStore, StoreDataError, StoreError
+
+log = logging.getLogger("strictq.store")
 
 MAX_EFFECTS_PER_COMMIT = 20_000
 Bodies = dict[int, tuple[bytes, str, bytes]]
@@ -64,8 +85,8 @@ class DurableLog:
         last = self._last
         if last is None or last.done():
             done: asyncio.Future[Bodies] = self._loop.create_future()
-            if last is not None and not last.cancelled() and last.exception() is not None:
-                done.set_exception(StoreError("store write failed"))
+            if self._failed is not None:  # not a refused submission's data: the store itself failed
+                done.set_exception(StoreError(f"store failed earlier: {self._failed}"))
             else:
                 done.set_result(NO_BODIES)
             return done
@@ -95,28 +116,72 @@ class DurableLog:
                     break
                 batch.append(more)
                 size += len(more[0])
-            effects = [effect for group, _, _ in batch for effect in group]
             futures = [future for _, future, _ in batch]
-            fetch = [key for _, _, keys in batch for key in keys]
             try:
-                if effects:
-                    self._store.apply(effects)
-                bodies = self._store.fetch_bodies(fetch) if fetch else NO_BODIES
+                done = commit(self._store, [(effects, keys) for effects, _, keys in batch])
             except BaseException as exc:  # the disk said no: fail these and every later request
                 self._failed = exc
+                log.error("store failed; every later write fails until a restart: %s", exc)
                 self._loop.call_soon_threadsafe(_fail, futures, exc)
                 continue
-            self.commits += 1
-            self.committed_effects += len(effects)
-            max_key = max((e.key for e in effects if isinstance(e, MessageInserted)), default=0)
-            self._loop.call_soon_threadsafe(self._resolve, futures, max_key, bodies)
+            for error in done.refused.values():
+                log.error("store refused one request's data (that request fails, the rest commit): %s", error)
+            self.commits += done.transactions
+            self.committed_effects += done.effects
+            self._loop.call_soon_threadsafe(self._resolve, futures, done)
 
-    def _resolve(self, futures: list[asyncio.Future[Bodies]], max_key: int, bodies: Bodies) -> None:
-        for future in futures:
-            if not future.done():
-                future.set_result(bodies)
-        if max_key and self._on_commit is not None:
-            self._on_commit(max_key)
+    def _resolve(self, futures: list[asyncio.Future[Bodies]], done: Committed) -> None:
+        for index, future in enumerate(futures):
+            if future.done():
+                continue
+            error = done.refused.get(index)
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(done.bodies)
+        if done.max_key and self._on_commit is not None:
+            self._on_commit(done.max_key)
+
+
+@dataclass(slots=True)
+class Committed:
+    """What one batch made durable: bodies read after it, and the submissions refused for their data."""
+
+    bodies: Bodies
+    refused: dict[int, StoreDataError]  # index of the submission in the batch -> why
+    effects: int = 0
+    transactions: int = 0
+    max_key: int = 0  # the highest message key inserted
+
+
+def commit(store: SqliteStore, submissions: Sequence[tuple[Sequence[Effect], Sequence[int]]]) -> Committed:
+    """Make a batch of submissions (effects, keys whose bodies to read after) durable, in order: one
+    transaction, or, when one submission's data is refused, one transaction per submission so that only
+    that one fails. Raises for a failure of the store itself (see the module docstring)."""
+    everything = [effect for effects, _ in submissions for effect in effects]
+    refused: dict[int, StoreDataError] = {}
+    applied: list[Effect] = []
+    transactions = 0
+    try:
+        if everything:
+            store.apply(everything)
+            transactions = 1
+        applied = everything
+    except StoreDataError:
+        for index, (effects, _) in enumerate(submissions):
+            if not effects:
+                continue
+            try:
+                store.apply(effects)
+            except StoreDataError as error:
+                refused[index] = error
+                continue
+            transactions += 1
+            applied.extend(effects)
+    fetch = [key for index, (_, keys) in enumerate(submissions) if index not in refused for key in keys]
+    bodies = store.fetch_bodies(fetch) if fetch else NO_BODIES
+    max_key = max((e.key for e in applied if isinstance(e, MessageInserted)), default=0)
+    return Committed(bodies, refused, len(applied), transactions, max_key)
 
 
 def _fail(futures: list[asyncio.Future[Bodies]], exc: BaseException) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import orjson
@@ -17,6 +18,7 @@ import orjson
 from .machine import AckOutcome, InvalidArgument, TooLarge
 from .machine.inputs import OUTCOMES, AttemptResult
 from .machine.records import ReportOutcome
+from .machine.text import check_json, check_name, check_text
 
 MAX_RESULTS = 1000
 MAX_REASON_BYTES = 2048
@@ -26,6 +28,7 @@ MAX_STEPS = 100
 MAX_STEP_NAME = 128
 MAX_ID = 128
 MAX_TOKEN = (1 << 63) - 1
+TOKEN_TEXT_RE = re.compile(r"[0-9]{1,19}")
 
 
 def parse_results(data: Any) -> list[AttemptResult]:
@@ -45,6 +48,7 @@ def parse_result(item: Any, index: int = 0) -> AttemptResult:
     message_id = item.get("id")
     if not isinstance(message_id, str) or not 0 < len(message_id) <= MAX_ID:
         raise InvalidArgument(f"id must be a string of 1-{MAX_ID} characters", field="id", index=index)
+    check_name(message_id, "id", index=index)
     outcome = item.get("outcome")
     if outcome not in OUTCOMES:
         raise InvalidArgument(
@@ -66,10 +70,15 @@ def parse_result(item: Any, index: int = 0) -> AttemptResult:
     )
 
 
-def _token(raw: Any, index: int, message_id: str) -> int | None:
-    if raw is None:
-        return None
-    if isinstance(raw, str) and raw.isascii() and raw.isdigit():
+def _token(raw: Any, index: int, message_id: str) -> int:
+    if raw is None:  # a result ends a claim: its token is the least proof of holding it
+        raise InvalidArgument(
+            "each result needs its claim's token (the `token` its delivery carried)",
+            field="token",
+            index=index,
+            id=message_id,
+        )
+    if isinstance(raw, str) and TOKEN_TEXT_RE.fullmatch(raw):  # plain ASCII digits only
         raw = int(raw)
     if isinstance(raw, bool) or not isinstance(raw, int) or not 0 < raw <= MAX_TOKEN:
         raise InvalidArgument("token must be a positive integer", field="token", index=index, id=message_id)
@@ -84,7 +93,10 @@ def _text(item: dict[str, Any], name: str, limit: int, index: int, message_id: s
         raise InvalidArgument(f"{name} must be a string", field=name, index=index, id=message_id)
     if len(value.encode("utf-8", "surrogatepass")) > limit:
         raise TooLarge(f"{name} is over {limit} bytes", field=name, index=index, id=message_id, limit=limit)
-    return value
+    # Stored and logged as text: valid Unicode only. A reason may span lines (the logs escape them); a
+    # signature is a key (the health monitor's, the alerts') and holds no control characters.
+    check = check_name if name == "signature" else check_text
+    return str(check(value, name, index=index, id=message_id))
 
 
 def _size(value: Any) -> int:
@@ -95,7 +107,7 @@ def _size(value: Any) -> int:
 
 
 def _bounded(item: dict[str, Any], name: str, index: int, message_id: str) -> Any:
-    value = item.get(name)
+    value = check_json(item.get(name), name, index=index, id=message_id)
     if value is not None and _size(value) > MAX_JSON_BYTES:
         raise TooLarge(
             f"{name} is over {MAX_JSON_BYTES} bytes of JSON",
@@ -114,6 +126,7 @@ def _steps(raw: Any, index: int, message_id: str) -> list[Any]:
         return []
     if not isinstance(raw, list):
         raise InvalidArgument("steps must be a list", field="steps", index=index, id=message_id)
+    check_json(raw, "steps", index=index, id=message_id)
     if len(raw) > MAX_STEPS:
         raise TooLarge(f"at most {MAX_STEPS} steps per result", field="steps", index=index, id=message_id)
     steps: list[Any] = []

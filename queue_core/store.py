@@ -17,6 +17,8 @@ from typing import Any
 
 import orjson
 
+from wirelog.files import StartupError, create_private, private_dir
+
 from .machine import Snapshot
 from .machine.effects import (
     AttemptLogged,
@@ -115,6 +117,49 @@ class StoreError(Exception):
     """The store cannot make effects durable (disk full, corruption): the server must stop accepting."""
 
 
+class StoreDataError(StoreError):
+    """The store refused the data of one write (text it cannot encode, an integer beyond 64 bits, a
+    constraint), not the disk: the transaction was rolled back and the store is as healthy as before.
+    The core refuses such input before it gets here; this is the last line (durability.DurableLog fails
+    only the submission that carried it)."""
+
+
+# Errors about the values of one write. Everything else (sqlite3.OperationalError: disk I/O error, disk
+# full, locked, a missing table; DatabaseError: corruption) is the store's own failure.
+DATA_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,  # UnicodeEncodeError of a lone surrogate, among others
+    TypeError,  # orjson.JSONEncodeError of a value it cannot serialise
+    OverflowError,  # an integer beyond SQLite's 64 bits
+    sqlite3.IntegrityError,
+    sqlite3.DataError,
+    sqlite3.InterfaceError,
+    sqlite3.ProgrammingError,  # "Error binding parameter": a value of a type SQLite cannot hold
+)
+
+
+def store_fault(path: Path, exc: BaseException) -> StartupError:
+    """Why the store at `path` cannot be opened, as the operator's next step (also used for faults found
+    while restoring its rows)."""
+    if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
+        return StartupError(
+            path,
+            f"not a readable SQLite store ({exc})",
+            "restore it (with its -wal file) from a backup; to start empty instead, move them aside and "
+            "pass --init",
+        )
+    if "locked" in str(exc):
+        return StartupError(
+            path, f"cannot open the store ({exc})", "is another strictq server using this data dir?"
+        )
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return StartupError(
+        path,
+        f"cannot open the store ({reason})",
+        "check that this user can read and write it and its directory (permissions, a read-write mount, "
+        "free space)",
+    )
+
+
 class SqliteStore:
     def __init__(self, path: str | Path, clock: Callable[[], float] = time.time) -> None:
         self.path = Path(path)
@@ -124,24 +169,36 @@ class SqliteStore:
 
     # ------------------------------------------------------------------------------------ lifecycle
     def open(self, now: float) -> tuple[int, Snapshot]:
-        """Open (creating if needed), bump the epoch durably, and return it with everything stored."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
-        db.execute("PRAGMA cache_size=-16384")  # 16 MiB page cache
-        db.executescript(SCHEMA)
-        self._db = db
-        db.execute("BEGIN IMMEDIATE")
-        epoch = self._meta("epoch") + 1
-        self._set_meta("epoch", epoch)
-        db.execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('key_hw', 0)")
-        db.execute("DELETE FROM dedup WHERE expires <= ?", (now,))
-        db.execute("DELETE FROM attempt_log WHERE expires <= ?", (now,))
-        # Orphans (a message deleted by a path that left its history row) would only cost space.
-        db.execute("DELETE FROM message_history WHERE key NOT IN (SELECT key FROM messages)")
-        db.execute("COMMIT")
-        return epoch, self._snapshot()
+        """Open (creating if needed), bump the epoch durably, and return it with everything stored.
+
+        A new store file is created 0600 in a 0700 directory before SQLite opens it: SQLite gives its
+        -wal and -shm files the main file's mode. A file that cannot be opened, or is not a SQLite store,
+        raises StartupError naming it (`store_fault`)."""
+        db: sqlite3.Connection | None = None
+        try:
+            private_dir(self.path.parent)
+            create_private(self.path)
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA cache_size=-16384")  # 16 MiB page cache
+            db.executescript(SCHEMA)
+            self._db = db
+            db.execute("BEGIN IMMEDIATE")
+            epoch = self._meta("epoch") + 1
+            self._set_meta("epoch", epoch)
+            db.execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('key_hw', 0)")
+            db.execute("DELETE FROM dedup WHERE expires <= ?", (now,))
+            db.execute("DELETE FROM attempt_log WHERE expires <= ?", (now,))
+            # Orphans (a message deleted by a path that left its history row) would only cost space.
+            db.execute("DELETE FROM message_history WHERE key NOT IN (SELECT key FROM messages)")
+            db.execute("COMMIT")
+            return epoch, self._snapshot()
+        except (sqlite3.Error, OSError) as exc:
+            if db is not None:
+                db.close()
+            self._db = None
+            raise store_fault(self.path, exc) from None
 
     def close(self) -> None:
         if self._db is not None:
@@ -221,9 +278,17 @@ class SqliteStore:
                 db.execute("DELETE FROM attempt_log WHERE expires <= ?", (now,))
                 self._last_sweep = now
             db.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
+        except Exception as exc:
+            # Roll back whatever failed: a transaction left open would fail every later BEGIN (one bad
+            # value used to stop every write of every tenant). If even that fails, the store has failed.
+            try:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+            except Exception as rollback_exc:
+                raise StoreError(f"store write failed: {exc}; rollback failed: {rollback_exc}") from exc
+            if isinstance(exc, DATA_ERRORS):
+                kind = type(exc).__name__
+                raise StoreDataError(f"store refused the data of a write: {kind}: {exc}") from exc
             raise StoreError(f"store write failed: {exc}") from exc
 
     # ----------------------------------------------------------------------------------------- reads

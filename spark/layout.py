@@ -245,9 +245,9 @@ def _manifests(root: Path) -> tuple[list[tuple[int, Path]], list[tuple[int, Path
     if not directory.is_dir():
         return batches, uptos
     for path in directory.iterdir():
-        if match := _BATCH_MANIFEST.match(path.name):
+        if match := _BATCH_MANIFEST.fullmatch(path.name):
             batches.append((int(match[1]), path))
-        elif match := _UPTO_MANIFEST.match(path.name):
+        elif match := _UPTO_MANIFEST.fullmatch(path.name):
             uptos.append((int(match[1]), path))
     return sorted(batches), sorted(uptos)
 

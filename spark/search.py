@@ -43,14 +43,14 @@ class Query:
     limit: int | None = None
 
     def validate(self) -> Query:
-        if self.message_id is not None and not MESSAGE_ID.match(self.message_id):
+        if self.message_id is not None and not MESSAGE_ID.fullmatch(self.message_id):
             raise QueryError(
                 f"malformed message id {self.message_id[:80]!r}: 1-128 characters of letters, digits, "
                 "'_', '.', ':' and '-'"
             )
         for name in ("group", "worker"):
             value = getattr(self, name)
-            if value is not None and not NAME.match(value):
+            if value is not None and not NAME.fullmatch(value):
                 raise QueryError(
                     f"malformed {name} {value[:80]!r}: 1-256 printable ASCII characters, no spaces"
                 )

@@ -56,7 +56,7 @@ class SegmentName:
 
 def parse_segment_name(name: str) -> SegmentName | None:
     """The parts of a segment file name, or None for any other file (lock files, foreign files)."""
-    match = _SEGMENT.match(name)
+    match = _SEGMENT.fullmatch(name)
     if match is None:
         return None
     return SegmentName(match["writer"], match["stamp"], int(match["seq"]), match["state"])

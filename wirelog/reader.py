@@ -78,7 +78,7 @@ def parse_status(value: int | str) -> int | str:
         text = value.strip()
         if text.isdigit() and 100 <= int(text) <= 599:
             return int(text)
-        if _STATUS_CLASS.match(text):
+        if _STATUS_CLASS.fullmatch(text):
             return text.lower()
     raise ValueError(f"status must be an HTTP status (100-599) or a class like 5xx, not {value!r}")
 

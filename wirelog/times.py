@@ -9,8 +9,9 @@ import re
 import time
 from datetime import UTC, datetime
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$", re.IGNORECASE)
-_AGO = re.compile(r"\s+ago\s*$", re.IGNORECASE)
+# ASCII digits only: `\d` alone also matches other scripts' digits ('٣'), which float() then accepts.
+_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(s|m|h|d|w)?\s*", re.IGNORECASE | re.ASCII)
+_AGO = re.compile(r"\s+ago\s*$", re.IGNORECASE | re.ASCII)
 _UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 
 
@@ -21,7 +22,7 @@ class TimeParseError(ValueError):
 def parse_duration(text: str, *, unit_required: bool = False) -> float:
     """Seconds in `600`, `600s`, `30m`, `2h`, `7d` or `1w` (a bare number is seconds unless
     `unit_required`): the one duration syntax of every command line (ttls, windows, intervals)."""
-    match = _DURATION.match(text)
+    match = _DURATION.fullmatch(text)
     if match is None or (unit_required and match.group(2) is None):
         raise TimeParseError(f"not a duration: {text!r} (use seconds, or a number with s, m, h, d or w)")
     return float(match.group(1)) * _UNIT_SECONDS[(match.group(2) or "s").lower()]

@@ -98,7 +98,7 @@ class WireLogWriter:
         buffer_bytes: int = 256 * 1024,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if not WRITER_NAME.match(writer):
+        if not WRITER_NAME.fullmatch(writer):
             raise ValueError(f"writer name {writer!r}: use 1-64 of A-Z a-z 0-9 _ - (it names files)")
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {fsync!r}")

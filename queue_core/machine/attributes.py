@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .errors import InvalidArgument
+from .text import check_json
 
 KIB = 1024
 MAX_MESSAGE_SIZE_CEILING = 1024 * KIB
@@ -73,6 +74,7 @@ class QueueAttributes:
             validate_queue_name(self.dead_letter_queue)
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.labels.items()):
             raise InvalidArgument("labels must map strings to strings", field="labels")
+        check_json(self.labels, "labels")  # stored as JSON text: valid Unicode only
         _check_range("log_retention_attempts", self.log_retention_attempts, 0, 10_000)
         _check_probe_payload(self.probe_payload)
         self.retry_policy().validate()
@@ -189,13 +191,14 @@ def _check_probe_payload(value: Any) -> None:
         size = len(json.dumps(value, allow_nan=False, separators=(",", ":")))
     except (TypeError, ValueError):
         raise InvalidArgument("probe_payload must be a JSON value", field="probe_payload") from None
+    check_json(value, "probe_payload")  # stored with the attributes as UTF-8 JSON
     if size > MAX_PROBE_PAYLOAD:
         message = f"probe_payload must be at most {MAX_PROBE_PAYLOAD} bytes"
         raise InvalidArgument(message, field="probe_payload")
 
 
 def validate_queue_name(name: object) -> str:
-    if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):
+    if not isinstance(name, str) or not QUEUE_NAME_RE.fullmatch(name):
         raise InvalidArgument(
             "queue names are 1-128 characters of letters, digits, '_', '-' and '.'", field="queue"
         )

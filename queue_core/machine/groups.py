@@ -18,7 +18,7 @@ MESSAGE_ID_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
 
 
 def validate_group(group: object) -> str:
-    if not isinstance(group, str) or not GROUP_RE.match(group):
+    if not isinstance(group, str) or not GROUP_RE.fullmatch(group):
         raise InvalidArgument(
             f"group must be 1-{MAX_GROUP_LENGTH} characters of letters, digits and ASCII punctuation",
             field="group",
@@ -29,7 +29,7 @@ def validate_group(group: object) -> str:
 
 
 def validate_message_id(message_id: object) -> str:
-    if not isinstance(message_id, str) or not MESSAGE_ID_RE.match(message_id):
+    if not isinstance(message_id, str) or not MESSAGE_ID_RE.fullmatch(message_id):
         raise InvalidArgument(
             "message ids are 1-128 characters of letters, digits, '_', '.', ':' and '-'", field="id"
         )
