@@ -11,6 +11,7 @@ from queue_core.admin_http import add_admin_routes
 from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
+from queue_core.http_errors import json_http_errors
 from queue_core.service import QueueService
 
 from .deliveries import DELIVERIES, DeliveryLog
@@ -31,9 +32,13 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
+    """Ready while the core can make writes durable: 503 once its durable log failed (a disk error; one
+    request's bad data never fails it, see queue_core.durability) or while a remote one is unreachable.
+    /healthz stays liveness: the process answers."""
     if request.app[SERVICE].healthy:
         return web.json_response({"ready": True})
-    return web.json_response({"ready": False}, status=503)
+    error = {"code": "not_ready", "message": "the queue store is not open, has failed, or is unreachable"}
+    return web.json_response({"ready": False, "error": error}, status=503)
 
 
 def make_gateway_app(
@@ -44,11 +49,13 @@ def make_gateway_app(
     index: Path | None = None,
     deliveries: DeliveryLog | None = None,
     failures: FailureManager | None = None,
+    receipt_key: Path | None = None,
 ) -> web.Application:
-    """`deliveries`: write a wire-log record per message handed to a worker (gateway.deliveries)."""
+    """`deliveries`: write a wire-log record per message handed to a worker (gateway.deliveries).
+    `receipt_key`: the file of the SQS receipt-handle key (gateway.sqs_receipts); None: in memory."""
     from . import emodb, sqs  # the faces register their own routes
 
-    app = web.Application(client_max_size=MAX_EDGE_BODY)
+    app = web.Application(client_max_size=MAX_EDGE_BODY, middlewares=[json_http_errors])
     app[SERVICE] = service
     app[KEYS] = keys
     if deliveries is not None:
@@ -56,7 +63,7 @@ def make_gateway_app(
     app[ROUTER] = PartitionRouter(service, service.partitions)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    sqs.add_routes(app)
+    sqs.add_routes(app, receipt_key)
     emodb.add_routes(app)
     if isinstance(service, QueueService):  # the core is in this process: its control stream and fences too
         hub = control or (failures.hub if failures is not None else ControlHub(service))

@@ -15,8 +15,17 @@ strictq extensions, all optional, so that plain EmoDB clients keep EmoDB's seman
 - poll answers also carry `group`, `seq` and `token` (the fencing token of the claim); peek adds `group`
   and `seq`;
 - ack and renew take the token as `X-Strictq-Lease` or `?token=`, and then refuse stale claims with 409
-  naming the refused ids. Without a token, ack deletes regardless of claims and renew is best effort
-  (EmoDB: `{"success": true}` whatever happened to each id).
+  naming the refused ids. Without a token, ack and renew are best effort (EmoDB: `{"success": true}`
+  whatever happened to each id).
+
+Ending a claim needs proof of holding it (ack, renew, renew ttl=0 = release, results). A `worker`
+credential acts only on messages whose newest claim went to that same credential (the core records the
+claiming worker): with or without a token (tokens count up, so a token is fencing, not proof); a late ack
+of its own expired claim that nobody took since still works, as in EmoDB. It cannot ack a message that
+was never delivered, nor one another worker holds: those ids are left untouched (`{"success": true}`
+without a token, as EmoDB answers per id; 409 `stale_claim` naming them with a token). An `admin`
+credential acks, renews and releases by id as EmoDB allows. `results` need each claim's token (400 naming
+`token` otherwise).
 
 Decisions:
 - Queues are created implicitly by send (and by `_move`), as in EmoDB. Polls, peeks and counts of a queue
@@ -62,8 +71,9 @@ from queue_core.machine import (
     TooLarge,
     Unavailable,
 )
+from queue_core.machine.text import DECIMAL_RE, INTEGER_RE, check_name
 from queue_core.results import outcome_json, parse_results
-from queue_core.store import StoreError
+from queue_core.store import StoreDataError, StoreError
 
 from .app import KEYS, ROUTER
 from .deliveries import deliveries_of
@@ -85,6 +95,8 @@ MAX_IDS = 10_000  # ids per ack/renew request
 MAX_BATCH_MESSAGES = 10_000  # messages per _sendbatch request (the body cap bounds bytes, this bounds work)
 MAX_TOKEN = (1 << 63) - 1
 MOVE_STATUS = {"running": "IN_PROGRESS", "done": "COMPLETE", "failed": "ERROR"}
+# Headers of this face whose values reach the core or the logs.
+CHECKED_HEADERS = (GROUP_HEADER, LEASE_HEADER)
 
 Role = Literal["send", "consume", "admin"]
 
@@ -149,6 +161,9 @@ def error_response(exc: BaseException) -> web.Response:
         return json_response(error_body(exc.code, exc.message), exc.status)
     if isinstance(exc, Forbidden):
         return json_response(error_body("forbidden", str(exc)), 403)
+    if isinstance(exc, StoreDataError):  # one request's data; the store is fine (queue_core.durability)
+        log.error("the store refused a request's data: %s", exc)
+        return json_response(error_body("store_refused", "the store refused this request's data"), 500)
     if isinstance(exc, StoreError):
         return json_response(error_body("store_unavailable", str(exc)), 503)
     if isinstance(exc, web.HTTPException):
@@ -257,6 +272,7 @@ def endpoint(
         try:
             credential = authenticate(request)
             require(credential, allowed(credential, role), action)
+            check_request(request)
             return await handler(Call(request, face, credential))
         except Exception as exc:
             return error_response(exc)
@@ -265,6 +281,22 @@ def endpoint(
 
 
 # --------------------------------------------------------------------------------------- JSON in/out
+def check_request(request: web.Request) -> None:
+    """The face's one check of client text outside JSON bodies: query parameters, the path's queue name
+    and the strictq headers must be valid Unicode without control characters (400 naming the parameter;
+    `?group=poison%0A` included). JSON bodies are checked where they are read (`read_json`, `read_ids`,
+    `send_batch`, queue_core.results), message payloads excepted: they are stored as JSON bytes."""
+    for name, value in request.query.items():
+        check_name(name, "query")
+        check_name(value, name)
+    for name, value in request.match_info.items():
+        check_name(value, name)
+    for header in CHECKED_HEADERS:
+        value = request.headers.get(header)
+        if value is not None:
+            check_name(value, header)
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
@@ -329,6 +361,8 @@ async def read_ids(request: web.Request) -> list[str]:
         raise InvalidArgument("the body must be a JSON list of message ids (strings)")
     if len(ids) > MAX_IDS:
         raise InvalidArgument(f"at most {MAX_IDS} message ids per request", count=len(ids))
+    for index, message_id in enumerate(ids):  # echoed in answers and delivery records
+        check_name(message_id, "ids", index=index)
     return ids
 
 
@@ -346,6 +380,9 @@ def _query[N: (int, float)](
     raw = request.query.get(name)
     if raw is None or raw == "":
         return default
+    pattern = INTEGER_RE if parse is int else DECIMAL_RE
+    if not pattern.fullmatch(raw):  # plain ASCII digits: no '٣', '1_0', ' 5', '1e3', 'nan' or 'inf'
+        raise InvalidArgument(f"{name} must be {kind} in plain digits, got {raw[:40]!r}", field=name)
     try:
         value = parse(raw)
     except ValueError:
@@ -374,8 +411,7 @@ def token_of(request: web.Request) -> int | None:
     raw = one_of(request, "token", LEASE_HEADER)
     if raw is None:
         return None
-    raw = raw.strip()
-    if not raw.isascii() or not raw.isdigit() or not 0 < int(raw) <= MAX_TOKEN:
+    if not INTEGER_RE.fullmatch(raw) or not 0 < int(raw) <= MAX_TOKEN:
         raise InvalidArgument(f"the lease token must be a positive integer, got {raw[:40]!r}", field="token")
     return int(raw)
 
@@ -430,6 +466,7 @@ async def send_batch(call: Call) -> web.StreamResponse:
     batches: dict[str, list[SendRequest]] = {}
     count = 0
     for name, messages in data.items():  # every name and message is checked before anything is sent
+        check_name(name, "queue")  # before it is echoed in any error (the payloads are stored as bytes)
         if not isinstance(messages, list):
             raise InvalidArgument(f"the messages of queue {name!r} must be a JSON list", queue=name)
         count += len(messages)
@@ -494,6 +531,13 @@ def refused(outcomes: list[AckOutcome], token: int | None, gone_is_lost: bool = 
     return json_response(body, status)
 
 
+def holder_of(credential: Credential) -> str | None:
+    """Whose claims the caller may end or extend: a worker only the claims that went to it (the core
+    checks, with or without a token: tokens count up, so a token alone proves nothing); an admin any
+    claim, by id, as EmoDB allows."""
+    return None if credential.role == "admin" else credential.id
+
+
 async def ack(call: Call) -> web.StreamResponse:
     queue = call.queue()
     token = token_of(call.request)
@@ -502,7 +546,7 @@ async def ack(call: Call) -> web.StreamResponse:
         return success()
     items = [(i, token) for i in ids]
     try:
-        outcomes = await call.service_for_queue(queue).ack(queue, items)
+        outcomes = await call.service_for_queue(queue).ack(queue, items, holder_of(call.credential))
     except QueueNotFound:
         return success()  # EmoDB: acknowledging in a queue that does not exist is a no-op
     _log_ended(call, "ack", items, outcomes)
@@ -518,7 +562,9 @@ async def renew(call: Call) -> web.StreamResponse:
         return success()
     items = [(i, token) for i in ids]
     try:
-        outcomes = await call.service_for_queue(queue).renew(queue, items, ttl, "extend")
+        outcomes = await call.service_for_queue(queue).renew(
+            queue, items, ttl, "extend", holder_of(call.credential)
+        )
     except QueueNotFound:
         return success()
     if ttl == 0:  # EmoDB's unclaim: the worker hands the claim back
@@ -539,11 +585,15 @@ def _log_ended(
 
 async def results(call: Call) -> web.StreamResponse:
     """strictq extension: the worker's attempt results (docs/failure-management.md §1), per-item
-    statuses; each result also becomes a wire-log `log` record."""
+    statuses; each result also becomes a wire-log `log` record. Every result needs its claim's token
+    (400 naming `token`), and a worker reports only on claims that went to it (`stale_claim` otherwise)."""
     queue = call.queue()
     parsed = parse_results(await read_json(call.request))
+    credential = call.credential
     try:
-        outcomes = await call.service_for_queue(queue).report(queue, call.credential.id, parsed)
+        outcomes = await call.service_for_queue(queue).report(
+            queue, credential.id, parsed, holder_of(credential)
+        )
     except QueueNotFound:  # EmoDB: a queue nobody sent to is an empty queue
         outcomes = [AckOutcome(r.message_id, "gone", "no such message (already deleted?)") for r in parsed]
     name = call.request.match_info["queue"]

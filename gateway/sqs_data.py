@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from queue_core.backend import QueueBackend
-from queue_core.machine import AckOutcome, InvalidArgument, QueueError, SendRequest, SendResult, parse_receipt
+from queue_core.machine import AckOutcome, InvalidArgument, QueueError, SendRequest, SendResult
 from queue_core.machine.groups import GROUP_RE, validate_group
 
 from .deliveries import deliveries_of
@@ -23,6 +23,7 @@ from .sqs_messages import (
     parse_attributes,
     render_message,
 )
+from .sqs_receipts import RECEIPTS
 
 Result = dict[str, Any]
 MAX_BATCH_BYTES = 1024 * 1024
@@ -84,7 +85,7 @@ def _prepare(call: Call, queue: Queue, params: dict[str, Any]) -> Prepared:
                 "The queue should either have ContentBasedDeduplication enabled or MessageDeduplicationId"
                 " provided explicitly",
             )
-        if dedup is not None and not GROUP_RE.match(dedup):
+        if dedup is not None and not GROUP_RE.fullmatch(dedup):
             raise SqsError(
                 "InvalidParameterValue",
                 f"Value {dedup} for parameter MessageDeduplicationId is invalid. Reason: 1-128"
@@ -205,7 +206,7 @@ async def receive_message(call: Call) -> Result:
     system_names = set(call.strings("AttributeNames")) | set(call.strings("MessageSystemAttributeNames"))
     attribute_names = set(call.strings("MessageAttributeNames"))
     attempt_id = call.optional_string("ReceiveRequestAttemptId")
-    if attempt_id is not None and not ATTEMPT_ID_RE.match(attempt_id):
+    if attempt_id is not None and not ATTEMPT_ID_RE.fullmatch(attempt_id):
         raise SqsError(
             "InvalidParameterValue",
             "Value for parameter ReceiveRequestAttemptId is invalid. Reason: 1-128 alphanumeric or"
@@ -230,9 +231,15 @@ async def receive_message(call: Call) -> Result:
         raise from_core(exc) from None
     if received and (deliveries := deliveries_of(call.request)) is not None:
         deliveries.delivered(call.credential, "sqs", queue.name, received)
+    signer = call.request.app[RECEIPTS]
     messages = [
         render_message(
-            r, fifo=queue.fifo, system_names=system_names, attribute_names=attribute_names, arn_of=call.arn_of
+            r,
+            receipt=signer.sign(queue.internal, r.delivery.token, r.delivery.message_id),
+            fifo=queue.fifo,
+            system_names=system_names,
+            attribute_names=attribute_names,
+            arn_of=call.arn_of,
         )
         for r in received
     ]
@@ -256,17 +263,20 @@ async def _retry(call: Call, queue: Queue, key: tuple[str, str, str]) -> list[Re
 
 
 # ------------------------------------------------------------------------------ delete and visibility
-def _receipt(params: dict[str, Any]) -> tuple[str, int]:
+def _receipt(call: Call, queue: Queue, params: dict[str, Any]) -> tuple[str, int]:
+    """(message id, token) of a handle this face issued for this queue; its MAC is checked in constant
+    time (sqs_receipts), so a guessed token or an edited handle is refused as SQS refuses one it never
+    issued. A verified handle is the proof of holding the claim: the core then only checks its token."""
     receipt = params.get("ReceiptHandle")
     if receipt is None or receipt == "":
         raise SqsError("MissingParameter", "The request must contain the parameter ReceiptHandle.")
-    try:
-        return parse_receipt(receipt)
-    except InvalidArgument:
+    item = call.request.app[RECEIPTS].verify(queue.internal, receipt)
+    if item is None:
+        shown = str(receipt)[:160].encode("ascii", "backslashreplace").decode("ascii")
         raise SqsError(
-            "ReceiptHandleIsInvalid",
-            f'The input receipt handle "{str(receipt)[:160]}" is not a valid receipt handle.',
-        ) from None
+            "ReceiptHandleIsInvalid", f'The input receipt handle "{shown}" is not a valid receipt handle.'
+        )
+    return item
 
 
 def _ack_error(outcome: AckOutcome, *, gone_ok: bool) -> SqsError | None:
@@ -277,7 +287,7 @@ def _ack_error(outcome: AckOutcome, *, gone_ok: bool) -> SqsError | None:
 
 async def delete_message(call: Call) -> Result:
     queue = await call.queue()
-    item = _receipt(call.params)
+    item = _receipt(call, queue, call.params)
     (outcome,) = await queue.service.ack(queue.internal, [item])
     _log_ended(call, queue, "ack", [item], [outcome])
     error = _ack_error(outcome, gone_ok=True)  # deleting a deleted message succeeds, as in SQS
@@ -288,7 +298,7 @@ async def delete_message(call: Call) -> Result:
 
 async def change_message_visibility(call: Call) -> Result:
     queue = await call.queue()
-    item = _receipt(call.params)
+    item = _receipt(call, queue, call.params)
     ttl = call.integer("VisibilityTimeout", 0, MAX_VISIBILITY)
     if ttl is None:
         raise SqsError("MissingParameter", "The request must contain the parameter VisibilityTimeout.")
@@ -317,7 +327,7 @@ async def delete_message_batch(call: Call) -> Result:
     items: list[tuple[str, int]] = []
     for entry in call.entries():
         try:
-            items.append(_receipt(entry))
+            items.append(_receipt(call, queue, entry))
             ids.append(entry["Id"])
         except SqsError as error:
             failed.append(error.batch_entry(entry["Id"]))
@@ -339,7 +349,7 @@ async def change_message_visibility_batch(call: Call) -> Result:
     by_ttl: dict[int, list[tuple[str, tuple[str, int]]]] = {}
     for entry in call.entries():
         try:
-            item = _receipt(entry)
+            item = _receipt(call, queue, entry)
             ttl = call.integer("VisibilityTimeout", 0, MAX_VISIBILITY, entry)
             if ttl is None:
                 raise SqsError(

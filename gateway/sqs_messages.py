@@ -96,7 +96,7 @@ def parse_attributes(raw: Any, field: str = "MessageAttributes", system: bool = 
 def _check_attribute_name(name: str) -> None:
     lower = name.lower()
     if (
-        not ATTRIBUTE_NAME_RE.match(name)
+        not ATTRIBUTE_NAME_RE.fullmatch(name)
         or name.startswith(".")
         or name.endswith(".")
         or ".." in name
@@ -113,7 +113,7 @@ def _attribute_value(name: str, value: Any, field: str) -> tuple[dict[str, str],
         raise SqsError(
             "InvalidParameterValue", f"The message attribute '{name}' must contain a non-empty data type."
         )
-    if len(data_type) > 256 or not DATA_TYPE_RE.match(data_type):
+    if len(data_type) > 256 or not DATA_TYPE_RE.fullmatch(data_type):
         raise SqsError("InvalidParameterValue", f"The type of message attribute '{name}' is invalid.")
     if value.get("StringListValues") or value.get("BinaryListValues"):
         raise SqsError("InvalidParameterValue", f"Message attribute '{name}': list values are not supported.")
@@ -142,7 +142,7 @@ def _attribute_value(name: str, value: Any, field: str) -> tuple[dict[str, str],
     check_text(text, f"message attribute '{name}'")
     if data_type.startswith("Number"):
         digits = sum(c.isdigit() for c in text.split("e")[0].split("E")[0])
-        if not NUMBER_RE.match(text) or digits > 38:
+        if not NUMBER_RE.fullmatch(text) or digits > 38:
             raise SqsError(
                 "InvalidParameterValue", f"Value of message attribute '{name}' is not a valid number."
             )
@@ -193,18 +193,20 @@ def select_attributes(attributes: dict[str, dict[str, str]], wanted: Collection[
 def render_message(
     received: Received,
     *,
+    receipt: str,
     fifo: bool,
     system_names: Collection[str],
     attribute_names: Collection[str],
     arn_of: Callable[[str], str | None],
 ) -> dict[str, Any]:
-    """One delivery as an SQS `Message`; the Strictq* attributes (token, group, attempt) always ride along."""
+    """One delivery as an SQS `Message`; the Strictq* attributes (token, group, attempt) always ride along.
+    `receipt`: its authenticated receipt handle (sqs_receipts), never the core's guessable one."""
     delivery = received.delivery
     meta = decode_extra(received.extra)
     body = received.body.decode("utf-8", errors="replace")
     message: dict[str, Any] = {
         "MessageId": delivery.message_id,
-        "ReceiptHandle": delivery.receipt,
+        "ReceiptHandle": receipt,
         "MD5OfBody": md5_hex(body.encode()),
         "Body": body,
     }

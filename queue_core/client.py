@@ -181,21 +181,28 @@ class QueueClient:
         result = await self.request("POST", f"/v1/queues/{queue}/receive", body)
         return list(result["messages"])
 
-    async def ack(self, queue: str, receipts: Sequence[str]) -> list[dict[str, Any]]:
-        return await self.batch(f"/v1/queues/{queue}/ack", {"receipts": list(receipts)})
+    # `holder`: act as that worker, so the server ends or extends only claims that went to it (what the
+    # gateway does for its worker credentials); None: as an operator, by receipt or id.
+    async def ack(
+        self, queue: str, receipts: Sequence[str], holder: str | None = None
+    ) -> list[dict[str, Any]]:
+        return await self.batch(f"/v1/queues/{queue}/ack", _held({"receipts": list(receipts)}, holder))
 
-    async def ack_ids(self, queue: str, ids: Sequence[str], token: int | None = None) -> list[dict[str, Any]]:
-        return await self.batch(f"/v1/queues/{queue}/ack", {"ids": list(ids), "token": token})
+    async def ack_ids(
+        self, queue: str, ids: Sequence[str], token: int | None = None, holder: str | None = None
+    ) -> list[dict[str, Any]]:
+        return await self.batch(f"/v1/queues/{queue}/ack", _held({"ids": list(ids), "token": token}, holder))
 
     async def renew(
-        self, queue: str, receipts: Sequence[str], ttl: float, mode: str = "extend"
+        self, queue: str, receipts: Sequence[str], ttl: float, mode: str = "extend", holder: str | None = None
     ) -> list[dict[str, Any]]:
-        return await self.batch(
-            f"/v1/queues/{queue}/renew", {"receipts": list(receipts), "ttl": ttl, "mode": mode}
-        )
+        body = {"receipts": list(receipts), "ttl": ttl, "mode": mode}
+        return await self.batch(f"/v1/queues/{queue}/renew", _held(body, holder))
 
-    async def release(self, queue: str, receipts: Sequence[str]) -> list[dict[str, Any]]:
-        return await self.batch(f"/v1/queues/{queue}/release", {"receipts": list(receipts)})
+    async def release(
+        self, queue: str, receipts: Sequence[str], holder: str | None = None
+    ) -> list[dict[str, Any]]:
+        return await self.batch(f"/v1/queues/{queue}/release", _held({"receipts": list(receipts)}, holder))
 
     async def unclaim_all(self, queue: str) -> int:
         return int((await self.request("POST", f"/v1/queues/{queue}/unclaimall"))["released"])
@@ -233,3 +240,7 @@ class QueueClient:
         except (QueueClientError, aiohttp.ClientError):
             return False
         return True
+
+
+def _held(body: dict[str, Any], holder: str | None) -> dict[str, Any]:
+    return body if holder is None else {**body, "holder": holder}

@@ -246,27 +246,47 @@ class RemoteQueueService:
         return [_received(item) for item in payload["messages"]]
 
     async def _claims(
-        self, queue: str, action: str, items: Sequence[tuple[str, int | None]], **extra: Any
+        self,
+        queue: str,
+        action: str,
+        items: Sequence[tuple[str, int | None]],
+        holder: str | None,
+        **extra: Any,
     ) -> list[AckOutcome]:
         body = {"items": [[message_id, token] for message_id, token in items], **extra}
+        if holder is not None:  # the server's core then ends only claims that went to this worker
+            body["holder"] = holder
         payload = await self._call("POST", self._q(queue) + "/" + action, body, batch=True)
         return [AckOutcome(r["id"], r["status"], r.get("message", "")) for r in payload["results"]]
 
-    async def ack(self, queue: str, items: Sequence[tuple[str, int | None]]) -> list[AckOutcome]:
-        return await self._claims(queue, "ack", items)
+    async def ack(
+        self, queue: str, items: Sequence[tuple[str, int | None]], holder: str | None = None
+    ) -> list[AckOutcome]:
+        return await self._claims(queue, "ack", items, holder)
 
     async def renew(
-        self, queue: str, items: Sequence[tuple[str, int | None]], ttl: float, mode: RenewMode = "extend"
+        self,
+        queue: str,
+        items: Sequence[tuple[str, int | None]],
+        ttl: float,
+        mode: RenewMode = "extend",
+        holder: str | None = None,
     ) -> list[AckOutcome]:
-        return await self._claims(queue, "renew", items, ttl=ttl, mode=mode)
+        return await self._claims(queue, "renew", items, holder, ttl=ttl, mode=mode)
 
-    async def report(self, queue: str, worker: str, results: Sequence[AttemptResult]) -> list[AckOutcome]:
-        body = {"worker": worker, "results": [result_json(r) for r in results]}
+    async def report(
+        self, queue: str, worker: str, results: Sequence[AttemptResult], holder: str | None = None
+    ) -> list[AckOutcome]:
+        body: dict[str, Any] = {"worker": worker, "results": [result_json(r) for r in results]}
+        if holder is not None:
+            body["holder"] = holder
         payload = await self._call("POST", self._q(queue) + "/results", body)
         return [outcome_from_json(item) for item in payload["results"]]
 
-    async def release(self, queue: str, items: Sequence[tuple[str, int | None]]) -> list[AckOutcome]:
-        return await self._claims(queue, "release", items)
+    async def release(
+        self, queue: str, items: Sequence[tuple[str, int | None]], holder: str | None = None
+    ) -> list[AckOutcome]:
+        return await self._claims(queue, "release", items, holder)
 
     async def unclaim_all(self, queue: str) -> int:
         return int((await self._call("POST", self._q(queue) + "/unclaimall"))["released"])

@@ -338,24 +338,35 @@ class QueueService:
                 out.append(Received(delivery, value[0], value[1], value[2]))
         return out
 
-    async def ack(self, queue: str, items: Sequence[tuple[str, int | None]]) -> list[AckOutcome]:
-        outcomes, future = self._apply(self.core.ack, queue, items)
+    async def ack(
+        self, queue: str, items: Sequence[tuple[str, int | None]], holder: str | None = None
+    ) -> list[AckOutcome]:
+        """`holder`: the caller's worker identity, so that it ends only claims it holds (QueueCore.ack);
+        None for operators and callers that proved the claim otherwise."""
+        outcomes, future = self._apply(self.core.ack, queue, items, holder=holder)
         self._notify(queue)
         await self._durable(future)
         return outcomes
 
     async def renew(
-        self, queue: str, items: Sequence[tuple[str, int | None]], ttl: float, mode: RenewMode = "extend"
+        self,
+        queue: str,
+        items: Sequence[tuple[str, int | None]],
+        ttl: float,
+        mode: RenewMode = "extend",
+        holder: str | None = None,
     ) -> list[AckOutcome]:
         if mode not in ("extend", "set"):
             raise InvalidArgument("mode must be 'extend' or 'set'", field="mode")
-        outcomes, future = self._apply(self.core.renew, queue, items, ttl, mode=mode)
+        outcomes, future = self._apply(self.core.renew, queue, items, ttl, mode=mode, holder=holder)
         self._notify(queue)
         await self._durable(future)
         return outcomes
 
-    async def release(self, queue: str, items: Sequence[tuple[str, int | None]]) -> list[AckOutcome]:
-        outcomes, future = self._apply(self.core.release, queue, items)
+    async def release(
+        self, queue: str, items: Sequence[tuple[str, int | None]], holder: str | None = None
+    ) -> list[AckOutcome]:
+        outcomes, future = self._apply(self.core.release, queue, items, holder=holder)
         self._notify(queue)
         await self._durable(future)
         return outcomes
@@ -422,9 +433,12 @@ class QueueService:
         return self.core.cancel_move(move_id, self.clock())
 
     # ---------------------------------------------------------- attempt results and the retry workflow
-    async def report(self, queue: str, worker: str, results: Sequence[AttemptResult]) -> list[AckOutcome]:
+    async def report(
+        self, queue: str, worker: str, results: Sequence[AttemptResult], holder: str | None = None
+    ) -> list[AckOutcome]:
         """Workers' attempt results (docs/failure-management.md §1): per-item outcomes once durable.
-        Results for probes (failure management's dummy messages) go to it instead of the core."""
+        Results for probes (failure management's dummy messages) go to it instead of the core.
+        `holder`: as for `ack` (the core refuses results for claims that went to another worker)."""
         outcomes: list[AckOutcome | None] = [None] * len(results)
         real: list[AttemptResult] = []
         for index, result in enumerate(results):
@@ -435,7 +449,7 @@ class QueueService:
             else:
                 real.append(result)
         if real or not results:
-            applied, future = self._apply(self.core.report, queue, worker, real)
+            applied, future = self._apply(self.core.report, queue, worker, real, holder=holder)
             # The failure just reported may have got the worker fenced (the monitor decides while the
             # effects are handed over, above): a same-worker retry reserved for it would only wait out
             # its reservation timeout, so it goes to everyone now, in this same step.

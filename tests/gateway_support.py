@@ -64,7 +64,10 @@ async def delivery_gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
 
 
 @contextlib.asynccontextmanager
-async def serve_gateway(tmp_path: Path, deliveries: DeliveryLog | None = None) -> AsyncIterator[Gateway]:
+async def serve_gateway(
+    tmp_path: Path, deliveries: DeliveryLog | None = None, receipt_key: Path | None = None
+) -> AsyncIterator[Gateway]:
+    """`receipt_key`: the SQS receipt-handle key file (as `strictq serve` keeps it); None: in memory."""
     ca = trustme.CA()
     ca_file = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
@@ -73,7 +76,8 @@ async def serve_gateway(tmp_path: Path, deliveries: DeliveryLog | None = None) -
     service = QueueService(tmp_path / "queue")
     await service.start()
     keys = KeyRing(list(CREDENTIALS))
-    runner = web.AppRunner(make_gateway_app(service, keys, deliveries=deliveries), access_log=None)
+    app = make_gateway_app(service, keys, deliveries=deliveries, receipt_key=receipt_key)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
     await site.start()

@@ -125,7 +125,7 @@ def test_a_later_success_may_not_pass_a_failed_message_across_calls() -> None:
 def test_statuses_for_gone_stale_and_not_in_flight_and_bad_input() -> None:
     core = failing_core({"visibility_timeout": 5, **NO_BACKOFF}, ("a1",))
     (d,) = core.receive("q", 1, None, "w1", T0)
-    missing = AttemptResult("nope", None, "failed")
+    missing = AttemptResult("nope", d.token, "failed")
     stale = AttemptResult("a1", d.token - 1, "failed")
     assert report(core, "w1", T0, missing, stale) == ["gone", "stale_claim"]
     core.handle_timer(T0 + 6)  # expired: counted already

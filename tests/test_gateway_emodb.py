@@ -438,8 +438,10 @@ async def test_a_stale_token_is_refused_and_a_plain_ack_still_deletes(
     # The current holder renews with its token; renewing by token recreates its expired claim too.
     current = {"token": str(new["token"])}
     assert await worker2.ok("POST", "/fenced/renew", [new["id"]], params=current) == {"success": True}
-    # A plain EmoDB ack (no token) deletes whatever claims the message has.
+    # A plain EmoDB ack (no token) answers success, but deletes only for the claim's holder (issue 11).
     assert await worker1.ack("fenced", [old["id"]]) == (200, {"success": True})
+    assert await admin.size("fenced") == 1
+    assert await worker2.ack("fenced", [new["id"]]) == (200, {"success": True})
     assert await admin.size("fenced") == 0
     # Acking again with the current token: the message is gone, which is no refusal.
     assert await worker2.ack("fenced", [new["id"]], params=current) == (200, {"success": True})

@@ -328,13 +328,20 @@ async def test_every_error_is_the_one_sqs_returns(gateway: Gateway) -> None:
         ex.ReceiptHandleIsInvalid, worker.delete_message, QueueUrl=plain, ReceiptHandle="nothex"
     )
     assert error.response["ResponseMetadata"]["HTTPStatusCode"] == 404  # as SQS's model says
+    # a handle the face never issued (handles are authenticated: tests/test_security_claims.py)
+    await expect(
+        ex.ReceiptHandleIsInvalid, worker.delete_message, QueueUrl=plain, ReceiptHandle="1ff.00000000deadbeef"
+    )
     # a receipt for a message that is not there: deleting succeeds silently, changing visibility does not
-    await call(worker.delete_message, QueueUrl=plain, ReceiptHandle="1ff.00000000deadbeef")
+    await call(producer.send_message, QueueUrl=plain, MessageBody="gone soon")
+    (gone,) = (await call(worker.receive_message, QueueUrl=plain))["Messages"]
+    await call(worker.delete_message, QueueUrl=plain, ReceiptHandle=gone["ReceiptHandle"])
+    await call(worker.delete_message, QueueUrl=plain, ReceiptHandle=gone["ReceiptHandle"])
     assert (
         await code(
             worker.change_message_visibility,
             QueueUrl=plain,
-            ReceiptHandle="1ff.00000000deadbeef",
+            ReceiptHandle=gone["ReceiptHandle"],
             VisibilityTimeout=5,
         )
         == "InvalidParameterValue"

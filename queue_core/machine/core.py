@@ -66,6 +66,7 @@ from .records import (
     message_id_for,
 )
 from .restore import restore_into
+from .text import check_json, check_name, check_text
 
 TOKEN_SHIFT = 32  # token = epoch << 32 | counter; the epoch is bumped durably at every start
 MAX_RECEIVE_LIMIT = 1000
@@ -182,6 +183,9 @@ class QueueCore:
         delay = attrs.delay if request.delay is None else float(request.delay)
         if not 0 <= delay <= 900:
             raise InvalidArgument("delay must be between 0 and 900 seconds", field="delay")
+        if not isinstance(request.content_type, str):
+            raise InvalidArgument("content_type must be a string", field="content_type")
+        check_name(request.content_type, "content_type")  # a text column, and a header on the way out
         if request.message_id is not None:
             validate_message_id(request.message_id)
             existing = queue.by_id.get(request.message_id)
@@ -241,6 +245,7 @@ class QueueCore:
             return None
         if not isinstance(dedup_id, str) or not 0 < len(dedup_id) <= 128:
             raise InvalidArgument("dedup_id must be 1-128 characters", field="dedup_id")
+        check_name(dedup_id, "dedup_id")
         if queue.attributes.dedup_scope == "group" and group is not None:
             return f"{group}\x00{dedup_id}"
         return dedup_id
@@ -269,6 +274,7 @@ class QueueCore:
         queue = self.queue(queue_name)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_RECEIVE_LIMIT:
             raise InvalidArgument(f"limit must be an integer from 1 to {MAX_RECEIVE_LIMIT}", field="limit")
+        check_name(worker, "worker")  # stored as the claim's worker: the store must be able to write it
         ttl = queue.attributes.visibility_timeout if ttl is None else float(ttl)
         if not 0 <= ttl <= MAX_CLAIM_TTL:
             raise InvalidArgument(f"ttl must be between 0 and {MAX_CLAIM_TTL:.0f} seconds", field="ttl")
@@ -428,8 +434,16 @@ class QueueCore:
         )
 
     # ------------------------------------------------------------------------------- ack, renew, release
-    def ack(self, queue_name: str, items: Sequence[tuple[str, int | None]], now: float) -> list[AckOutcome]:
-        """Delete messages. With a token, only the newest claim's holder may delete (fencing)."""
+    def ack(
+        self,
+        queue_name: str,
+        items: Sequence[tuple[str, int | None]],
+        now: float,
+        holder: str | None = None,
+    ) -> list[AckOutcome]:
+        """Delete messages. With a token, only the newest claim's holder may delete (fencing); with a
+        `holder` (a worker's identity), only messages whose newest claim went to that worker (see
+        `_refusal`). Neither: an operator's delete by id (EmoDB's ack), whatever the claims."""
         self.handle_timer(now)
         queue = self.queue(queue_name)
         outcomes: list[AckOutcome] = []
@@ -440,9 +454,9 @@ class QueueCore:
             if message is None or message_id in doomed_ids:
                 outcomes.append(AckOutcome(message_id, "gone", "no such message (already deleted?)"))
                 continue
-            stale = self._stale(message, token)
-            if stale is not None:
-                outcomes.append(stale)
+            refusal = self._refusal(message, token, holder)
+            if refusal is not None:
+                outcomes.append(refusal)
                 continue
             doomed.append(message)
             doomed_ids.add(message_id)
@@ -461,6 +475,29 @@ class QueueCore:
         )
         return AckOutcome(message.id, error.code, error.message)
 
+    def _refusal(self, message: Message, token: int | None, holder: str | None) -> AckOutcome | None:
+        """Why the caller may not end or extend `message`'s claim, or None when it may.
+
+        Ending a claim needs proof of holding it. A token must name the newest claim (fencing); tokens
+        count up, so a token alone proves nothing to a worker that can guess one. A `holder` is the
+        caller's worker identity (the credential the face authenticated): the newest claim on the
+        message must have gone to that worker, whether or not it is still live (a late ack of an expired
+        claim nobody took since still works, as in EmoDB), and a message never delivered is nobody's.
+        `holder` None: the caller is an operator, or proved the claim otherwise (an authenticated SQS
+        receipt handle, the core's own release of a fenced worker)."""
+        stale = self._stale(message, token)
+        if stale is not None or holder is None:
+            return stale
+        group = message.group
+        if message.token and message.token == group.floor and group.claim_worker == holder:
+            return None
+        error = StaleClaim(
+            "not held by the caller: the newest claim on this message went to another worker, or it"
+            " was never delivered",
+            holder=holder,
+        )
+        return AckOutcome(message.id, error.code, error.message)
+
     def renew(
         self,
         queue_name: str,
@@ -468,9 +505,11 @@ class QueueCore:
         ttl: float,
         now: float,
         mode: RenewMode = "extend",
+        holder: str | None = None,
     ) -> list[AckOutcome]:
         """EmoDB renew (`extend`: never shortens, recreates an expired claim nobody superseded) or SQS
-        ChangeMessageVisibility (`set`: from now, may shorten, only while in flight). ttl 0 releases."""
+        ChangeMessageVisibility (`set`: from now, may shorten, only while in flight). ttl 0 releases.
+        `holder`: as for `ack`, only the worker the newest claim went to may renew or release it."""
         self.handle_timer(now)
         queue = self.queue(queue_name)
         ttl = float(ttl)
@@ -483,7 +522,7 @@ class QueueCore:
         for message_id, token in items:
             outcome = answered.get((message_id, token))  # the same item twice in one request: same answer
             if outcome is None:
-                outcome = self._renew_one(queue, message_id, token, ttl, now, mode, changes, released)
+                outcome = self._renew_one(queue, message_id, token, holder, ttl, now, mode, changes, released)
                 answered[message_id, token] = outcome
             outcomes.append(outcome)
         for message in released:
@@ -498,6 +537,7 @@ class QueueCore:
         queue: QueueState,
         message_id: str,
         token: int | None,
+        holder: str | None,
         ttl: float,
         now: float,
         mode: RenewMode,
@@ -507,9 +547,9 @@ class QueueCore:
         message = queue.by_id.get(message_id)
         if message is None:
             return AckOutcome(message_id, "gone", "no such message (already deleted?)")
-        stale = self._stale(message, token)
-        if stale is not None:
-            return stale
+        refusal = self._refusal(message, token, holder)
+        if refusal is not None:
+            return refusal
         group = message.group
         if not message.claim_expires:
             if ttl == 0:
@@ -533,9 +573,13 @@ class QueueCore:
         return AckOutcome(message_id, "ok")
 
     def release(
-        self, queue_name: str, items: Sequence[tuple[str, int | None]], now: float
+        self,
+        queue_name: str,
+        items: Sequence[tuple[str, int | None]],
+        now: float,
+        holder: str | None = None,
     ) -> list[AckOutcome]:
-        return self.renew(queue_name, items, 0.0, now, mode="set")
+        return self.renew(queue_name, items, 0.0, now, mode="set", holder=holder)
 
     def unclaim_all(self, queue_name: str, now: float) -> int:
         self.handle_timer(now)
@@ -584,16 +628,24 @@ class QueueCore:
 
     # ------------------------------------------------------------------------ attempt results, retries
     def report(
-        self, queue_name: str, worker: str, results: Sequence[AttemptResult], now: float
+        self,
+        queue_name: str,
+        worker: str,
+        results: Sequence[AttemptResult],
+        now: float,
+        holder: str | None = None,
     ) -> list[AckOutcome]:
         """Apply workers' attempt results (docs/failure-management.md §1): `succeeded` deletes (fenced
         like an ack), `failed`/`partial` count an attempt and hand the message to the retry policy,
         `not_attempted` puts it back untouched. Per group, results are taken in sequence order, and a
-        success after a non-success of the same group refuses that group's whole batch (`out_of_order`)."""
+        success after a non-success of the same group refuses that group's whole batch (`out_of_order`).
+        Every result carries its claim's token (the whole request is refused otherwise); `holder`: as for
+        `ack`, results only for claims that went to that worker."""
         self.handle_timer(now)
         queue = self.queue(queue_name)
         if len(results) > MAX_RECEIVE_LIMIT:
             raise InvalidArgument(f"at most {MAX_RECEIVE_LIMIT} results per request", field="results")
+        check_name(worker, "worker")  # logged with each attempt: the store must be able to write it
         seen: set[str] = set()
         for result in results:
             _check_result(result)
@@ -612,7 +664,7 @@ class QueueCore:
                 )
                 continue
             group_name, attempt = message.group.name, message.receive_count
-            stale = self._stale(message, result.token)
+            stale = self._refusal(message, result.token, holder)
             if stale is not None:
                 outcomes[index] = ReportOutcome(message.id, stale.status, stale.message, group_name, attempt)
             elif result.outcome != "succeeded" and not message.claim_expires:
@@ -1273,6 +1325,7 @@ def _check_result(result: AttemptResult) -> None:
     """Input the faces should have refused already; the core refuses it too (the whole request)."""
     if not isinstance(result.message_id, str) or not result.message_id:
         raise InvalidArgument("each result needs the message id", field="id")
+    check_name(result.message_id, "id")  # before it is echoed in any error's details
     if result.outcome not in OUTCOMES:
         raise InvalidArgument(
             f"outcome must be one of {', '.join(OUTCOMES)}, got {str(result.outcome)[:40]!r}",
@@ -1280,7 +1333,13 @@ def _check_result(result: AttemptResult) -> None:
             id=result.message_id,
         )
     token = result.token
-    if token is not None and (isinstance(token, bool) or not isinstance(token, int) or token < 0):
+    if token is None:  # a result ends a claim: the token is the least proof of holding it
+        raise InvalidArgument(
+            "each result needs its claim's token (the `token` the delivery carried)",
+            field="token",
+            id=result.message_id,
+        )
+    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
         raise InvalidArgument("token must be a non-negative integer", field="token", id=result.message_id)
     for name, limit in (("reason", MAX_REASON), ("signature", MAX_SIGNATURE)):
         value = getattr(result, name)
@@ -1288,5 +1347,11 @@ def _check_result(result: AttemptResult) -> None:
             raise InvalidArgument(f"{name} must be a string", field=name, id=result.message_id)
         if len(value) > limit:
             raise TooLarge(f"{name} is over {limit} characters", field=name, id=result.message_id)
+    # Stored as text (the attempt log, the message's history): the store must be able to write them. A
+    # reason may span lines; a signature is a key (the health monitor's, the alerts') and may not.
+    check_text(result.reason, "reason", id=result.message_id)
+    check_name(result.signature, "signature", id=result.message_id)
     if not isinstance(result.steps, list | tuple):
         raise InvalidArgument("steps must be a list", field="steps", id=result.message_id)
+    for name in ("steps", "partial", "fields"):
+        check_json(getattr(result, name), name, id=result.message_id)
