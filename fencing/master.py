@@ -52,6 +52,7 @@ class ProxySettings:
     upstream_trust: Path | None = None  # one PEM bundle (fencing.ca.write_upstream_trust); None = certifi
     control: str | None = None
     control_ca: Path | None = None
+    control_key_id: str | None = None  # key-file id of the control stream's credential (its tenant is served)
     admin_host: str = "127.0.0.1"
     admin_port: int = 8490
     keep_tags: bool = False
@@ -92,6 +93,7 @@ class ProxySettings:
         return {
             "strictq_control": control_stream_url(self.control) if self.control else "",
             "strictq_control_ca": str(self.control_ca) if self.control_ca else "",
+            "strictq_control_key_id": self.control_key_id or "",
         }
 
 

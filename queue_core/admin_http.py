@@ -4,6 +4,9 @@
 ties the hub's life to the app's: started on start-up, streams ended on shutdown (an open SSE response
 must not hold a SIGTERM up), closed on cleanup. Wire contract: docs/control-stream.md. Errors are JSON
 `{"code", "message"}`, mapped to HTTP status in `error_response`, the one place for these routes.
+
+Every route answers within the caller's scope (queue_core.scope): an `admin` or `proxy` key sees its tenant
+only, an `operator` key every tenant. The `proxy` role reads the control stream and nothing else.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from gateway.keys import Credential, KeyRing
 from .control import KEEPALIVE_FRAME, ControlHub, StreamClosed
 from .fences import FenceError, InvalidFence, NotFenced, UnknownWorker
 from .machine import LimitExceeded, NotFound, QueueError, TooLarge, Unavailable
+from .scope import Scope
 from .store import StoreError
 
 if TYPE_CHECKING:
@@ -28,10 +32,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("strictq.admin")
 CONTROL = web.AppKey("strictq_control", ControlHub)
 ADMIN_KEYS = web.AppKey("strictq_admin_keys", KeyRing)
+# True on a core without tenants (the queue server): its untenanted queues and unknown workers are shown
+# to every admin of its key file (queue_core.scope); absent: operators only.
+UNTENANTED = web.AppKey("strictq_untenanted", bool)
 MAX_FENCE_BODY = 64 * 1024
-STREAM_ROLES = ("proxy", "admin")
-READ_ROLES = ("proxy", "admin")
-WRITE_ROLES = ("admin",)
+STREAM_ROLES = ("proxy", "admin", "operator")  # the proxy needs the stream (fences, floors, probes) only
+READ_ROLES = ("admin", "operator")
+WRITE_ROLES = ("admin", "operator")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -100,7 +107,7 @@ def authenticate(request: web.Request, roles: tuple[str, ...]) -> Credential:
         scheme, _, value = request.headers.get("Authorization", "").partition(" ")
         secret = value.strip() if scheme.lower() == "bearer" else None
     if not secret:
-        raise Unauthorized("send an admin or proxy key in X-BV-API-Key (or Authorization: Bearer)")
+        raise Unauthorized("send an admin, operator or proxy key in X-BV-API-Key (or Authorization: Bearer)")
     credential = request.app[ADMIN_KEYS].by_secret(secret)
     if credential is None:
         raise Unauthorized("unknown key")
@@ -109,20 +116,26 @@ def authenticate(request: web.Request, roles: tuple[str, ...]) -> Credential:
     return credential
 
 
-def known_worker(keys: KeyRing, admin: Credential, worker: str) -> None:
-    """Only a `worker` credential of the admin's own tenant can be fenced: tenants stay apart."""
-    credential = keys.by_id(worker)
-    if credential is None or credential.role != "worker" or credential.tenant != admin.tenant:
+def scope_of(request: web.Request, roles: tuple[str, ...]) -> Scope:
+    """The authenticated caller's scope: what it may see and change (queue_core.scope)."""
+    credential = authenticate(request, roles)
+    return Scope(credential, request.app[ADMIN_KEYS], request.app.get(UNTENANTED, False))
+
+
+def known_worker(scope: Scope, worker: str) -> None:
+    """Only a `worker` credential of the caller's own tenant (any tenant: an operator) can be fenced."""
+    credential = scope.keys.by_id(worker)
+    if credential is None or credential.role != "worker" or not scope.sees_worker(worker):
         raise UnknownWorker(f"no worker credential {worker!r} in the key file")
 
 
 # ------------------------------------------------------------------------------------------- handlers
 @errors_as_json
 async def control_stream(request: web.Request) -> web.StreamResponse:
-    authenticate(request, STREAM_ROLES)
+    scope = scope_of(request, STREAM_ROLES)
     hub = request.app[CONTROL]
     try:
-        subscription = hub.subscribe(request.headers.get("Last-Event-ID"))
+        subscription = hub.subscribe(request.headers.get("Last-Event-ID"), None if scope.operator else scope)
     except StreamClosed:
         raise ShuttingDown("the server is shutting down; reconnect to the new process") from None
     transport = request.transport
@@ -148,15 +161,16 @@ async def control_stream(request: web.Request) -> web.StreamResponse:
 
 @errors_as_json
 async def list_fences(request: web.Request) -> web.StreamResponse:
-    authenticate(request, READ_ROLES)
-    return json_response({"fences": [fence.to_dict() for fence in request.app[CONTROL].fences()]})
+    scope = scope_of(request, READ_ROLES)
+    fences = [fence.to_dict() for fence in request.app[CONTROL].fences() if scope.sees_worker(fence.worker)]
+    return json_response({"fences": fences})
 
 
 @errors_as_json
 async def put_fence(request: web.Request) -> web.StreamResponse:
-    admin = authenticate(request, WRITE_ROLES)
+    scope = scope_of(request, WRITE_ROLES)
     worker = request.match_info["worker"]
-    known_worker(request.app[ADMIN_KEYS], admin, worker)
+    known_worker(scope, worker)
     if request.content_length is not None and request.content_length > MAX_FENCE_BODY:
         raise InvalidFence(f"request body over {MAX_FENCE_BODY} bytes")
     raw = await request.read()
@@ -179,13 +193,11 @@ async def put_fence(request: web.Request) -> web.StreamResponse:
 
 @errors_as_json
 async def delete_fence(request: web.Request) -> web.StreamResponse:
-    admin = authenticate(request, WRITE_ROLES)
+    scope = scope_of(request, WRITE_ROLES)
     worker = request.match_info["worker"]
-    keys = request.app[ADMIN_KEYS]
-    other = keys.by_id(worker)
-    if other is not None and other.tenant != admin.tenant:
+    if not scope.sees_worker(worker):
         raise UnknownWorker(f"no worker credential {worker!r} in the key file")
-    # A worker since removed from the key file can still be unfenced: nothing else would lift it.
+    # A worker since removed from the key file belongs to no tenant: an operator lifts its fence.
     try:
         await request.app[CONTROL].unfence(worker, "operator")
     except RuntimeError:
@@ -195,12 +207,19 @@ async def delete_fence(request: web.Request) -> web.StreamResponse:
 
 # ------------------------------------------------------------------------------------------- mounting
 def add_admin_routes(
-    app: web.Application, hub: ControlHub, keys: KeyRing, failures: FailureManager | None = None
+    app: web.Application,
+    hub: ControlHub,
+    keys: KeyRing,
+    failures: FailureManager | None = None,
+    *,
+    untenanted: bool = False,
 ) -> None:
     """Serve /admin/v1/control and /admin/v1/fences from `app`, with the hub living as long as it; with
-    `failures` (its hub must be `hub`), failure management's routes too (queue_core.health_http)."""
+    `failures` (its hub must be `hub`), failure management's routes too (queue_core.health_http).
+    `untenanted`: the core has no tenants (the queue server), see UNTENANTED."""
     app[CONTROL] = hub
     app[ADMIN_KEYS] = keys
+    app[UNTENANTED] = untenanted
     app.router.add_get("/admin/v1/control", control_stream)
     app.router.add_get("/admin/v1/fences", list_fences)
     app.router.add_put("/admin/v1/fences/{worker}", put_fence)

@@ -10,6 +10,11 @@ Nothing here may slow the core down: the floor listener runs inside every claim,
 dict (raises are coalesced into at most one `floor` event per `floor_interval`), and a subscriber that
 falls `subscriber_limit` frames behind is cut off (it resumes or gets a snapshot) instead of buffering
 without bound or making anyone wait.
+
+A subscriber with a `Scope` (an admin or proxy key: one tenant) gets only its tenant's part of each event:
+fences and probes of its tenant's workers, floors of its tenant's queues, under the same event ids (an
+event with nothing for it is skipped; a floor event is cut down to its entries). Each part is rendered
+once per distinct scope, however many subscribers share it.
 """
 
 from __future__ import annotations
@@ -19,13 +24,14 @@ import itertools
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Hashable
 from typing import Any, TypeVar
 
 import orjson
 
 from .fences import MAX_REASON, Fence, FenceMode, FenceRegistry, InvalidFence, validate_fence
 from .machine.effects import FloorRaised
+from .scope import Scope
 from .service import QueueService
 
 log = logging.getLogger("strictq.control")
@@ -45,9 +51,12 @@ class Subscription:
     The queue is bounded by hand (not asyncio.Queue's maxsize) so that the end marker always fits.
     """
 
-    def __init__(self, hub: ControlHub, catch_up: bytes, resumed: bool, limit: int) -> None:
+    def __init__(
+        self, hub: ControlHub, catch_up: bytes, resumed: bool, limit: int, scope: Scope | None = None
+    ) -> None:
         self.catch_up = catch_up  # replayed events or one snapshot, then `synced`
         self.resumed = resumed  # True: Last-Event-ID replay; False: snapshot
+        self.scope = scope  # what it may see; None: everything (an operator, or inside the process)
         self.ended: str | None = None  # why the hub ended it ("shutdown" | "behind"), None while live
         # Set by the HTTP handler: aborts the connection, so a write stuck on a client that stopped
         # reading is interrupted too.
@@ -127,7 +136,7 @@ class ControlHub:
         self.instance = 0  # the core's epoch, read at start
         self._clock = clock or service.clock
         self._n = 0
-        self._ring: deque[tuple[int, bytes]] = deque()
+        self._ring: deque[tuple[int, str, bytes]] = deque()  # (n, event name, frame)
         self._ring_bytes = 0
         self._buffer = buffer
         self._buffer_bytes = buffer_bytes
@@ -298,11 +307,13 @@ class ControlHub:
         if pending:
             self._emit("floor", {"floors": [[q, g, token] for (q, g), token in pending.items()]})
 
-    def current_floors(self) -> list[list[Any]]:
-        """Every group the core holds with a floor above zero, as `[queue, group, token]`."""
+    def current_floors(self, scope: Scope | None = None) -> list[list[Any]]:
+        """Every group the core holds with a floor above zero, as `[queue, group, token]` (of the
+        queues `scope` sees: its tenant's, whatever its prefixes)."""
         return [
             [queue.name, group.name, group.floor]
             for queue in self.service.core.queues.values()
+            if scope is None or scope.sees_queue(queue.name, prefixes=False)
             for group in queue.groups.values()
             if group.floor > 0
         ]
@@ -310,14 +321,25 @@ class ControlHub:
     # --------------------------------------------------------------------------------------- stream
     def _emit(self, event: str, data: dict[str, Any]) -> None:
         self._n += 1
-        frame = _frame(f"{self.instance}-{self._n}", event, orjson.dumps(data))
+        event_id = f"{self.instance}-{self._n}"
+        frame = _frame(event_id, event, orjson.dumps(data))
         ring = self._ring
-        ring.append((self._n, frame))
+        ring.append((self._n, event, frame))
         self._ring_bytes += len(frame)
         while len(ring) > 1 and (len(ring) > self._buffer or self._ring_bytes > self._buffer_bytes):
-            self._ring_bytes -= len(ring.popleft()[1])
+            self._ring_bytes -= len(ring.popleft()[2])
+        parts: dict[Hashable, bytes | None] = {}  # one rendering per distinct scope
         for subscription in list(self._subscribers):
-            subscription._offer(frame)
+            scope = subscription.scope
+            if scope is None:
+                subscription._offer(frame)
+                continue
+            key = scope.stream_key
+            if key not in parts:
+                parts[key] = _scoped_frame(event_id, event, data, frame, scope)
+            part = parts[key]
+            if part is not None:
+                subscription._offer(part)
         if event != "floor":
             for listener in list(self.event_listeners):
                 try:
@@ -325,18 +347,25 @@ class ControlHub:
                 except Exception:  # a listener's bug must not break the stream
                     log.exception("control event listener failed on %s", event)
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, scope: Scope | None = None) -> dict[str, Any]:
+        """Fences, floors and active probes (those `scope` sees; None: all)."""
+        fences = self.registry.sorted()
+        probes = self.probes()
+        if scope is not None:
+            fences = [fence for fence in fences if scope.sees_worker(fence.worker)]
+            probes = [probe for probe in probes if scope.sees_worker(probe["worker"])]
         data: dict[str, Any] = {
             "instance": self.instance,
-            "fences": [fence.to_dict() for fence in self.registry.sorted()],
-            "floors": self.current_floors(),
+            "fences": [fence.to_dict() for fence in fences],
+            "floors": self.current_floors(scope),
         }
-        if self._probes:  # only while some are active: a snapshot without the key has none
-            data["probes"] = self.probes()
+        if probes:  # only while some are active: a snapshot without the key has none
+            data["probes"] = probes
         return data
 
-    def subscribe(self, last_event_id: str | None = None) -> Subscription:
-        """A new stream: replay after `last_event_id` when the ring still has it all, else a snapshot.
+    def subscribe(self, last_event_id: str | None = None, scope: Scope | None = None) -> Subscription:
+        """A new stream: replay after `last_event_id` when the ring still has it all, else a snapshot;
+        with a `scope`, only what it sees (event ids stay the server's, so resuming works the same).
 
         Synchronous on purpose: catch-up and registration happen with no await in between, so no event
         can fall into the gap.
@@ -344,17 +373,17 @@ class ControlHub:
         if self._streams_closed or self._loop is None:
             raise StreamClosed("shutdown")
         last = self.last_event_id
-        replay = self._replay_after(last_event_id)
+        replay = self._replay_after(last_event_id, scope)
         if replay is None:
-            frames = [_frame(last, "snapshot", orjson.dumps(self.snapshot()))]
+            frames = [_frame(last, "snapshot", orjson.dumps(self.snapshot(scope)))]
         else:
             frames = replay
         frames.append(_frame(last, "synced", orjson.dumps({"instance": self.instance})))
-        subscription = Subscription(self, b"".join(frames), replay is not None, self.subscriber_limit)
+        subscription = Subscription(self, b"".join(frames), replay is not None, self.subscriber_limit, scope)
         self._subscribers.add(subscription)
         return subscription
 
-    def _replay_after(self, last_event_id: str | None) -> list[bytes] | None:
+    def _replay_after(self, last_event_id: str | None, scope: Scope | None = None) -> list[bytes] | None:
         if not last_event_id:
             return None
         instance, _, n_text = last_event_id.strip().rpartition("-")
@@ -370,7 +399,40 @@ class ControlHub:
         if not self._ring or self._ring[0][0] > n + 1:
             return None  # some of what followed is gone from the ring
         start = n + 1 - self._ring[0][0]
-        return [frame for _, frame in itertools.islice(self._ring, start, None)]
+        entries = itertools.islice(self._ring, start, None)
+        if scope is None:
+            return [frame for _, _, frame in entries]
+        replay = []
+        for number, event, frame in entries:
+            part = _scoped_frame(f"{self.instance}-{number}", event, _frame_data(frame), frame, scope)
+            if part is not None:
+                replay.append(part)
+        return replay
+
+
+def _scoped_frame(
+    event_id: str, event: str, data: dict[str, Any], frame: bytes, scope: Scope
+) -> bytes | None:
+    """The frame as `scope` sees it: the same frame, a cut-down floor event, or None (nothing of its own).
+    Unknown events are withheld: a scope sees only what is known to be its own."""
+    if event == "floor":
+        floors = [entry for entry in data["floors"] if scope.sees_queue(entry[0], prefixes=False)]
+        if not floors:
+            return None
+        if len(floors) == len(data["floors"]):
+            return frame
+        return _frame(event_id, event, orjson.dumps({"floors": floors}))
+    worker = data.get("worker")
+    if event in ("fence", "unfence", "probe", "probe_end") and isinstance(worker, str):
+        return frame if scope.sees_worker(worker) else None
+    return None
+
+
+def _frame_data(frame: bytes) -> dict[str, Any]:
+    """The JSON of a frame this module wrote (one `data:` line, then the blank line)."""
+    start = frame.index(b"\ndata: ") + len(b"\ndata: ")
+    data: dict[str, Any] = orjson.loads(frame[start:-2])
+    return data
 
 
 def _frame(event_id: str, event: str, data: bytes) -> bytes:

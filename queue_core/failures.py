@@ -33,11 +33,14 @@ from typing import Any
 
 import orjson
 
+from wirelog.files import StartupError
+
 from .control import ControlHub
 from .fences import MAX_REASON, Fence, FenceMode, NotFenced, _replace_file
 from .machine import Delivery, QueueNotFound
 from .machine.effects import AttemptRecorded, GroupEvent
 from .machine.health import Decision, HealthMonitor, HealthSettings, Probe
+from .scope import tenant_of
 from .service import QueueService, Received
 
 log = logging.getLogger("strictq.health")
@@ -184,10 +187,20 @@ class FailureManager:
         self._after()
         return taken
 
-    def alert(self, reason: str, *, queue: str | None = None, signatures: Iterable[str] = ()) -> list[str]:
-        """A known-error-case alert; returns the queues it suspended."""
-        suspended = self.monitor.alert(reason, self.service.clock(), queue=queue, signatures=signatures)
-        self._after()
+    def alert(
+        self,
+        reason: str,
+        *,
+        queue: str | None = None,
+        signatures: Iterable[str] = (),
+        within: Callable[[str], bool] | None = None,
+        tenant: str | None = None,
+    ) -> list[str]:
+        """A known-error-case alert; returns the queues it suspended. A tenant's alert (`tenant`) reaches
+        only the queues `within` accepts, and its events carry the tenant (so only it sees them)."""
+        now = self.service.clock()
+        suspended = self.monitor.alert(reason, now, queue=queue, signatures=signatures, within=within)
+        self._after(tenant)
         return suspended
 
     def suspend(self, queue: str, reason: str) -> None:
@@ -230,12 +243,13 @@ class FailureManager:
                 self._after()
 
     # ------------------------------------------------------------------------------------ decisions
-    def _after(self) -> None:
-        """Carry out what the monitor decided, then re-arm its timer."""
+    def _after(self, tenant: str | None = None) -> None:
+        """Carry out what the monitor decided, then re-arm its timer; `tenant`: the tenant whose request
+        caused these decisions (written into their events)."""
         for decision in self.monitor.drain_decisions():
             self._carry_out(decision)
             if decision.event not in QUIET:
-                self._publish(decision)
+                self._publish(decision, tenant)
         self._rearm()
 
     def _carry_out(self, decision: Decision) -> None:
@@ -318,22 +332,7 @@ class FailureManager:
             self._changing.discard(worker)
 
     def _load_suspensions(self) -> dict[str, dict[str, Any]]:
-        try:
-            data = orjson.loads(self.suspensions_path.read_bytes())
-        except FileNotFoundError:
-            return {}
-        except (OSError, orjson.JSONDecodeError) as exc:  # not worth refusing to start over
-            log.error("cannot read %s (%s): starting with no queue suspended", self.suspensions_path, exc)
-            return {}
-        queues = data.get("queues") if isinstance(data, dict) else None
-        return {
-            name: {
-                "reason": str(entry.get("reason") or "restored"),
-                "manual": entry.get("manual") is not False,
-            }
-            for name, entry in (queues or {}).items()
-            if isinstance(name, str) and isinstance(entry, dict)
-        }
+        return read_suspensions(self.suspensions_path)
 
     async def _save_suspensions(self) -> None:
         queues = {
@@ -390,9 +389,11 @@ class FailureManager:
         self._after()
 
     # ------------------------------------------------------------------------------------------ events
-    def _publish(self, decision: Decision) -> None:
+    def _publish(self, decision: Decision, tenant: str | None = None) -> None:
         self._n += 1
         event = decision.to_event()
+        if tenant is not None:
+            event["tenant"] = tenant
         event["n"] = self._n
         self._ring.append(event)
         self.counts[decision.event] += 1
@@ -410,6 +411,7 @@ class FailureManager:
         from wirelog.record import event_record
 
         tenant, queue = _split(event.get("queue"))
+        tenant = tenant or event.get("tenant")
         record = event_record(
             event=event["event"],
             reason=event["reason"],
@@ -494,12 +496,17 @@ class FailureManager:
         details: dict[str, Any] = alert if isinstance(alert, dict) else {}
         signatures = [s for s in [details.get("signature"), *(details.get("signatures") or [])] if s]
         queue = record.get("queue")
-        if isinstance(queue, str) and queue not in self.service.core.queues and record.get("tenant"):
-            queue = f"{record['tenant']}.{queue}"
+        tenant = record.get("tenant")
+        if isinstance(queue, str) and queue not in self.service.core.queues and tenant:
+            queue = f"{tenant}.{queue}"
+        # A record of one tenant reaches only that tenant's queues; one without: any (the operator's rule).
+        scoped = tenant if isinstance(tenant, str) and tenant else None
         self.alert(
             str(record.get("reason") or details.get("rule") or "alert"),
             queue=queue if isinstance(queue, str) else None,
             signatures=[str(s) for s in signatures],
+            within=None if scoped is None else (lambda name: tenant_of(name) == scoped),
+            tenant=scoped,
         )
 
 
@@ -528,6 +535,39 @@ class _AlertFollower:
         for key in sorted(names):
             found.extend(self._follower.read_segment(names[key]))
         return found
+
+
+class SuspensionFileError(StartupError):
+    """suspended.json is unreadable or malformed: refuse to start rather than resume queues an operator
+    (or an alert) suspended."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(
+            path, problem, "fix it, restore it from a backup, or remove it to start with no queue suspended"
+        )
+
+
+def read_suspensions(path: Path) -> dict[str, dict[str, Any]]:
+    """The suspended queues an earlier run saved (none: no file); SuspensionFileError if it is damaged."""
+    try:
+        data = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise SuspensionFileError(path, f"cannot read it ({exc.strerror or exc})") from None
+    except orjson.JSONDecodeError as exc:
+        raise SuspensionFileError(path, f"not valid JSON ({exc})") from None
+    queues = data.get("queues") if isinstance(data, dict) else None
+    if not isinstance(queues, dict):
+        raise SuspensionFileError(path, 'malformed (expected an object with "queues": {...})')
+    return {
+        name: {
+            "reason": str(entry.get("reason") or "restored"),
+            "manual": entry.get("manual") is not False,
+        }
+        for name, entry in queues.items()
+        if isinstance(name, str) and isinstance(entry, dict)
+    }
 
 
 def _reason(text: str) -> str:

@@ -8,25 +8,26 @@
 - `POST /admin/v1/alerts` `{"reason", "queue"?, "signatures"?}`: a known-error-case alert, as the wire
   log's `event: alert` records deliver them.
 
-Queues are named as the admin's tenant sees them (`orders`, not `t1.orders`), and an admin sees only its
-tenant's queues and workers (workers the key file does not know are shown to every admin). Reads accept
-the `proxy` and `admin` roles, changes `admin` only, as for fences.
+Every answer is within the caller's scope (queue_core.scope): an admin sees and changes only its tenant's
+queues (named as the tenant sees them, `orders`, not `t1.orders`), workers and events, and an alert by
+signature suspends only its tenant's queues; an `operator` spans tenants and uses core names. Another
+tenant's queue or worker is 404, as if it did not exist. Reads and changes take `admin` or `operator`.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from gateway.keys import Credential, KeyRing
-
-from .admin_http import ADMIN_KEYS, READ_ROLES, WRITE_ROLES, authenticate, error_response, json_response
+from .admin_http import READ_ROLES, WRITE_ROLES, error_response, json_response, scope_of
 from .failures import FailureManager
 from .fences import MAX_REASON
 from .machine import QueueNotFound
+from .scope import Scope
 
 FAILURES = web.AppKey("strictq_failures", FailureManager)
 MAX_BODY = 64 * 1024
@@ -60,44 +61,13 @@ def _errors_as_json(handler: Handler) -> Handler:
 
 
 # ------------------------------------------------------------------------------------------- tenancy
-def _internal_queue(manager: FailureManager, admin: Credential, name: str) -> str:
-    """The core's name of a queue the admin names (its tenant's), or 404."""
-    from gateway.tenancy import internal_name
-
-    queues = manager.service.core.queues
-    internal = internal_name(admin, name)
-    if internal not in queues and "." not in name and name in queues:
-        return name  # a queue of the internal API used without tenants (no tenant's name has no '.')
-    return internal
+def _internal_queue(manager: FailureManager, scope: Scope, name: str) -> str:
+    """The core's name of an existing queue the caller names (its tenant's), or 404."""
+    return scope.internal_queue(name, manager.service.core.queues)
 
 
-def _visible_queue(admin: Credential, name: Any) -> str | None:
-    """The admin's name for a core queue, or None when it is another tenant's."""
-    if not isinstance(name, str):
-        return None
-    tenant, dot, rest = name.partition(".")
-    if not dot:
-        return name
-    return rest if tenant == admin.tenant else None
-
-
-def _visible_worker(keys: KeyRing, admin: Credential, worker: Any) -> bool:
-    if not isinstance(worker, str):
-        return True
-    credential = keys.by_id(worker)
-    return credential is None or credential.tenant == admin.tenant
-
-
-def _visible_event(keys: KeyRing, admin: Credential, event: dict[str, Any]) -> dict[str, Any] | None:
-    shown = dict(event)
-    if "queue" in event:
-        queue = _visible_queue(admin, event["queue"])
-        if queue is None:
-            return None
-        shown["queue"] = queue
-    if not _visible_worker(keys, admin, event.get("worker")):
-        return None
-    return shown
+def _events(scope: Scope, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in (scope.event(event) for event in events) if e is not None]
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -138,41 +108,50 @@ def _int_query(request: web.Request, name: str, default: int) -> int:
 # ------------------------------------------------------------------------------------------ handlers
 @_errors_as_json
 async def status(request: web.Request) -> web.StreamResponse:
-    admin = authenticate(request, READ_ROLES)
-    keys = request.app[ADMIN_KEYS]
-    view = request.app[FAILURES].status(latest=_int_query(request, "events", 20))
-    view["workers"] = [w for w in view["workers"] if _visible_worker(keys, admin, w["worker"])]
-    view["operator_fences"] = [
-        f for f in view["operator_fences"] if _visible_worker(keys, admin, f["worker"])
-    ]
+    scope = scope_of(request, READ_ROLES)
+    manager = request.app[FAILURES]
+    latest = _int_query(request, "events", 20)
+    view = manager.status(latest=latest)
+    if scope.operator:
+        return json_response(view)
+    view["workers"] = [w for w in view["workers"] if scope.sees_worker(w["worker"])]
+    view["operator_fences"] = [f for f in view["operator_fences"] if scope.sees_worker(f["worker"])]
     queues = []
     for queue in view["queues"]:
-        name = _visible_queue(admin, queue["queue"])
+        name = scope.queue_name(queue["queue"])
         if name is not None:
             queues.append({**queue, "queue": name})
     view["queues"] = queues
     for worker in view["workers"]:
-        worker["queue"] = _visible_queue(admin, worker["queue"]) if worker["queue"] else None
-    view["events"] = [e for e in (_visible_event(keys, admin, e) for e in view["events"]) if e is not None]
+        worker["queue"] = scope.queue_name(worker["queue"]) if worker["queue"] else None
+    # The tenant's own events, counts and probes only: the server-wide ones tell of other tenants.
+    mine = _events(scope, manager.events())
+    view["events"] = mine[-latest:] if latest > 0 else []
+    view["counts"] = dict(Counter(e["event"] for e in mine))
+    view["probes"] = sum(
+        1
+        for probe in manager.monitor.probes.values()
+        if scope.sees_queue(probe.queue) and (probe.worker is None or scope.sees_worker(probe.worker))
+    )
     return json_response(view)
 
 
 @_errors_as_json
 async def events(request: web.Request) -> web.StreamResponse:
-    admin = authenticate(request, READ_ROLES)
-    keys = request.app[ADMIN_KEYS]
+    scope = scope_of(request, READ_ROLES)
     manager = request.app[FAILURES]
-    found = manager.events(_int_query(request, "since", 0), _int_query(request, "limit", 1000))
-    shown = [e for e in (_visible_event(keys, admin, e) for e in found) if e is not None]
-    return json_response({"events": shown, "last": manager.last_event})
+    limit = _int_query(request, "limit", 1000)
+    # Scoped before the limit: another tenant's busy hour must not push this tenant's events out.
+    shown = _events(scope, manager.events(_int_query(request, "since", 0)))
+    return json_response({"events": shown[-limit:] if limit > 0 else [], "last": manager.last_event})
 
 
 @_errors_as_json
 async def suspend(request: web.Request) -> web.StreamResponse:
-    admin = authenticate(request, WRITE_ROLES)
+    scope = scope_of(request, WRITE_ROLES)
     manager = request.app[FAILURES]
     name = request.match_info["queue"]
-    queue = _internal_queue(manager, admin, name)
+    queue = _internal_queue(manager, scope, name)
     reason = _text(await _body(request), "reason", None)
     manager.suspend(queue, f"operator: {reason}")
     return json_response({"queue": name, "suspended": True, "reason": reason})
@@ -180,10 +159,10 @@ async def suspend(request: web.Request) -> web.StreamResponse:
 
 @_errors_as_json
 async def resume(request: web.Request) -> web.StreamResponse:
-    admin = authenticate(request, WRITE_ROLES)
+    scope = scope_of(request, WRITE_ROLES)
     manager = request.app[FAILURES]
     name = request.match_info["queue"]
-    queue = _internal_queue(manager, admin, name)
+    queue = _internal_queue(manager, scope, name)
     reason = _text(await _body(request), "reason", "operator")
     if not manager.resume(queue, reason):
         raise HealthRequestError(404, "not-suspended", f"queue {name!r} is not suspended")
@@ -192,9 +171,9 @@ async def resume(request: web.Request) -> web.StreamResponse:
 
 @_errors_as_json
 async def lift_blacklist(request: web.Request) -> web.StreamResponse:
-    admin = authenticate(request, WRITE_ROLES)
+    scope = scope_of(request, WRITE_ROLES)
     worker = request.match_info["worker"]
-    if not _visible_worker(request.app[ADMIN_KEYS], admin, worker):
+    if not scope.sees_worker(worker):
         raise HealthRequestError(404, "not-blacklisted", f"worker {worker!r} is not blacklisted")
     if not request.app[FAILURES].lift_blacklist(worker, "operator"):
         raise HealthRequestError(404, "not-blacklisted", f"worker {worker!r} is not blacklisted")
@@ -203,7 +182,7 @@ async def lift_blacklist(request: web.Request) -> web.StreamResponse:
 
 @_errors_as_json
 async def alert(request: web.Request) -> web.StreamResponse:
-    admin = authenticate(request, WRITE_ROLES)
+    scope = scope_of(request, WRITE_ROLES)
     manager = request.app[FAILURES]
     data = await _body(request)
     reason = _text(data, "reason", None)
@@ -211,9 +190,7 @@ async def alert(request: web.Request) -> web.StreamResponse:
     if queue is not None:
         if not isinstance(queue, str):
             raise HealthRequestError(400, "bad-queue", "queue must be a queue name")
-        queue = _internal_queue(manager, admin, queue)
-        if queue not in manager.service.core.queues:
-            raise QueueNotFound(f"queue {data['queue']!r} does not exist", queue=data["queue"])
+        queue = _internal_queue(manager, scope, queue)
     signatures = data.get("signatures", [])
     if (
         not isinstance(signatures, list)
@@ -223,8 +200,10 @@ async def alert(request: web.Request) -> web.StreamResponse:
         raise HealthRequestError(400, "bad-signatures", f"signatures must be up to {MAX_SIGNATURES} strings")
     if queue is None and not signatures:
         raise HealthRequestError(400, "bad-alert", "name a queue or give signatures (exact or glob)")
-    suspended = manager.alert(reason, queue=queue, signatures=signatures)
-    names = [n for n in (_visible_queue(admin, q) for q in suspended) if n is not None]
+    # A tenant's alert by signature suspends only the tenant's queues (an operator's: any tenant's).
+    within = None if scope.operator else scope.sees_queue
+    suspended = manager.alert(reason, queue=queue, signatures=signatures, within=within, tenant=scope.tenant)
+    names = [n for n in (scope.queue_name(q) for q in suspended) if n is not None]
     return json_response({"suspended": names})
 
 

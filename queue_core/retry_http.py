@@ -8,9 +8,10 @@
 - `GET /admin/v1/queues/{queue}/groups/log?group=G&limit=N`: the group's stored log data, newest first;
 - `GET /admin/v1/queues/{queue}/parked`: the queue's parked groups.
 
-Queues are named as the admin's tenant sees them (`orders`; `?face=dedupq` for an EmoDB dedup queue), or by
-their core name on a queue server used without tenants. The group rides in the query: group ids may hold
-'/', '?' or '#'. Reads take the `proxy` or `admin` role, changes `admin`. Errors are mapped to HTTP by
+Queues are named as the admin's tenant sees them (`orders`; `?face=dedupq` for an EmoDB dedup queue), by
+their core name on a queue server used without tenants, and by their core name (`t1.orders`) for an
+`operator`; another tenant's queue is 404 (queue_core.scope). The group rides in the query: group ids may
+hold '/', '?' or '#'. Reads and changes take the `admin` or `operator` role. Errors are mapped to HTTP by
 `admin_http.error_response`, the one place for the admin routes.
 """
 
@@ -22,10 +23,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.keys import Credential
-
-from .admin_http import READ_ROLES, WRITE_ROLES, authenticate, errors_as_json, json_response
-from .machine import InvalidArgument, QueueNotFound, TooLarge
+from .admin_http import READ_ROLES, WRITE_ROLES, errors_as_json, json_response, scope_of
+from .machine import InvalidArgument, TooLarge
 from .service import QueueService
 
 RETRY_SERVICE = web.AppKey("strictq_retry_service", QueueService)
@@ -33,23 +32,12 @@ MAX_BODY = 16 * 1024
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _queue(request: web.Request, admin: Credential) -> tuple[str, str]:
-    """(the admin's name, the core's name) of the queue in the path; QueueNotFound (404) for others'."""
-    from gateway.tenancy import internal_name
-
+def _queue(request: web.Request, roles: tuple[str, ...]) -> tuple[str, str]:
+    """(the caller's name, the core's name) of the queue in the path; QueueNotFound (404) for others'."""
+    scope = scope_of(request, roles)
     name = request.match_info["queue"]
     queues = request.app[RETRY_SERVICE].core.queues
-    internal = internal_name(admin, name)
-    face = request.query.get("face", "queue")
-    if face == "dedupq":
-        internal = f"{admin.tenant}_dedupq.{name}"
-    elif face != "queue":
-        raise InvalidArgument("face must be 'queue' or 'dedupq'", field="face")
-    if internal not in queues and "." not in name and name in queues:
-        internal = name  # a queue of the internal API used without tenants (no tenant's name lacks '.')
-    if internal not in queues:
-        raise QueueNotFound(f"queue {name!r} does not exist", queue=name)
-    return name, internal
+    return name, scope.internal_queue(name, queues, request.query.get("face", "queue"))
 
 
 def _group(request: web.Request) -> str:
@@ -74,7 +62,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
 
 @errors_as_json
 async def release_group(request: web.Request) -> web.StreamResponse:
-    name, queue = _queue(request, authenticate(request, WRITE_ROLES))
+    name, queue = _queue(request, WRITE_ROLES)
     group = _group(request)
     released = await request.app[RETRY_SERVICE].release_group(queue, group)
     return json_response({"queue": name, "group": group, "released": released})
@@ -82,7 +70,7 @@ async def release_group(request: web.Request) -> web.StreamResponse:
 
 @errors_as_json
 async def redrive_group(request: web.Request) -> web.StreamResponse:
-    name, queue = _queue(request, authenticate(request, WRITE_ROLES))
+    name, queue = _queue(request, WRITE_ROLES)
     group = _group(request)
     restored, released = await request.app[RETRY_SERVICE].redrive_group(queue, group)
     return json_response({"queue": name, "group": group, "restored": restored, "released": released})
@@ -94,7 +82,7 @@ async def _policy_response(name: str, group: str, policy: Any, override: dict[st
 
 @errors_as_json
 async def get_policy(request: web.Request) -> web.StreamResponse:
-    name, queue = _queue(request, authenticate(request, READ_ROLES))
+    name, queue = _queue(request, READ_ROLES)
     group = _group(request)
     policy, override = await request.app[RETRY_SERVICE].group_policy(queue, group)
     return await _policy_response(name, group, policy, override)
@@ -102,7 +90,7 @@ async def get_policy(request: web.Request) -> web.StreamResponse:
 
 @errors_as_json
 async def put_policy(request: web.Request) -> web.StreamResponse:
-    name, queue = _queue(request, authenticate(request, WRITE_ROLES))
+    name, queue = _queue(request, WRITE_ROLES)
     group = _group(request)
     override = await _body(request)
     if not override:
@@ -113,7 +101,7 @@ async def put_policy(request: web.Request) -> web.StreamResponse:
 
 @errors_as_json
 async def delete_policy(request: web.Request) -> web.StreamResponse:
-    name, queue = _queue(request, authenticate(request, WRITE_ROLES))
+    name, queue = _queue(request, WRITE_ROLES)
     group = _group(request)
     policy, override = await request.app[RETRY_SERVICE].set_group_policy(queue, group, None)
     return await _policy_response(name, group, policy, override)
@@ -121,7 +109,7 @@ async def delete_policy(request: web.Request) -> web.StreamResponse:
 
 @errors_as_json
 async def group_log(request: web.Request) -> web.StreamResponse:
-    name, queue = _queue(request, authenticate(request, READ_ROLES))
+    name, queue = _queue(request, READ_ROLES)
     group = _group(request)
     raw = request.query.get("limit", "50")
     if not raw.isdigit():
@@ -132,7 +120,7 @@ async def group_log(request: web.Request) -> web.StreamResponse:
 
 @errors_as_json
 async def parked(request: web.Request) -> web.StreamResponse:
-    name, queue = _queue(request, authenticate(request, READ_ROLES))
+    name, queue = _queue(request, READ_ROLES)
     return json_response({"queue": name, "groups": await request.app[RETRY_SERVICE].parked_groups(queue)})
 
 

@@ -217,7 +217,7 @@ async def core_with_admin(data_dir: Path, **hub_options: Any) -> AsyncIterator[C
     await service.start()
     hub = ControlHub(service, **hub_options)
     app = web.Application()
-    add_admin_routes(app, hub, KEYS)
+    add_admin_routes(app, hub, KEYS, untenanted=True)  # as the queue server mounts them
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -20,6 +20,7 @@ from queue_core.machine.health import (
     HealthMonitor,
     HealthSettings,
     HealthSettingsError,
+    namespace_of,
 )
 
 T0 = 1_000_000.0
@@ -337,6 +338,82 @@ def test_the_shared_judgement_ends_with_the_window(monitor: HealthMonitor, clock
     assert monitor.blocked("w1")
 
 
+# ------------------------------------------------------------------- precedence within one tenant
+# Issue 11, item 2: a signature is shared when enough workers *of one tenant* fail with it. Another
+# tenant's failures must neither keep a faulty worker from being fenced nor show on this tenant's queue.
+A, B = "ta.jobs", "tb.jobs"
+
+
+def test_another_tenants_failures_do_not_excuse_a_faulty_worker(monitor: HealthMonitor, clock: Clock) -> None:
+    sig = "POST billing/charge 5xx"
+    monitor.attempt(failed("b1", clock.advance(0.1), sig, queue=B))
+    monitor.attempt(failed("b2", clock.advance(0.1), sig, queue=B))
+    (shared,) = events(monitor.drain_decisions(), "shared-failure")
+    assert shared.queue == B  # tenant B's backend problem, judged within tenant B
+    for _ in range(SETTINGS.worker_failures):
+        monitor.attempt(failed("a1", clock.advance(0.1), sig, queue=A))
+    decisions = monitor.drain_decisions()
+    assert [d.worker for d in events(decisions, "fence")] == ["a1"]  # its own failures: fenced
+    assert events(decisions, "shared-failure") == []
+    assert not monitor.blocked("b1") and not monitor.blocked("b2")
+    by_queue = {q["queue"]: q for q in monitor.status(clock.now)["queues"]}
+    assert by_queue[A]["shared_signatures"] == []  # B's signature does not show on A's queue
+    assert by_queue[B]["shared_signatures"] == [sig]
+    (a1,) = [w for w in monitor.status(clock.now)["workers"] if w["worker"] == "a1"]
+    assert (a1["failures"], a1["failures_shared"]) == (SETTINGS.worker_failures, 0)
+
+
+def test_a_fenced_worker_is_not_forgiven_for_another_tenants_failures(
+    monitor: HealthMonitor, clock: Clock
+) -> None:
+    sig = "GET inventory 5xx"
+    for _ in range(SETTINGS.worker_failures):
+        monitor.attempt(failed("a1", clock.advance(0.1), sig, queue=A))
+    assert monitor.blocked("a1")
+    monitor.drain_decisions()
+    monitor.attempt(failed("b1", clock.advance(0.1), sig, queue=B))  # with a1, two workers: not shared
+    monitor.attempt(failed("b2", clock.advance(0.1), sig, queue=B))  # shared in B only
+    decisions = monitor.drain_decisions()
+    assert [d.queue for d in events(decisions, "shared-failure")] == [B]
+    assert events(decisions, "unfence") == [] and monitor.blocked("a1")
+    # A second worker of tenant A failing the same way makes it A's shared problem: a1 is forgiven.
+    monitor.attempt(failed("a2", clock.advance(0.1), sig, queue=A))
+    decisions = monitor.drain_decisions()
+    assert [d.queue for d in events(decisions, "shared-failure")] == [A]
+    assert [d.worker for d in events(decisions, "unfence")] == ["a1"]
+
+
+def test_a_tenants_queues_and_dedup_queues_share_its_signatures(monitor: HealthMonitor, clock: Clock) -> None:
+    sig = "timeout db"
+    monitor.attempt(failed("w1", clock.advance(0.1), sig, queue="t1.orders"))
+    monitor.attempt(failed("w2", clock.advance(0.1), sig, queue="t1_dedupq.orders"))
+    (shared,) = events(monitor.drain_decisions(), "shared-failure")
+    assert shared.queue == "t1_dedupq.orders"
+    for _ in range(5):
+        monitor.attempt(failed("w1", clock.advance(0.1), sig, queue="t1.orders"))
+    assert not monitor.blocked("w1")
+
+
+def test_untenanted_queues_are_a_namespace_of_their_own(monitor: HealthMonitor, clock: Clock) -> None:
+    """Queues of the queue server's internal API (no '.') share signatures among themselves, never with a
+    tenant's."""
+    sig = "timeout db"
+    monitor.attempt(failed("w1", clock.advance(0.1), sig, queue="orders"))
+    monitor.attempt(failed("w2", clock.advance(0.1), sig, queue="t1.orders"))
+    assert events(monitor.drain_decisions(), "shared-failure") == []
+    monitor.attempt(failed("w3", clock.advance(0.1), sig, queue="reports"))
+    (shared,) = events(monitor.drain_decisions(), "shared-failure")
+    assert shared.queue == "reports"
+
+
+@pytest.mark.parametrize(
+    ("queue", "tenant"),
+    [("t1.orders", "t1"), ("t1_dedupq.orders", "t1"), ("orders", None), ("a-b.c.d", "a-b"), ("x_y", None)],
+)
+def test_namespace_of_a_queue_is_its_tenant(queue: str, tenant: str | None) -> None:
+    assert namespace_of(queue) == tenant
+
+
 # ---------------------------------------------------------------------------------- large-scale
 def shared_round(monitor: HealthMonitor, clock: Clock, workers: list[str], sig: str = "POST pay 5xx") -> None:
     for worker in workers:
@@ -549,7 +626,7 @@ def test_decisions_become_events() -> None:
 
 # ------------------------------------------------------------------------------ stateful invariants
 WORKERS = ["w1", "w2", "w3", "w4"]
-QUEUES = [Q, "t1.other"]
+QUEUES = [Q, "t1.other", "t2.orders"]  # two tenants: shared signatures are judged per tenant
 SIGNATURES = ["", "", "sig-a", "sig-b"]
 
 
@@ -566,6 +643,7 @@ class MonitorMachine(RuleBasedStateMachine):
         self.blacklisted: set[str] = set()
         self.suspended: set[str] = set()
         self.delivered: dict[str, str] = {}  # probe id -> worker
+        self.signed: list[tuple[float, str, str, str]] = []  # failed attempts: (at, queue, signature, worker)
 
     def absorb(self) -> None:
         for decision in self.monitor.drain_decisions():
@@ -596,6 +674,8 @@ class MonitorMachine(RuleBasedStateMachine):
     def attempt(self, worker: str, queue: str, sig: str, ok: bool) -> None:
         outcome = "succeeded" if ok else "failed"
         self.monitor.attempt(AttemptRecorded(queue, "g", "m", worker, 1, outcome, "", sig, self.clock.now))
+        if not ok and sig:
+            self.signed.append((self.clock.now, queue, sig, worker))
         self.absorb()
 
     @rule(worker=st.sampled_from(WORKERS), queue=st.sampled_from(QUEUES))
@@ -656,6 +736,26 @@ class MonitorMachine(RuleBasedStateMachine):
             assert self.monitor.suspended(queue) == (queue in self.suspended)
         for probe_id in self.delivered:
             assert probe_id in self.monitor.probes
+
+    @invariant()
+    def shared_signatures_are_judged_per_tenant(self) -> None:
+        """A queue shows a signature as shared exactly when it failed there within the window and on
+        `shared_failure_workers` distinct workers of the queue's own tenant."""
+        horizon = self.clock.now - SETTINGS.window
+        recent = [entry for entry in self.signed if entry[0] >= horizon]
+        for entry in self.monitor.status(self.clock.now)["queues"]:
+            queue = entry["queue"]
+            tenant = namespace_of(queue)
+            expected = sorted(
+                {
+                    sig
+                    for _, q, sig, _ in recent
+                    if q == queue
+                    and len({w for _, q2, s2, w in recent if s2 == sig and namespace_of(q2) == tenant})
+                    >= SETTINGS.shared_failure_workers
+                }
+            )
+            assert entry["shared_signatures"] == expected, queue
 
     @invariant()
     def deadlines_are_not_in_the_past(self) -> None:

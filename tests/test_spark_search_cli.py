@@ -24,6 +24,8 @@ from queue_core.service import QueueService
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN = Credential("admin-1", "admin-secret-0123456789", "admin", "t1")
 PRODUCER = Credential("producer-1", "producer-secret-0123456789", "producer", "t1")
+# The sample's records carry no tenant: only an operator (every tenant) sees them (queue_core.scope).
+OPERATOR = Credential("ops-1", "operator-secret-0123456789", "operator", "ops")
 
 
 def strictq(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -125,7 +127,7 @@ def test_index_and_errors_refuse_bad_input_before_starting_spark(
 async def admin_url(spark_sample: SampleIndex, tmp_path: Path) -> AsyncIterator[str]:
     service = QueueService(tmp_path / "queue")
     await service.start()
-    app = make_gateway_app(service, KeyRing([ADMIN, PRODUCER]), index=spark_sample.index)
+    app = make_gateway_app(service, KeyRing([ADMIN, PRODUCER, OPERATOR]), index=spark_sample.index)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -146,14 +148,18 @@ async def test_admin_endpoint_returns_the_cli_story(spark_sample: SampleIndex, a
     async with aiohttp.ClientSession(timeout=timeout) as http:
         url = f"{admin_url}/admin/v1/search"
         async with http.get(
-            url, params={"message_id": message_id}, headers={"X-BV-API-Key": ADMIN.secret}
+            url, params={"message_id": message_id}, headers={"X-BV-API-Key": OPERATOR.secret}
         ) as r:
             assert r.status == 200 and r.content_type == "application/json"
             body: Any = orjson.loads(await r.read())
         assert body == json.loads(cli.stdout)
         assert body["records"] == brute_force(spark_sample.wirelog, message_id)
+        async with http.get(
+            url, params={"message_id": message_id}, headers={"X-BV-API-Key": ADMIN.secret}
+        ) as r:  # a tenant's admin: records of no tenant are not its own
+            assert r.status == 200 and (await r.json())["records"] == []
 
-        bearer = {"Authorization": f"Bearer {ADMIN.secret}"}
+        bearer = {"Authorization": f"Bearer {OPERATOR.secret}"}
         async with http.get(url, params={"message_id": message_id, "status": "5xx"}, headers=bearer) as r:
             filtered = orjson.loads(await r.read())
             assert r.status == 200 and filtered["records"]

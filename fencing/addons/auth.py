@@ -6,6 +6,11 @@ own credential from the gateway's key file (design note, "Worker identity").
 - Plain HTTP is sent to the proxy in absolute form: the credential rides on each request.
 - Missing, unknown or wrong credentials (or a role other than worker/admin) get 407 with
   `Proxy-Authenticate` and a JSON body; the call is still recorded by capture.
+- One tenant per proxy: the control stream tells a proxy only the fences and token floors of its control
+  key's tenant (queue_core.scope), so a credential of another tenant gets 407 `tenant-not-served` (recorded
+  with its worker id and tenant): letting it through would let a fenced worker or a stale lease pass. An
+  `operator` control key serves every tenant; a proxy without a control stream (standalone: nothing is
+  fenced) serves every tenant of its key file.
 - The Proxy-Authorization header never leaves the proxy (removed before anything else sees the flow).
 """
 
@@ -18,6 +23,7 @@ from pathlib import Path
 
 from mitmproxy import connection, exceptions, http
 
+from fencing.addons.control import CONTROL_ROLES, control_credential
 from fencing.context import CallContext, ensure_context, refuse
 from fencing.runtime import ProxyRuntime
 from gateway.keys import Credential, KeyFileError, KeyRing
@@ -26,6 +32,10 @@ log = logging.getLogger("strictq.proxy.auth")
 
 ALLOWED_ROLES = frozenset({"worker", "admin"})
 REALM = "strictq egress proxy"
+SERVED_OPTIONS = frozenset(
+    {"strictq_keys", "strictq_control", "strictq_control_key", "strictq_control_key_id"}
+)  # what decides the tenant served (the control options are the control addon's)
+OPERATOR = "operator"  # a control key of this role spans tenants
 CACHE_LIMIT = 4096  # validated header values remembered (a worker sends the same value every time)
 
 
@@ -39,6 +49,9 @@ class Auth:
         self.tunnels: dict[str, Credential] = {}
         # exact header value -> credential: skips base64 and the constant-time compare on repeat calls
         self._valid: dict[str, Credential] = {}
+        # the one tenant whose workers this proxy serves; None: every tenant (operator key, standalone)
+        self.tenant: str | None = None
+        self._warned: set[str] = set()  # credentials already logged as refused for their tenant
 
     def load(self, loader: object) -> None:
         loader.add_option(  # type: ignore[attr-defined]
@@ -49,19 +62,19 @@ class Auth:
         )
 
     def configure(self, updated: set[str]) -> None:
-        if "strictq_keys" not in updated:
+        if not updated & SERVED_OPTIONS:
             return
         from mitmproxy import ctx
 
-        path = ctx.options.strictq_keys
         self._valid.clear()
-        if not path:
-            self.keys = None
-            return
-        try:
-            self.keys = KeyRing.load(Path(path))
-        except KeyFileError as exc:
-            raise exceptions.OptionsError(str(exc)) from exc
+        if "strictq_keys" in updated:
+            path = ctx.options.strictq_keys
+            try:
+                self.keys = KeyRing.load(Path(path)) if path else None
+            except KeyFileError as exc:
+                raise exceptions.OptionsError(str(exc)) from exc
+        self.tenant = served_tenant(self.keys, _option("strictq_keys"), _control_settings())
+        self._warned.clear()
 
     # ----------------------------------------------------------------------------------------- hooks
     def http_connect(self, flow: http.HTTPFlow) -> None:
@@ -73,6 +86,11 @@ class Auth:
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         ctx = ensure_context(flow)
         credential = self.tunnels.get(flow.client_conn.id)
+        if credential is not None and not self._serves(credential):
+            self.tunnels.pop(flow.client_conn.id, None)  # the tenant served changed since the CONNECT
+            take_proxy_authorization(flow.request.headers)
+            self._refuse_tenant(flow, ctx, credential)
+            return
         if credential is not None:  # inside an authenticated tunnel
             ctx.worker = credential.id
             ctx.tenant = credential.tenant
@@ -106,9 +124,41 @@ class Auth:
                 self._valid.clear()
             assert value is not None
             self._valid[value] = credential
+        if not self._serves(credential):
+            self._refuse_tenant(flow, ctx, credential)
+            return None
         ctx.worker = credential.id
         ctx.tenant = credential.tenant
         return credential
+
+    def _serves(self, credential: Credential) -> bool:
+        return self.tenant is None or credential.tenant == self.tenant
+
+    def _refuse_tenant(self, flow: http.HTTPFlow, ctx: CallContext, credential: Credential) -> None:
+        """407 for an authentic credential of a tenant this proxy does not serve: the proxy does not know
+        that tenant's fences and floors. Recorded with the worker and its tenant (that tenant's record)."""
+        ctx.worker = credential.id
+        ctx.tenant = credential.tenant
+        self.runtime.count("auth.tenant-not-served")
+        if credential.id not in self._warned and len(self._warned) < CACHE_LIMIT:
+            self._warned.add(credential.id)
+            log.warning(
+                "refusing %s of tenant %s: this proxy serves tenant %s only (its control key's)",
+                credential.id,
+                credential.tenant,
+                self.tenant,
+            )
+        refuse(
+            flow,
+            ctx,
+            status=407,
+            action="block",
+            code="tenant-not-served",
+            message=f"tenant {credential.tenant!r} is not served by this proxy (its control key is another "
+            "tenant's): use a proxy of your tenant",
+            extra_headers={"Proxy-Authenticate": f'Basic realm="{REALM}"'},
+            announce=False,
+        )
 
     def _check(self, value: str | None) -> tuple[Credential | None, str]:
         """The credential for a header value, or None and the refusal code."""
@@ -126,6 +176,43 @@ class Auth:
         if credential.role not in ALLOWED_ROLES:
             return None, "role-not-allowed"
         return credential, ""
+
+
+def served_tenant(keys: KeyRing | None, path: str, control: tuple[str, str, str] | None) -> str | None:
+    """The one tenant a proxy serves: its control key's; None (every tenant) for an `operator` key or
+    without a control stream. `control` is (url, key secret, key id), as the control addon's options.
+    A control key the key file does not hold is refused at start: its tenant cannot be told."""
+    if control is None or keys is None:
+        return None
+    url, secret, key_id = control
+    if not url.strip():
+        return None
+    if secret:
+        credential = keys.by_secret(secret)
+        if credential is None or credential.role not in CONTROL_ROLES:
+            raise exceptions.OptionsError(
+                f"strictq_control_key is not the secret of a {'/'.join(CONTROL_ROLES)} credential of the "
+                f"key file {path}: the proxy cannot tell which tenant's workers it serves"
+            )
+    else:
+        credential = control_credential(keys, path, key_id)
+    return None if credential.role == OPERATOR else credential.tenant
+
+
+def _option(name: str) -> str:
+    """A string option, "" while no addon declares it (the control addon comes after this one)."""
+    from mitmproxy import ctx
+
+    return str(getattr(ctx.options, name)) if name in ctx.options else ""
+
+
+def _control_settings() -> tuple[str, str, str] | None:
+    """(url, key, key id) of the control addon's options; None when it is not loaded (unit tests)."""
+    from mitmproxy import ctx
+
+    if "strictq_control" not in ctx.options:
+        return None
+    return _option("strictq_control"), _option("strictq_control_key"), _option("strictq_control_key_id")
 
 
 def take_proxy_authorization(headers: http.Headers) -> str | None:

@@ -7,8 +7,12 @@ Options:
   `/admin/v1/control` is added unless given). Empty:
   standalone testing, the state counts as synchronised with no fences and no floors (`strictq serve`
   always passes one, so the embedded default never runs unguarded).
-- `strictq_control_key`: secret of a `proxy` (or `admin`) credential. Empty: the first `proxy`-role
-  credential of the key file (the auth addon's `strictq_keys`).
+- `strictq_control_key`: secret of a `proxy` (or `admin`, `operator`) credential. Empty: the secret of
+  `strictq_control_key_id`'s credential, or else of the key file's first `proxy`-role credential (the auth
+  addon's `strictq_keys`). The key's tenant is the one tenant the proxy serves (the stream only tells it
+  that tenant's fences and floors; fencing.addons.auth refuses other tenants' workers); an `operator` key
+  serves every tenant.
+- `strictq_control_key_id`: id of that key-file credential (`strictq proxy --control-key-id`).
 - `strictq_control_ca`: PEM file trusted for the control URL (the core's CA); empty: the system store.
 """
 
@@ -18,31 +22,54 @@ import asyncio
 import contextlib
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mitmproxy import ctx, exceptions
 from mitmproxy.utils import asyncio_utils
 
 from fencing.control_client import ControlClient, ControlState
 
+if TYPE_CHECKING:
+    from gateway.keys import Credential, KeyRing
+
 logger = logging.getLogger(__name__)
 
-OPTIONS = ("strictq_control", "strictq_control_key", "strictq_control_ca")
+OPTIONS = ("strictq_control", "strictq_control_key", "strictq_control_key_id", "strictq_control_ca")
 KEY_FILE_OPTION = "strictq_keys"  # declared by the auth addon
 CONTROL_PATH = "/admin/v1/control"
 
 
-def proxy_key_from_file(path: str) -> str:
-    """The secret of the key file's first `proxy`-role credential (the proxy's own identity)."""
+CONTROL_ROLES = ("proxy", "admin", "operator")  # roles the core accepts on the control stream
+
+
+def control_credential(ring: KeyRing, path: str, key_id: str = "") -> Credential:
+    """The credential the proxy reads the control stream with: `key_id`'s, else the key file's first
+    `proxy`-role credential (the proxy's own identity). OptionsError names what is missing."""
+    if key_id:
+        credential = ring.by_id(key_id)
+        if credential is None:
+            raise exceptions.OptionsError(f"strictq_control_key_id {key_id!r} is not a credential of {path}")
+        if credential.role not in CONTROL_ROLES:
+            raise exceptions.OptionsError(
+                f"strictq_control_key_id {key_id!r} has role {credential.role}; the control stream needs "
+                f"one of {', '.join(CONTROL_ROLES)}"
+            )
+        return credential
+    for credential in ring.credentials:
+        if credential.role == "proxy":
+            return credential
+    raise exceptions.OptionsError(f"key file {path} has no credential of role proxy for the control stream")
+
+
+def proxy_key_from_file(path: str, key_id: str = "") -> str:
+    """The secret of the control-stream credential of the key file (`control_credential`)."""
     from gateway.keys import KeyFileError, KeyRing  # the gateway's parser is the key file's schema
 
     try:
         ring = KeyRing.load(Path(path))
     except KeyFileError as exc:
         raise exceptions.OptionsError(str(exc)) from exc
-    for credential in ring.credentials:
-        if credential.role == "proxy":
-            return credential.secret
-    raise exceptions.OptionsError(f"key file {path} has no credential of role proxy for the control stream")
+    return control_credential(ring, path, key_id).secret
 
 
 def control_stream_url(url: str) -> str:
@@ -72,6 +99,13 @@ class Control:
         )
         loader.add_option(
             "strictq_control_key", str, "", "Proxy-role secret for the control stream; empty: the key file's."
+        )
+        loader.add_option(
+            "strictq_control_key_id",
+            str,
+            "",
+            "Id of the key-file credential (proxy, admin or operator) for the control stream; empty: the "
+            "first proxy credential. Its tenant is the one the proxy serves (operator: all).",
         )
         loader.add_option("strictq_control_ca", str, "", "PEM file to trust for the control stream's TLS.")
 
@@ -105,7 +139,7 @@ class Control:
             raise exceptions.OptionsError(
                 "strictq_control needs strictq_control_key, or strictq_keys with a proxy credential"
             )
-        return proxy_key_from_file(path)
+        return proxy_key_from_file(path, ctx.options.strictq_control_key_id)
 
     def _standalone(self) -> None:
         """No core to ask: nothing is fenced and no floor is known (documented standalone mode)."""

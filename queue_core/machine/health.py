@@ -9,7 +9,9 @@ The rules, in the order they are applied:
 
 - Precedence: a failure signature seen on at least `shared_failure_workers` distinct workers within
   `window` is a backend problem, not a worker's. Such failures never count toward fencing (a worker fenced
-  earlier for them is unfenced), and the queues where it shows are checked with probes instead.
+  earlier for them is unfenced), and the queues where it shows are checked with probes instead. Workers
+  are counted per tenant (`namespace_of` the queue): one tenant's failures never excuse another tenant's
+  worker, nor show as shared on another tenant's queue.
 - A worker with `worker_failures` other failed attempts within `window` is fenced: no more messages,
   probed every `probe_interval` (doubling up to `probe_backoff_max`). A passing probe restores it;
   `probe_failures_to_blacklist` failed probes in a row blacklist it for `blacklist_for` (no messages, no
@@ -31,7 +33,7 @@ import heapq
 import itertools
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -42,6 +44,17 @@ ProbePurpose = Literal["worker", "check", "queue"]
 FAILED_OUTCOMES = frozenset({"failed", "partial", "expired"})
 EXPIRED_SIGNATURE = "claim expired"  # what a claim that ran out counts as when the worker said nothing
 MAX_FAILURES_KEPT = 10_000  # per worker: a window holding more than this counts only the newest
+
+
+SignatureKey = tuple[str | None, str]  # (namespace_of the queue, signature)
+
+
+def namespace_of(queue: str) -> str | None:
+    """The tenant a core queue belongs to: `t1.orders` and `t1_dedupq.orders` -> "t1" (the one copy of
+    the rule: queue_core.scope uses it as `tenant_of`). Names without
+    '.' (the queue server's internal API, which has no tenants) form one tenant-less namespace: None."""
+    namespace, dot, _ = queue.partition(".")
+    return namespace.partition("_")[0] if dot else None
 
 
 class HealthSettingsError(ValueError):
@@ -181,8 +194,9 @@ class HealthMonitor:
         self.probes: dict[str, Probe] = {}
         self._probe_prefix = f"probe-{probe_prefix}"
         self._probe_ids = itertools.count(1)
-        self._signatures: dict[str, dict[str, float]] = {}  # signature -> {worker: last failure}
-        self._shared: dict[str, float] = {}  # signatures currently judged shared -> since
+        # (tenant, signature) -> {worker: last failure}: a signature is shared within one tenant only
+        self._signatures: dict[SignatureKey, dict[str, float]] = {}
+        self._shared: dict[SignatureKey, float] = {}  # (tenant, signature) currently judged shared -> since
         self._decisions: list[Decision] = []
         self._timers: list[tuple[float, int, str, str]] = []  # (at, tiebreak, kind, key), lazily deleted
         self._tiebreak = itertools.count()
@@ -248,8 +262,9 @@ class HealthMonitor:
         worker.queue = queue.name
         if signature:
             queue.signatures[signature] = now
-            self._signatures.setdefault(signature, {})[worker.name] = now
-            self._check_shared(signature, queue, now)
+            key = (namespace_of(queue.name), signature)
+            self._signatures.setdefault(key, {})[worker.name] = now
+            self._check_shared(key, queue, now)
         if worker.state in ("healthy", "suspect"):
             own = self._own_failures(worker, now)
             if own >= self.settings.worker_failures:
@@ -268,35 +283,37 @@ class HealthMonitor:
     def _own_failures(self, worker: _Worker, now: float) -> int:
         """Failures in the window that are the worker's own: not of a signature judged shared."""
         self._recent_failures(worker, now)
-        shared: dict[str, bool] = {}
+        shared: dict[tuple[str, str], bool] = {}
         own = 0
-        for _, _, signature, _ in worker.failures:
-            judged = shared.get(signature)
+        for _, queue, signature, _ in worker.failures:
+            judged = shared.get((queue, signature))
             if judged is None:
-                judged = shared[signature] = self._is_shared(signature, now)
+                judged = shared[queue, signature] = self._is_shared((namespace_of(queue), signature), now)
             own += not judged
         return own
 
-    def _is_shared(self, signature: str, now: float) -> bool:
-        if not signature:
+    def _is_shared(self, key: SignatureKey, now: float) -> bool:
+        if not key[1]:
             return False
-        seen = self._signatures.get(signature)
+        seen = self._signatures.get(key)
         if not seen:
             return False
         horizon = now - self.settings.window
         return sum(1 for at in seen.values() if at >= horizon) >= self.settings.shared_failure_workers
 
-    def _check_shared(self, signature: str, queue: _Queue, now: float) -> None:
-        """Precedence: a signature on enough workers is the backend's; check the queue with probes."""
+    def _check_shared(self, key: SignatureKey, queue: _Queue, now: float) -> None:
+        """Precedence: a signature on enough workers of one tenant is the backend's; check the queue with
+        probes."""
         horizon = now - self.settings.window
-        seen = self._signatures[signature]
+        signature = key[1]
+        seen = self._signatures[key]
         for name in [w for w, at in seen.items() if at < horizon]:
             del seen[name]
         if len(seen) < self.settings.shared_failure_workers:
-            self._shared.pop(signature, None)
+            self._shared.pop(key, None)
             return
-        if signature not in self._shared:
-            self._shared[signature] = now
+        if key not in self._shared:
+            self._shared[key] = now
             self._decide(
                 "shared-failure",
                 f"{signature!r} failed on {len(seen)} workers within {self.settings.window:g}s: a backend "
@@ -305,13 +322,14 @@ class HealthMonitor:
                 queue=queue.name,
                 signature=signature,
             )
-            self._forgive(signature, now)
+            self._forgive(key, now)
         self._check_round(queue, f"shared failure {signature!r}", now)
 
-    def _forgive(self, signature: str, now: float) -> None:
-        """Workers fenced (not yet blacklisted) for failures of a signature now judged shared are restored,
-        unless enough of their own remain."""
-        failed = self._signatures[signature]
+    def _forgive(self, key: SignatureKey, now: float) -> None:
+        """Workers fenced (not yet blacklisted) for failures of a signature now judged shared (in their
+        tenant) are restored, unless enough of their own remain."""
+        signature = key[1]
+        failed = self._signatures[key]
         for worker in list(self.workers.values()):
             if worker.state not in ("fenced", "probing") or worker.name not in failed:
                 continue
@@ -546,10 +564,17 @@ class HealthMonitor:
 
     # -------------------------------------------------------------------------------- alerts, operators
     def alert(
-        self, reason: str, now: float, *, queue: str | None = None, signatures: Iterable[str] = ()
+        self,
+        reason: str,
+        now: float,
+        *,
+        queue: str | None = None,
+        signatures: Iterable[str] = (),
+        within: Callable[[str], bool] | None = None,
     ) -> list[str]:
         """A known-error-case alert (`strictq errors`' rules): suspend the queue it names, or the queues
-        where a matching signature (exact or glob) failed within the window. Returns the queues suspended."""
+        where a matching signature (exact or glob) failed within the window, among those `within` accepts
+        (a tenant's alert reaches only its tenant's queues). Returns the queues suspended."""
         self._arm_sweep(now)
         patterns = [s for s in signatures if s]
         horizon = now - self.settings.window
@@ -559,7 +584,8 @@ class HealthMonitor:
             targets = sorted(
                 q.name
                 for q in self.queues.values()
-                if any(
+                if (within is None or within(q.name))
+                and any(
                     at >= horizon and any(sig == p or fnmatch.fnmatchcase(sig, p) for p in patterns)
                     for sig, at in q.signatures.items()
                 )
@@ -696,13 +722,13 @@ class HealthMonitor:
                     del table[key]
             if not q.suspended and q.probe is None and q.last_seen < horizon and not q.workers:
                 del self.queues[q.name]
-        for signature, seen in list(self._signatures.items()):
+        for signature_key, seen in list(self._signatures.items()):
             for name in [w for w, at in seen.items() if at < horizon]:
                 del seen[name]
             if len(seen) < self.settings.shared_failure_workers:
-                self._shared.pop(signature, None)
+                self._shared.pop(signature_key, None)
             if not seen:
-                del self._signatures[signature]
+                del self._signatures[signature_key]
         if self.workers or self.queues:
             self._arm_sweep(now)
 
@@ -731,6 +757,7 @@ class HealthMonitor:
         horizon = now - self.settings.window
         for name in sorted(self.queues):
             q = self.queues[name]
+            namespace = namespace_of(name)
             queues.append(
                 {
                     "queue": name,
@@ -742,7 +769,9 @@ class HealthMonitor:
                     "recent_workers": sum(1 for at in q.workers.values() if at >= horizon),
                     "failed_probes": sum(1 for at in q.failed_probes.values() if at >= horizon),
                     "shared_signatures": sorted(
-                        s for s, at in q.signatures.items() if at >= horizon and self._is_shared(s, now)
+                        s
+                        for s, at in q.signatures.items()
+                        if at >= horizon and self._is_shared((namespace, s), now)
                     ),
                 }
             )
