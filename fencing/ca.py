@@ -5,9 +5,10 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
+
+from wirelog.files import PUBLIC_FILE, private_dir, write_file
 
 CONF_BASENAME = "mitmproxy"  # mitmproxy.options.CONF_BASENAME: TlsConfig loads `<confdir>/mitmproxy-ca.pem`
 KEY_SIZE = 2048
@@ -30,6 +31,9 @@ def ensure_ca(data_dir: Path) -> Path:
     if not (confdir(data_dir) / f"{CONF_BASENAME}-ca.pem").exists():
         from mitmproxy.certs import CertStore
 
+        # 0700 before mitmproxy writes into it (it writes the private key under a 0077 umask itself).
+        private_dir(confdir(private_dir(data_dir)))
+
         CertStore.create_store(
             confdir(data_dir), CONF_BASENAME, KEY_SIZE, organization="strictq", cn="strictq proxy CA"
         )
@@ -48,7 +52,6 @@ def write_upstream_trust(data_dir: Path, extra_cas: Sequence[Path]) -> Path | No
     for path in extra_cas:
         parts.append(Path(path).read_bytes())
     bundle = data_dir / "upstream-trust.pem"
-    tmp = bundle.with_name(f".{bundle.name}.{os.getpid()}")
-    tmp.write_bytes(b"\n".join(parts))
-    os.replace(tmp, bundle)  # several processes may write it at once: each rename is whole
+    # Public roots; several processes may write it at once: each writes aside and renames, whole.
+    write_file(bundle, b"\n".join(parts), PUBLIC_FILE)
     return bundle.resolve()

@@ -5,8 +5,9 @@ The key file is TOML (schema in the README)::
     [[credential]]
     id = "AKIDPRODUCER1"          # SQS access key id; also the worker id for role "worker"
     secret = "..."                # SQS secret key; the EmoDB face takes it as X-BV-API-Key
-    role = "producer"             # producer | worker | proxy | admin
-    tenant = "acme"               # a credential only ever sees its tenant's queues
+    role = "producer"             # producer | worker | proxy | admin | operator
+    tenant = "acme"               # a credential only ever sees its tenant's queues (operator: admin routes
+                                  # of every tenant, no data access; queue_core.scope)
     prefixes = ["orders", "app-"] # queue names it may use ("" = any of the tenant's)
 """
 
@@ -20,8 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-Role = Literal["producer", "worker", "proxy", "admin"]
-ROLES: tuple[Role, ...] = ("producer", "worker", "proxy", "admin")
+from wirelog.files import private_dir, write_private
+
+Role = Literal["producer", "worker", "proxy", "admin", "operator"]
+# `operator` is the one role that spans tenants, on the admin routes only (never the data faces).
+ROLES: tuple[Role, ...] = ("producer", "worker", "proxy", "admin", "operator")
 TENANT_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 ID_RE = re.compile(r"^[A-Za-z0-9_-]{4,64}$")
 
@@ -91,18 +95,24 @@ def _credential(entry: Any, index: int) -> Credential:
     if not isinstance(entry, dict):
         raise KeyFileError(f"{where} is not a table")
     key_id, secret, role, tenant = (entry.get(k) for k in ("id", "secret", "role", "tenant"))
-    if not isinstance(key_id, str) or not ID_RE.match(key_id):
+    if not isinstance(key_id, str) or not ID_RE.fullmatch(key_id):
         raise KeyFileError(f"{where}: id must be 4-64 letters, digits, '_' or '-'")
     if not isinstance(secret, str) or len(secret) < 16:
         raise KeyFileError(f"{where} ({key_id}): secret must be a string of at least 16 characters")
     if role not in ROLES:
         raise KeyFileError(f"{where} ({key_id}): role must be one of {', '.join(ROLES)}")
-    if not isinstance(tenant, str) or not TENANT_RE.match(tenant):
+    if not isinstance(tenant, str) or not TENANT_RE.fullmatch(tenant):
         raise KeyFileError(f"{where} ({key_id}): tenant must be 1-31 lowercase letters, digits or '-'")
     prefixes = entry.get("prefixes", [""])
     if not isinstance(prefixes, list) or not all(isinstance(p, str) for p in prefixes) or not prefixes:
         raise KeyFileError(f"{where} ({key_id}): prefixes must be a non-empty list of strings")
     return Credential(key_id, secret, role, tenant, tuple(prefixes))
+
+
+def new_secret() -> str:
+    """A fresh API secret: 24 random bytes as hex, so it never starts with '-' (a command line would read
+    `--admin-key -x...` as another option) and needs no quoting in TOML, headers or shells."""
+    return secrets.token_hex(24)
 
 
 def write_development_keys(path: Path, tenant: str = "dev") -> KeyRing:
@@ -115,14 +125,13 @@ def write_development_keys(path: Path, tenant: str = "dev") -> KeyRing:
         ("worker-3", "worker"),
         ("proxy", "proxy"),
     ]
-    credentials = [Credential(name, secrets.token_urlsafe(24), role, tenant) for name, role in names]
+    credentials = [Credential(name, new_secret(), role, tenant) for name, role in names]
     lines = ["# strictq development credentials (written by `strictq serve`); schema in the README\n"]
     for c in credentials:
         lines.append(
             f'[[credential]]\nid = "{c.id}"\nsecret = "{c.secret}"\nrole = "{c.role}"\n'
             f'tenant = "{c.tenant}"\nprefixes = [""]\n\n'
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(lines))
-    path.chmod(0o600)
+    private_dir(path.parent)
+    write_private(path, "".join(lines))  # 0600 from its creation: never a moment readable by others
     return KeyRing(credentials)

@@ -18,6 +18,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from wirelog.files import PUBLIC_FILE, StartupError, private_dir, write_file, write_private
+
 CA_DAYS = 3650
 SERVER_DAYS = 825
 
@@ -30,45 +32,79 @@ class TlsFiles:
 
 
 def ensure_local_certificates(directory: Path) -> TlsFiles:
-    """Create (once) a CA and a server certificate naming 127.0.0.1, ::1, localhost and this host."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """Create (once) a CA and a server certificate naming 127.0.0.1, ::1, localhost and this host.
+
+    Private keys are 0600 from their creation, certificates 0644, in a 0700 directory (wirelog.files)."""
+    private_dir(directory)
     ca_cert_path, ca_key_path = directory / "ca.pem", directory / "ca-key.pem"
     cert_path, key_path = directory / "server.pem", directory / "server-key.pem"
     if not (ca_cert_path.exists() and ca_key_path.exists()):
         ca_key = ec.generate_private_key(ec.SECP256R1())
         ca_cert = _ca_certificate(ca_key)
         _write_key(ca_key_path, ca_key)
-        ca_cert_path.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+        write_file(ca_cert_path, ca_cert.public_bytes(serialization.Encoding.PEM), PUBLIC_FILE)
         cert_path.unlink(missing_ok=True)
     if not (cert_path.exists() and key_path.exists()):
-        ca_key_loaded = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
-        assert isinstance(ca_key_loaded, ec.EllipticCurvePrivateKey)
-        ca_cert_loaded = x509.load_pem_x509_certificate(ca_cert_path.read_bytes())
+        try:
+            ca_key_loaded = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
+            ca_cert_loaded = x509.load_pem_x509_certificate(ca_cert_path.read_bytes())
+        except ValueError as exc:
+            raise StartupError(
+                ca_key_path,
+                f"the local CA cannot be loaded ({exc})",
+                f"restore {ca_key_path.name} and {ca_cert_path.name} from a backup, or remove both to make "
+                "a new CA (clients must then trust the new ca.pem)",
+            ) from None
+        if not isinstance(ca_key_loaded, ec.EllipticCurvePrivateKey):
+            raise StartupError(
+                ca_key_path, "not an EC private key", "remove it and ca.pem to make a new local CA"
+            )
         server_key = ec.generate_private_key(ec.SECP256R1())
         server_cert = _server_certificate(server_key, ca_key_loaded, ca_cert_loaded)
         _write_key(key_path, server_key)
-        cert_path.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
+        write_file(cert_path, server_cert.public_bytes(serialization.Encoding.PEM), PUBLIC_FILE)
     return TlsFiles(cert_path, key_path, ca_cert_path)
 
 
 def server_context(files: TlsFiles, client_ca: Path | None = None) -> ssl.SSLContext:
-    """Server-side context; with `client_ca`, clients must present a certificate it signed."""
+    """Server-side context; with `client_ca`, clients must present a certificate it signed. A key or
+    certificate that cannot be read or does not match raises StartupError naming it."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(files.cert, files.key)
+    for path in (files.cert, files.key):
+        try:
+            path.open("rb").close()
+        except OSError as exc:
+            raise StartupError(
+                path, f"cannot read it ({exc.strerror or exc})", "make it readable by this user"
+            ) from None
+    try:
+        context.load_cert_chain(files.cert, files.key)
+    except (ssl.SSLError, OSError) as exc:
+        raise StartupError(
+            files.key,
+            f"cannot load the key with the certificate {files.cert} ({exc})",
+            "give a PEM certificate chain and its unencrypted PEM private key (--tls-cert/--tls-key)",
+        ) from None
     if client_ca is not None:
-        context.load_verify_locations(cafile=client_ca)
+        try:
+            context.load_verify_locations(cafile=client_ca)
+        except (ssl.SSLError, OSError) as exc:
+            raise StartupError(
+                client_ca, f"cannot load the client CA ({exc})", "give a readable PEM CA file (--client-ca)"
+            ) from None
         context.verify_mode = ssl.CERT_REQUIRED
     return context
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    path.write_bytes(
+    """0600 from its creation (never chmod after the key is in the file)."""
+    write_private(
+        path,
         key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
+        ),
     )
-    path.chmod(0o600)
 
 
 def _ca_certificate(key: ec.EllipticCurvePrivateKey) -> x509.Certificate:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
 import orjson
+
+from wirelog.files import StartupError, private_dir, write_private
 
 FenceMode = Literal["block", "mimic"]
 MODES: tuple[FenceMode, ...] = ("block", "mimic")
@@ -53,8 +54,13 @@ class NotFenced(FenceError):
     code = "not-fenced"
 
 
-class FenceFileError(Exception):
+class FenceFileError(StartupError):
     """fences.json is unreadable or malformed: refuse to start rather than forget fences."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(
+            path, problem, "fix it, restore it from a backup, or remove it to start with no fences"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +138,7 @@ class FenceRegistry:
             self._fences = {}
             return
         except OSError as exc:
-            raise FenceFileError(f"cannot read {self.path}: {exc}") from exc
+            raise FenceFileError(self.path, f"cannot read it ({exc.strerror or exc})") from exc
         try:
             data = orjson.loads(raw)
             if not isinstance(data, dict) or data.get("version") != FILE_VERSION:
@@ -142,7 +148,7 @@ class FenceRegistry:
                 raise ValueError("fences must be a list")
             fences = [Fence.from_dict(entry) for entry in entries]
         except (orjson.JSONDecodeError, ValueError, FenceError) as exc:
-            raise FenceFileError(f"{self.path} is malformed ({exc}); fix or remove it") from exc
+            raise FenceFileError(self.path, f"malformed ({exc})") from exc
         self._fences = {fence.worker: fence for fence in fences}
 
     @property
@@ -191,20 +197,7 @@ class FenceRegistry:
 
 
 def _replace_file(path: Path, data: bytes) -> None:
-    """Write-then-rename, so a crash leaves either the old file or the new one, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    """Write-then-rename, so a crash leaves either the old file or the new one, never a torn one; the
+    file is 0600 from its creation (wirelog.files), in a 0700 directory when this creates it."""
+    private_dir(path.parent)
+    write_private(path, data)

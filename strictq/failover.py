@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import os
 import random
-import secrets
 import signal
 import sys
 import time
@@ -43,6 +42,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from gateway.keys import new_secret
 from strictq.sdk import ClientConfig, Entry, Message, Producer, Worker
 from strictq.sdk.outbound import proxy_authorization, tagged_session
 
@@ -119,10 +119,10 @@ class Credentials:
 def write_keys(path: Path, workers: int) -> Credentials:
     """A key file (the gateway's TOML) with an admin, a producer, the proxy and `workers` workers."""
     creds = Credentials(
-        admin=secrets.token_urlsafe(24),
-        producer=secrets.token_urlsafe(24),
-        proxy=secrets.token_urlsafe(24),
-        workers={f"worker-{i}": secrets.token_urlsafe(24) for i in range(1, workers + 1)},
+        admin=new_secret(),
+        producer=new_secret(),
+        proxy=new_secret(),
+        workers={f"worker-{i}": new_secret() for i in range(1, workers + 1)},
     )
     entries = [("admin", creds.admin, "admin"), ("producer", creds.producer, "producer")]
     entries += [(wid, secret, "worker") for wid, secret in creds.workers.items()]
@@ -132,9 +132,10 @@ def write_keys(path: Path, workers: int) -> Credentials:
         f'tenant = "{TENANT}"\nprefixes = [""]\n\n'
         for cid, secret, role in entries
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    path.chmod(0o600)
+    from wirelog.files import private_dir, write_private
+
+    private_dir(path.parent)
+    write_private(path, text)  # 0600 from its creation, never chmod after the secrets are in
     return creds
 
 

@@ -32,6 +32,7 @@ from urllib.parse import unquote, unquote_plus
 import orjson
 
 from wirelog.errors import ConfigError
+from wirelog.files import StartupError, private_dir
 from wirelog.layout import fsync_dir
 from wirelog.record import HeaderPairs, Record, header_block, header_text, http_request, http_response
 
@@ -51,18 +52,14 @@ class Level(StrEnum):
     ON_FAILURE = "on-failure"
 
 
-DEFAULT_SECRET_HEADERS = frozenset(
-    {
-        "authorization",
-        "proxy-authorization",
-        "cookie",
-        "set-cookie",
-        "x-api-key",
-        "x-bv-api-key",
-        "x-amz-security-token",
-    }
-)  # X-Strictq-Lease is not a secret: it is how calls are matched to claims.
-DEFAULT_JSON_FIELDS = frozenset(
+def fold(name: str) -> str:
+    """How names are compared: case-insensitive, `-` and `_` alike (`X-Auth-Token` = `x_auth_token`)."""
+    return name.lower().replace("-", "_")
+
+
+# Names are compared folded (see `fold`); docs/wirelog.md lists them. Card numbers, CVVs, API keys, auth and
+# session tokens, and private keys: what a payment or identity call carries.
+_TOKEN_NAMES = frozenset(
     {
         "password",
         "passwd",
@@ -72,25 +69,45 @@ DEFAULT_JSON_FIELDS = frozenset(
         "access_token",
         "refresh_token",
         "id_token",
+        "auth_token",
+        "x_auth_token",
         "api_key",
         "apikey",
+        "x_api_key",
         "private_key",
         "authorization",
+        "session",
+        "sessionid",
+        "session_id",
+        "x_session_id",
     }
 )
-DEFAULT_QUERY_PARAMS = frozenset(
+_CARD_NAMES = frozenset(
+    {"card_number", "cardnumber", "pan", "cc_number", "ccnumber", "cvv", "cvc", "cvv2", "cvc2"}
+)
+DEFAULT_SECRET_HEADERS = frozenset(
     {
-        "access_token",
-        "api_key",
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "set-cookie",
+        "x-api-key",
+        "api-key",
         "apikey",
-        "token",
-        "password",
-        "client_secret",
-        "signature",
-        "sig",
-        "x-amz-signature",
+        "x-bv-api-key",
+        "x-auth-token",
+        "auth-token",
+        "x-access-token",
+        "x-session-id",
+        "session-id",
         "x-amz-security-token",
+        "x-csrf-token",
     }
+)  # X-Strictq-Lease is not a secret: it is how calls are matched to claims.
+DEFAULT_JSON_FIELDS = _TOKEN_NAMES | _CARD_NAMES
+# Query parameters and form fields (url-encoded and multipart) take these and the JSON field names.
+DEFAULT_QUERY_PARAMS = DEFAULT_JSON_FIELDS | frozenset(
+    {"signature", "sig", "x-amz-signature", "x-amz-security-token"}
 )
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 
@@ -212,11 +229,19 @@ def _level(value: object, where: str) -> Level:
 
 
 # --------------------------------------------------------------------------------------------- key
+class RedactionKeyError(ConfigError, StartupError):
+    """redaction.key cannot be read, created, or is not a key: a start-up fault naming the file."""
+
+    def __init__(self, path: Path, problem: str, action: str) -> None:
+        StartupError.__init__(self, path, problem, action)
+
+
 def load_or_create_key(data_dir: Path | str) -> bytes:
     """The deployment's redaction key (`<data_dir>/redaction.key`), created 0600 on first use.
 
     Creation is atomic (written aside, fsynced, then hard-linked into place), so two processes
     starting together (gateway and proxy) agree on one key and a crash never leaves an empty key.
+    A damaged key is refused, never replaced: records tokenized with the old key would no longer match.
     """
     directory = Path(data_dir)
     path = directory / KEY_FILE
@@ -224,7 +249,7 @@ def load_or_create_key(data_dir: Path | str) -> bytes:
         key = path.read_bytes()
     except FileNotFoundError:
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            private_dir(directory)
             tmp = directory / f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
@@ -241,11 +266,22 @@ def load_or_create_key(data_dir: Path | str) -> bytes:
             fsync_dir(directory)
             key = path.read_bytes()
         except OSError as exc:
-            raise ConfigError(f"cannot create redaction key {path}: {exc}") from exc
+            raise RedactionKeyError(
+                path,
+                f"cannot create the redaction key ({exc.strerror or exc})",
+                "make its directory writable by this user",
+            ) from exc
     except OSError as exc:
-        raise ConfigError(f"cannot read redaction key {path}: {exc}") from exc
+        raise RedactionKeyError(
+            path, f"cannot read the redaction key ({exc.strerror or exc})", "make it readable by this user"
+        ) from exc
     if len(key) != KEY_BYTES:
-        raise ConfigError(f"{path}: a redaction key is {KEY_BYTES} bytes, this file has {len(key)}")
+        raise RedactionKeyError(
+            path,
+            f"a redaction key is {KEY_BYTES} bytes, this file has {len(key)}",
+            "restore it from a backup (a new key would tokenize secrets differently from the records "
+            "already written), or remove it to start with a new key",
+        )
     mode = path.stat().st_mode & 0o777
     if mode & 0o077:
         log.warning("wirelog: %s is readable by others (mode %o); it should be 0600", path, mode)
@@ -254,7 +290,9 @@ def load_or_create_key(data_dir: Path | str) -> bytes:
 
 # ---------------------------------------------------------------------------------------- redactor
 _JSON_TYPES = ("application/json", "text/json")
-_AUTH_HEADERS = frozenset({"authorization", "proxy-authorization"})
+_AUTH_HEADERS = frozenset({"authorization", "proxy_authorization"})  # folded
+_BOUNDARY = re.compile(r'boundary=(?:"([^"]+)"|([^;\s]+))', re.IGNORECASE)
+_DISPOSITION_NAME = re.compile(rb'(?im)^content-disposition:[^\r\n]*?\bname="([^"]*)"')
 _AUTH_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9._~+-]*) +(\S.*)$", re.DOTALL)
 
 
@@ -266,14 +304,16 @@ class Redactor:
             raise ConfigError("the redaction key must be at least 16 bytes")
         self.config = config
         self._key = bytes(key)
-        self._secret_headers = frozenset(name.lower() for name in config.secret_headers)
-        self._json_fields = frozenset(name.lower() for name in config.json_fields)
-        self._query_params = frozenset(name.lower() for name in config.query_params)
+        self._secret_headers = frozenset(fold(name) for name in config.secret_headers)
+        self._json_fields = frozenset(fold(name) for name in config.json_fields)
+        self._query_params = frozenset(fold(name) for name in config.query_params)
         self._form_fields = self._json_fields | self._query_params
-        self._needles = tuple(sorted({name.encode() for name in self._json_fields}))
+        # Both spellings of each folded name, for the byte-level pre-check and the textual fallback.
+        spellings = {v for name in self._json_fields for v in (name, name.replace("_", "-"))}
+        self._needles = tuple(sorted(name.encode() for name in spellings))
         self._scrub_re: re.Pattern[bytes] | None = None
         if self._json_fields:
-            names = b"|".join(re.escape(name.encode()) for name in sorted(self._json_fields))
+            names = b"|".join(re.escape(name.encode()) for name in sorted(spellings))
             self._scrub_re = re.compile(
                 rb'("(?:' + names + rb')"\s*:\s*)("(?:[^"\\]|\\.)*"?|[^,}\]\s]*)', re.IGNORECASE
             )
@@ -290,9 +330,9 @@ class Redactor:
         for raw_name, raw_value in pairs:
             name = header_text(raw_name)
             value = header_text(raw_value)
-            lower = name.lower()
-            if lower in self._secret_headers:
-                value = self._secret_header(lower, value)
+            folded = fold(name)
+            if folded in self._secret_headers:
+                value = self._secret_header(folded, value)
             out.append([name, value])
         return out
 
@@ -303,7 +343,7 @@ class Redactor:
                 return f"{match.group(1)} {self.token(match.group(2))}"
         elif lower == "cookie":  # keep cookie names, hide every value
             return "; ".join(self._cookie_pair(part.strip()) for part in value.split(";") if part.strip())
-        elif lower == "set-cookie":  # hide the value, keep the attributes (Path, Expires, ...)
+        elif lower == "set_cookie":  # hide the value, keep the attributes (Path, Expires, ...)
             first, sep, attributes = value.partition(";")
             return self._cookie_pair(first.strip()) + sep + attributes
         return self.token(value)
@@ -337,7 +377,7 @@ class Redactor:
         changed = False
         for index, part in enumerate(parts):
             name, sep, value = part.partition("=")
-            if sep and value and unquote_plus(name).lower() in secret and not _is_token(value):
+            if sep and value and fold(unquote_plus(name)) in secret and not _is_token(value):
                 parts[index] = f"{name}={self.token(unquote_plus(value))}"
                 changed = True
         return "&".join(parts) if changed else query
@@ -355,6 +395,8 @@ class Redactor:
             text = data.decode("utf-8", "surrogateescape")
             redacted = self.query(text, names=self._form_fields)
             return data if redacted is text else redacted.encode("utf-8", "surrogateescape")
+        if media == "multipart/form-data":
+            return self._multipart(content_type or "", data)
         is_json = media in _JSON_TYPES or media.endswith("+json")
         if not is_json and not (media in ("", "text/plain") and data.lstrip()[:1] in (b"{", b"[")):
             return data
@@ -384,7 +426,7 @@ class Redactor:
             changed = False
             out: dict[str, Any] = {}
             for key, item in node.items():
-                if isinstance(key, str) and key.lower() in self._json_fields:
+                if isinstance(key, str) and fold(key) in self._json_fields:
                     if isinstance(item, str) and _is_token(item):
                         out[key] = item
                     else:
@@ -400,6 +442,31 @@ class Redactor:
                 return [item for item, _ in items], True
             return node, False
         return node, False
+
+    def _multipart(self, content_type: str, data: bytes) -> bytes:
+        """multipart/form-data with the content of each secret field (by its `name`) tokenized; parts are
+        split on the boundary by hand because the stdlib's parsers do not give the bytes back unchanged."""
+        match = _BOUNDARY.search(content_type)
+        if match is None or not self._form_fields:
+            return data
+        delimiter = b"--" + (match.group(1) or match.group(2)).encode("latin-1", "replace")
+        pieces = data.split(delimiter)
+        changed = False
+        for index in range(1, len(pieces)):  # pieces[0] is the preamble; a piece starting "--" ends it
+            piece = pieces[index]
+            head_end = piece.find(b"\r\n\r\n")
+            if piece.startswith(b"--") or head_end < 0:
+                continue
+            name = _DISPOSITION_NAME.search(piece[:head_end])
+            if name is None or fold(name.group(1).decode("utf-8", "replace")) not in self._form_fields:
+                continue
+            content = piece[head_end + 4 :]
+            trailer = b"\r\n" if content.endswith(b"\r\n") else b""
+            value = content[: len(content) - len(trailer)]
+            if value and not _is_token(value.decode("utf-8", "replace")):
+                pieces[index] = piece[: head_end + 4] + self.token(value).encode() + trailer
+                changed = True
+        return delimiter.join(pieces) if changed else data
 
     def _scrub(self, data: bytes) -> bytes:
         """Textual fallback for JSON that does not parse (truncated, invalid): replace `"name": value`."""

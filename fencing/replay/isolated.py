@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import secrets
 import shlex
 import signal
 import tempfile
@@ -155,25 +154,26 @@ class IsolatedRun:
 
         from gateway.app import make_gateway_app
         from gateway.deliveries import DeliveryLog
-        from gateway.keys import Credential, KeyRing
+        from gateway.keys import Credential, KeyRing, new_secret
         from gateway.tls import ensure_local_certificates, server_context
         from queue_core.control import ControlHub
         from queue_core.service import QueueService
+        from wirelog.files import write_private
 
         tenant = self._tenant
         credentials = [
-            Credential(f"replay-{role}", secrets.token_urlsafe(24), role, tenant)  # type: ignore[arg-type]
+            Credential(f"replay-{role}", new_secret(), role, tenant)  # type: ignore[arg-type]
             for role in ("admin", "producer", "worker", "proxy")
         ]
         keys_path = tmp / "keys.toml"
-        keys_path.write_text(
+        write_private(  # 0600 from its creation, never chmod after the secrets are in
+            keys_path,
             "".join(
                 f'[[credential]]\nid = "{c.id}"\nsecret = "{c.secret}"\nrole = "{c.role}"\n'
                 f'tenant = "{c.tenant}"\nprefixes = [""]\n\n'
                 for c in credentials
-            )
+            ),
         )
-        keys_path.chmod(0o600)
         tls = ensure_local_certificates(tmp / "tls")
         assert tls.ca is not None
         service = QueueService(tmp / "queue", partitions=8)
