@@ -68,6 +68,13 @@ def register(commands: Any) -> None:
         "--control-ca", type=Path, metavar="PATH", help="CA (PEM) to verify the control URL's certificate"
     )
     proxy.add_argument(
+        "--control-key-id",
+        metavar="ID",
+        help="key-file credential (role proxy, admin or operator) the control stream is read with; its "
+        "tenant is the only one whose workers the proxy serves (others get 407), an operator's serves "
+        "every tenant (default: the key file's first proxy credential)",
+    )
+    proxy.add_argument(
         "--wirelog", type=Path, metavar="DIR", help="wire-log directory (default: <data-dir>/wirelog)"
     )
     proxy.add_argument(
@@ -170,7 +177,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     if args.port and args.port + args.processes - 1 > 65535:
         print("strictq: --port + --processes goes beyond 65535", file=sys.stderr)
         return 2
-    if not NAME_RE.match(args.name):
+    if not NAME_RE.fullmatch(args.name):
         print(
             "strictq: --name must be 1-56 letters, digits, '_' or '-' (it names wire-log files)",
             file=sys.stderr,
@@ -197,6 +204,13 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     if args.control and not args.control.startswith(("http://", "https://")):
         print("strictq: --control must be an http(s) URL", file=sys.stderr)
         return 2
+    if args.control_key_id is not None and not args.control:
+        print("strictq: --control-key-id needs --control", file=sys.stderr)
+        return 2
+    problem = _check_files(args)
+    if problem:
+        print(f"strictq: {problem}", file=sys.stderr)
+        return 2
     command = ProxyCommand(
         host=args.host,
         port=args.port,
@@ -204,6 +218,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         keys=args.keys,
         control=args.control,
         control_ca=args.control_ca,
+        control_key_id=args.control_key_id,
         wirelog=args.wirelog,
         redaction=args.redaction,
         redaction_key_dir=args.redaction_key_dir,
@@ -218,6 +233,26 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         replay_mask=args.replay_mask,
     )
     return run(command)
+
+
+def _check_files(args: argparse.Namespace) -> str | None:
+    """Start-up faults of the files, as one line naming the file (None: fine). The data dir is created
+    0700 here, before the CA and the redaction key are written into it."""
+    from gateway.keys import KeyFileError, KeyRing
+    from wirelog.files import StartupError, check_writable, private_dir
+
+    try:
+        KeyRing.load(args.keys)
+    except KeyFileError as exc:
+        return f"{args.keys}: {exc}; fix it (schema in the README) or give another --keys"
+    try:
+        private_dir(args.data_dir)
+        check_writable(args.data_dir)
+    except StartupError as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"{args.data_dir}: cannot create it ({exc.strerror or exc}); choose another --data-dir"
+    return None
 
 
 def cmd_proxy_ca(args: argparse.Namespace) -> int:

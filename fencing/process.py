@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fencing.ca import ensure_ca, write_upstream_trust
+from wirelog import logsafe
 
 if TYPE_CHECKING:
     from fencing.master import ProxySettings
@@ -62,6 +63,7 @@ class ProxyCommand:
     wirelog_fsync: str
     replay_from: Path | None = None  # replay mode: answer every call from these recordings
     replay_mask: Path | None = None
+    control_key_id: str | None = None  # the control stream's credential (default: first proxy one)
 
     def replay_options(self) -> dict[str, object]:
         """The fence addon's replay options (fencing.addons.fence), or none."""
@@ -75,7 +77,7 @@ class ProxyCommand:
 
 
 def configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logsafe.install()  # control characters escaped, malformed requests one WARNING line (issue 11)
     # mitmproxy logs every client connect/disconnect at INFO: too much for a busy egress proxy.
     logging.getLogger("mitmproxy").setLevel(logging.WARNING)
 
@@ -105,6 +107,7 @@ def run(command: ProxyCommand) -> int:
         upstream_trust=trust,
         control=command.control,
         control_ca=command.control_ca,
+        control_key_id=command.control_key_id,
         admin_host=command.admin_host,
         admin_port=command.admin_port,
         keep_tags=command.keep_tags,
@@ -175,6 +178,8 @@ def child_argv(command: ProxyCommand, index: int) -> list[str]:
         argv += ["--control", command.control]
     if command.control_ca:
         argv += ["--control-ca", str(command.control_ca)]
+    if command.control_key_id:
+        argv += ["--control-key-id", command.control_key_id]
     if command.wirelog:
         argv += ["--wirelog", str(command.wirelog)]
     if command.redaction:

@@ -13,6 +13,7 @@ import asyncio
 import gc
 import logging
 import signal
+import ssl
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +25,22 @@ from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
 from queue_core.fences import FenceRegistry
+from queue_core.http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
 from queue_core.machine.health import HealthSettings
 from queue_core.remote import RemoteQueueService
 from queue_core.service import QueueService
+from queue_core.startup import (
+    check_state_files,
+    check_store,
+    listen_fault,
+    load_keys,
+    prepare_data_dir,
+    start_service,
+    warn_loose_modes,
+)
+from wirelog import logsafe
+from wirelog.files import file_faults, write_private
+from wirelog.redaction import load_or_create_key
 
 from .app import make_gateway_app
 from .deliveries import DeliveryLog
@@ -53,6 +67,8 @@ class ServeOptions:
     index: Path | None = None  # wire-log index for GET /admin/v1/search; default <data-dir>/index
     # Failure management (docs/failure-management.md §3) with the core in-process; None: off.
     health: HealthSettings | None = None
+    init: bool = False  # start with an empty store although the data dir shows an earlier one
+    limits: ConnectionLimits = DEFAULT_LIMITS  # head timeout, keep-alive (queue_core.http_guard)
 
 
 def client_env(
@@ -90,26 +106,46 @@ def _first(keys: KeyRing, role: str) -> Credential | None:
     return next((c for c in keys.credentials if c.role == role), None)
 
 
+def prepare(options: ServeOptions) -> tuple[KeyRing, Path, TlsFiles | None, ssl.SSLContext | None]:
+    """Every start-up fault the files can cause, found before anything opens or listens, each a
+    StartupError naming its file (wirelog.files): the data dir (0700, writable), the key file, a missing or
+    empty store (refused unless --init), fences.json, suspended.json, redaction.key, the TLS files. Then
+    the files a first start creates, each with its final mode."""
+    data_dir = options.data_dir
+    prepare_data_dir(data_dir)
+    keys_path = options.keys or data_dir / "keys.toml"
+    keys = load_keys(keys_path) if options.keys is not None or keys_path.exists() else None
+    if options.queue_server is None:
+        check_store(data_dir, data_dir / "queue", options.init)
+        check_state_files(data_dir, options.health is not None)
+    tls: TlsFiles | None = None
+    context: ssl.SSLContext | None = None
+    if not options.insecure_http and options.tls_cert is not None and options.tls_key is not None:
+        tls = TlsFiles(options.tls_cert, options.tls_key, None)
+        context = server_context(tls, options.client_ca)  # the operator's files: checked before any write
+    with file_faults(data_dir):
+        load_or_create_key(data_dir)  # the delivery log's and the proxy's: a damaged one is refused here
+        if keys is None:
+            keys = write_development_keys(keys_path)
+            log.info("wrote development credentials to %s", keys_path)
+        if not options.insecure_http and tls is None:
+            tls = ensure_local_certificates(data_dir / "tls")
+    if tls is not None and context is None:
+        context = server_context(tls, options.client_ca)
+    warn_loose_modes(data_dir)
+    return keys, keys_path, tls, context
+
+
 async def serve(options: ServeOptions) -> None:
     data_dir = options.data_dir
-    keys_path = options.keys or data_dir / "keys.toml"
-    if options.keys is None and not keys_path.exists():
-        keys = write_development_keys(keys_path)
-        log.info("wrote development credentials to %s", keys_path)
-    else:
-        keys = KeyRing.load(keys_path)
-    tls: TlsFiles | None = None
-    if not options.insecure_http:
-        if options.tls_cert is not None and options.tls_key is not None:
-            tls = TlsFiles(options.tls_cert, options.tls_key, None)
-        else:
-            tls = ensure_local_certificates(data_dir / "tls")
+    keys, keys_path, tls, context = prepare(options)
     service: QueueBackend
     if options.queue_server is None:
         service = QueueService(data_dir / "queue", partitions=options.partitions)
+        await start_service(service, data_dir)
     else:
         service = RemoteQueueService(options.queue_server, partitions=options.partitions)
-    await service.start()
+        await service.start()
     gc.freeze()  # see queue_core.server: the restored backlog stays out of collections
     gc.set_threshold(50_000, 20, 100)
     # With the core in-process, this process serves the control stream and fences (<data-dir>/fences.json).
@@ -130,14 +166,21 @@ async def serve(options: ServeOptions) -> None:
             index=options.index or data_dir / "index",
             deliveries=deliveries,
             failures=failures,
+            receipt_key=data_dir / "receipt.key",  # SQS receipt handles stay valid across restarts
         ),
         access_log=None,
         handle_signals=False,
+        **options.limits.handler_args(),
     )
     await runner.setup()
-    context = server_context(tls, options.client_ca) if tls is not None else None
-    site = web.TCPSite(runner, options.host, options.port, ssl_context=context, reuse_address=True)
-    await site.start()
+    # A head (and TLS handshake) timeout per connection, memory back after slow readers.
+    site = GuardedSite(
+        runner, options.host, options.port, limits=options.limits, ssl_context=context, reuse_address=True
+    )
+    try:
+        await site.start()
+    except OSError as exc:
+        raise listen_fault(options.host, options.port, exc) from None
     host, port = runner.addresses[0][:2]
     scheme = "https" if context is not None else "http"
     url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
@@ -152,7 +195,7 @@ async def serve(options: ServeOptions) -> None:
     print(f"strictq: keys {keys_path.resolve()}", flush=True)
     proxy = None
     if options.proxy:  # after the gateway listens: the proxy follows its control stream
-        proxy = await _start_proxy(options, url, tls, keys_path, stop)
+        proxy = await _start_proxy(options, url, tls, keys_path, keys, stop)
         if proxy is None:
             await _shutdown(service, runner, None, deliveries)
             if stop.is_set():  # SIGTERM during start-up: a clean stop
@@ -162,8 +205,7 @@ async def serve(options: ServeOptions) -> None:
         print(f"strictq: proxy ca {proxy.ca}", flush=True)
     env_path = data_dir / "client.env"
     proxy_env = (proxy.url, proxy.ca) if proxy is not None else (None, None)
-    env_path.write_text(client_env(url, tls.ca if tls else None, keys, *proxy_env))
-    env_path.chmod(0o600)
+    write_private(env_path, client_env(url, tls.ca if tls else None, keys, *proxy_env))  # 0600 at creation
     print(f"strictq: client env {env_path.resolve()}", flush=True)
     cacert = f"--cacert {tls.ca.resolve()} " if tls is not None and tls.ca is not None else ""
     print(
@@ -189,8 +231,28 @@ async def _shutdown(
     await service.close()
 
 
+def proxy_control_args(keys: KeyRing) -> list[str]:
+    """The embedded proxy reads the control stream as the key file's first `operator` when the file has
+    several tenants (a tenant's proxy key sees only its tenant's fences, so it serves only that tenant's
+    workers); otherwise as the first `proxy` credential, the proxy's default."""
+    tenants = {c.tenant for c in keys.credentials if c.role != "operator"}
+    operator = _first(keys, "operator")
+    if len(tenants) > 1:
+        if operator is not None:
+            return ["--control-key-id", operator.id]
+        proxy = _first(keys, "proxy")
+        served = proxy.tenant if proxy is not None else "none"
+        print(
+            f"strictq: the egress proxy serves tenant {served} only: add an operator credential to the key "
+            "file for one proxy that serves every tenant (docs/security.md)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return []
+
+
 async def _start_proxy(
-    options: ServeOptions, url: str, tls: TlsFiles | None, keys_path: Path, stop: asyncio.Event
+    options: ServeOptions, url: str, tls: TlsFiles | None, keys_path: Path, keys: KeyRing, stop: asyncio.Event
 ) -> ProxyChild | None:
     """`strictq proxy` as a child: same key file, our control stream (the queue server's with
     --queue-server) and CA, wire log and redaction key in our data directory."""
@@ -207,6 +269,7 @@ async def _start_proxy(
             wirelog=options.data_dir / "wirelog",
             redaction_key_dir=options.data_dir,
             stop=stop,
+            extra_args=proxy_control_args(keys),
         )
     except ProxyStartError as exc:
         if not stop.is_set():
@@ -215,7 +278,7 @@ async def _start_proxy(
 
 
 def run(options: ServeOptions) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logsafe.install()  # control characters escaped, malformed requests one WARNING line (issue 11)
     import uvloop
 
     uvloop.run(serve(options))

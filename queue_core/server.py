@@ -21,11 +21,14 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.keys import KeyRing, write_development_keys
+from gateway.keys import write_development_keys
+from wirelog import logsafe
 
 from .admin_http import add_admin_routes
 from .control import ControlHub
 from .failures import FailureManager
+from .http_errors import json_http_errors
+from .http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
 from .machine import (
     AckOutcome,
     AlreadyExists,
@@ -43,9 +46,19 @@ from .machine import (
     parse_receipt,
 )
 from .machine.health import HealthSettings
+from .machine.text import DECIMAL_RE, INTEGER_RE, check_json, check_name
 from .results import outcome_json, parse_results
 from .service import QueueService, Received
-from .store import StoreError
+from .startup import (
+    check_state_files,
+    check_store,
+    listen_fault,
+    load_keys,
+    prepare_data_dir,
+    start_service,
+    warn_loose_modes,
+)
+from .store import StoreDataError, StoreError
 
 log = logging.getLogger("strictq.server")
 MAX_REQUEST_BYTES = 8 * 1024 * 1024  # ten 1 MiB messages in JSON, with room for escaping
@@ -102,28 +115,48 @@ def json_response(data: Any, status: int = 200) -> web.Response:
 def error_response(exc: BaseException) -> web.Response:
     if isinstance(exc, QueueError):
         return json_response({"error": exc.to_dict()}, status_of(type(exc)))
+    if isinstance(exc, StoreDataError):  # one request's data; the store is fine (queue_core.durability)
+        log.error("the store refused a request's data: %s", exc)
+        return json_response(error_body("store_refused", "the store refused this request's data"), 500)
     if isinstance(exc, StoreError):
         return json_response(error_body("store_unavailable", str(exc)), 503)
     if isinstance(exc, web.HTTPException):
         code = {413: "request_too_large", 404: "no_such_route", 405: "method_not_allowed"}.get(
             exc.status, "http_error"
         )
-        return json_response(error_body(code, exc.reason or "error"), exc.status)
+        response = json_response(error_body(code, exc.reason or "error"), exc.status)
+        if isinstance(exc, web.HTTPMethodNotAllowed):
+            response.headers["Allow"] = ",".join(sorted(exc.allowed_methods))
+        return response
     log.exception("unexpected error", exc_info=exc)
     return json_response(error_body("internal", "internal error; see the server log"), 500)
 
 
 @web.middleware
 async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error of the handlers as JSON; aiohttp's own (404, 405, 413) go on to `json_http_errors`."""
     try:
+        check_request(request)
         return await handler(request)
-    except (QueueError, StoreError, web.HTTPException) as exc:
-        return error_response(exc)
+    except web.HTTPException:
+        raise
     except Exception as exc:
         return error_response(exc)
 
 
 # ------------------------------------------------------------------------------------ input parsing
+def check_request(request: web.Request) -> None:
+    """This API's one check of client text outside JSON bodies: query parameters and path segments must
+    be valid Unicode without control characters (400 naming the parameter). JSON bodies are parsed by
+    orjson, which refuses lone surrogates (400 below); their names, ids and other text fields are checked
+    with the same checker (machine.text) where they are read, and again by the core."""
+    for name, value in request.query.items():
+        check_name(name, "query")
+        check_name(value, name)
+    for name, value in request.match_info.items():
+        check_name(value, name)
+
+
 async def read_json(request: web.Request) -> Any:
     raw = await request.read()
     if not raw:
@@ -145,11 +178,10 @@ def number(data: dict[str, Any], name: str, default: float | None) -> float | No
     value = data.get(name, default)
     if value is None:
         return None
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise InvalidArgument(f"{name} must be a number", field=name) from None
+    if isinstance(value, str):  # plain ASCII decimals only: not '٣', '1_0', ' 5', 'nan' or 'inf'
+        if not DECIMAL_RE.fullmatch(value):
+            raise InvalidArgument(f"{name} must be a number in plain digits", field=name)
+        value = float(value)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise InvalidArgument(f"{name} must be a finite number", field=name)
     return float(value)
@@ -157,7 +189,7 @@ def number(data: dict[str, Any], name: str, default: float | None) -> float | No
 
 def integer(data: dict[str, Any] | Any, name: str, default: int) -> int:
     value = data.get(name, default)
-    if isinstance(value, str) and value.lstrip("-").isdigit():
+    if isinstance(value, str) and INTEGER_RE.fullmatch(value):  # plain ASCII digits only
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f"{name} must be an integer", field=name)
@@ -188,6 +220,8 @@ def send_request(entry: Any) -> SendRequest:
     for name in ("group", "dedup_id", "id", "content_type"):
         if name in entry and entry[name] is not None and not isinstance(entry[name], str):
             raise InvalidArgument(f"{name} must be a string", field=name)
+        check_name(entry.get(name), name)
+    check_json(attributes, "attributes")
     return SendRequest(
         body=body,
         group=entry.get("group"),
@@ -216,7 +250,7 @@ def claim_items(data: dict[str, Any]) -> list[tuple[str, int | None]]:
                 or not (entry[1] is None or (isinstance(entry[1], int) and not isinstance(entry[1], bool)))
             ):
                 raise InvalidArgument("each item must be [id, token or null]", field="items")
-            items.append((entry[0], entry[1]))
+            items.append((check_name(entry[0], "items"), entry[1]))
     elif "receipts" in data:
         receipts = data["receipts"]
         if not isinstance(receipts, list) or not receipts:
@@ -226,6 +260,8 @@ def claim_items(data: dict[str, Any]) -> list[tuple[str, int | None]]:
         ids = data["ids"]
         if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
             raise InvalidArgument("ids must be a non-empty list of strings", field="ids")
+        for message_id in ids:
+            check_name(message_id, "ids")
         token = data.get("token")
         if token is not None and (isinstance(token, bool) or not isinstance(token, int)):
             raise InvalidArgument("token must be an integer", field="token")
@@ -392,6 +428,7 @@ async def receive(request: web.Request) -> web.Response:
     worker = data.get("worker", "")
     if not isinstance(worker, str) or len(worker) > 128:
         raise InvalidArgument("worker must be a string of at most 128 characters", field="worker")
+    check_name(worker, "worker")
     received = await service_of(request).receive(
         request.match_info["queue"],
         limit=integer(data, "limit", 10),
@@ -403,19 +440,34 @@ async def receive(request: web.Request) -> web.Response:
     return json_response({"messages": [received_json(r) for r in received]})
 
 
+def holder_of(data: dict[str, Any]) -> str | None:
+    """`holder`: the worker on whose behalf a gateway ends or extends claims; the core then refuses claims
+    that went to another worker. Absent: an operator's call (this internal API is for trusted callers:
+    the gateway, which authenticates workers, and tools)."""
+    holder = data.get("holder")
+    if holder is not None and (not isinstance(holder, str) or not 0 < len(holder) <= 128):
+        raise InvalidArgument("holder must be a string of 1-128 characters", field="holder")
+    return holder
+
+
 async def ack(request: web.Request) -> web.Response:
-    items = claim_items(await read_object(request))
-    return outcomes_response(await service_of(request).ack(request.match_info["queue"], items))
+    data = await read_object(request)
+    items = claim_items(data)
+    outcomes = await service_of(request).ack(request.match_info["queue"], items, holder_of(data))
+    return outcomes_response(outcomes)
 
 
 async def results(request: web.Request) -> web.Response:
-    """Attempt results (docs/failure-management.md §1); always 200 with per-item statuses."""
+    """Attempt results (docs/failure-management.md §1); always 200 with per-item statuses. Every result
+    needs its claim's token (400 naming `token` otherwise)."""
     data = await read_object(request)
     worker = data.get("worker", "")
     if not isinstance(worker, str) or len(worker) > 128:
         raise InvalidArgument("worker must be a string of at most 128 characters", field="worker")
+    check_name(worker, "worker")
+    holder = holder_of(data)
     parsed = parse_results(data)
-    outcomes = await service_of(request).report(request.match_info["queue"], worker, parsed)
+    outcomes = await service_of(request).report(request.match_info["queue"], worker, parsed, holder)
     return json_response({"results": [outcome_json(o) for o in outcomes]})
 
 
@@ -427,13 +479,15 @@ async def renew(request: web.Request) -> web.Response:
     mode = data.get("mode", "extend")
     if mode not in ("extend", "set"):
         raise InvalidArgument("mode must be 'extend' or 'set'", field="mode")
-    outcomes = await service_of(request).renew(request.match_info["queue"], items, ttl, mode)
+    outcomes = await service_of(request).renew(request.match_info["queue"], items, ttl, mode, holder_of(data))
     return outcomes_response(outcomes)
 
 
 async def release(request: web.Request) -> web.Response:
-    items = claim_items(await read_object(request))
-    return outcomes_response(await service_of(request).release(request.match_info["queue"], items))
+    data = await read_object(request)
+    items = claim_items(data)
+    outcomes = await service_of(request).release(request.match_info["queue"], items, holder_of(data))
+    return outcomes_response(outcomes)
 
 
 async def unclaim_all(request: web.Request) -> web.Response:
@@ -488,7 +542,7 @@ async def cancel_move(request: web.Request) -> web.Response:
 
 
 def make_app(service: QueueService) -> web.Application:
-    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[errors_as_json])
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[json_http_errors, errors_as_json])
     app[SERVICE_KEY] = service
     q = "/v1/queues/{queue}"
     app.add_routes(
@@ -528,13 +582,23 @@ async def serve(
     partitions: int,
     keys: Path | None = None,
     health: HealthSettings | None = None,
+    init: bool = False,
+    limits: ConnectionLimits = DEFAULT_LIMITS,
 ) -> None:
+    # Start-up faults first, each a StartupError naming its file (queue_core.startup): the data dir
+    # (0700, writable), the key file, a missing or empty store (refused unless `init`), fences.json.
+    prepare_data_dir(data_dir)
     # The admin routes (control stream, fences) authenticate with the key file; a missing default one is
     # created with development credentials, as `strictq serve` does.
     keys_path = keys or data_dir / "keys.toml"
-    key_ring = KeyRing.load(keys_path) if keys or keys_path.exists() else write_development_keys(keys_path)
+    key_ring = load_keys(keys_path) if keys or keys_path.exists() else None
+    check_store(data_dir, data_dir, init)
+    check_state_files(data_dir, health is not None)
+    warn_loose_modes(data_dir)
+    if key_ring is None:
+        key_ring = write_development_keys(keys_path)
     service = QueueService(data_dir, partitions=partitions)
-    await service.start()
+    await start_service(service, data_dir)
     # The restored backlog lives as long as the process: keep it out of every future collection, and
     # collect young objects less often (requests allocate many short-lived ones; queue records form few
     # cycles). Measured: the collector took ~7% of the loop under load with the defaults.
@@ -546,11 +610,16 @@ async def serve(
     failures = (
         FailureManager(service, hub, health, wirelog=data_dir / "wirelog") if health is not None else None
     )
-    add_admin_routes(app, hub, key_ring, failures)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # Its internal API has no tenants: untenanted queues and workers are every admin's (queue_core.scope).
+    add_admin_routes(app, hub, key_ring, failures, untenanted=True)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, **limits.handler_args())
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
-    await site.start()
+    # A head timeout per connection, memory back after slow readers (queue_core.http_guard).
+    site = GuardedSite(runner, host, port, limits=limits, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as exc:
+        raise listen_fault(host, port, exc) from None
     # Handlers first: a SIGTERM right after the `listening` line must still stop cleanly.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -585,11 +654,13 @@ def run(
     partitions: int,
     keys: Path | None = None,
     health: HealthSettings | None = None,
+    init: bool = False,
+    limits: ConnectionLimits = DEFAULT_LIMITS,
 ) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logsafe.install()  # control characters escaped, malformed requests one WARNING line (issue 11)
     try:
         import uvloop
 
-        uvloop.run(serve(host, port, data_dir, partitions, keys, health))
+        uvloop.run(serve(host, port, data_dir, partitions, keys, health, init, limits))
     except ImportError:  # uvloop is pinned, but the server still runs on plain asyncio without it
-        asyncio.run(serve(host, port, data_dir, partitions, keys, health))
+        asyncio.run(serve(host, port, data_dir, partitions, keys, health, init, limits))

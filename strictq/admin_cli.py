@@ -203,6 +203,9 @@ def _print_table(fences: Sequence[dict[str, Any]]) -> None:
                 str(fence.get("reason", "")),
             )
         )
+    from wirelog.logsafe import escape_controls  # reasons are client text: no terminal escapes
+
+    rows = [tuple(escape_controls(cell) for cell in row) for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[4])

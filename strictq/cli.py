@@ -15,6 +15,11 @@ from .admin_cli import register as register_admin_commands
 from .health_cli import add_settings_arguments as add_health_arguments
 from .health_cli import register as register_health_commands
 
+INIT_HELP = (
+    "start with an empty store although the data dir shows an earlier one (a marker, development keys, "
+    "fences, wire-log segments) whose store file is missing or empty; without it such a start is refused, "
+    "as its messages would be gone. A new data dir needs no --init"
+)
 CLIENT_ENV_HELP = (
     "Client commands read STRICTQ_URL (default http://127.0.0.1:8470), STRICTQ_CA_FILE, STRICTQ_API_KEY "
     "and STRICTQ_WORKER_ID from the environment."
@@ -70,7 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="credential file for the admin routes (control stream, fences; default: <data-dir>/keys.toml, "
         "created with development keys)",
     )
+    server.add_argument("--init", action="store_true", help=INIT_HELP)
     add_health_arguments(server)
+    add_connection_arguments(server)
     server.set_defaults(handler=cmd_queue_server)
 
     serve = commands.add_parser(
@@ -130,7 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="egress proxy port (default: 8480, or a free one with --port 0); its admin port is this + 10",
     )
+    serve.add_argument("--init", action="store_true", help=INIT_HELP)
     add_health_arguments(serve)
+    add_connection_arguments(serve)
     serve.set_defaults(handler=cmd_serve)
 
     send = commands.add_parser(
@@ -221,9 +230,43 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ------------------------------------------------------------------------------------------ server
-def cmd_queue_server(args: argparse.Namespace) -> int:
+def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=20.0,
+        metavar="SECONDS",
+        help="close a connection whose request head (or TLS handshake) is not complete within this time "
+        "(default: %(default)s)",
+    )
+
+
+def _connection_limits(args: argparse.Namespace) -> Any:
+    """queue_core.http_guard.ConnectionLimits from the flags, or None (after a message) if they are bad."""
+    from queue_core.http_guard import ConnectionLimits
+
+    if not 0 < args.header_timeout <= 3600:
+        print("strictq: --header-timeout must be more than 0 and at most 3600 seconds", file=sys.stderr)
+        return None
+    return ConnectionLimits(header_timeout=args.header_timeout)
+
+
+def run_server(start: Callable[[], None]) -> int:
+    """Run a server; the one place start-up faults are rendered: one line on stderr naming the file and
+    what to do, exit code 2, no traceback (wirelog.files.StartupError; the key file's KeyFileError)."""
     from gateway.keys import KeyFileError
-    from queue_core.fences import FenceFileError
+    from wirelog.files import StartupError
+
+    try:
+        start()
+    except (StartupError, KeyFileError) as exc:
+        message = str(exc).replace("\r", " ").replace("\n", " ")  # one line, whatever it quotes
+        print(f"strictq: {message}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+def cmd_queue_server(args: argparse.Namespace) -> int:
     from queue_core.server import run
 
     if not 0 <= args.port <= 65535:
@@ -233,18 +276,17 @@ def cmd_queue_server(args: argparse.Namespace) -> int:
         print("strictq: --partitions must be 1-65536", file=sys.stderr)
         return 2
     health = _health_settings(args)
-    if health is False:
+    limits = _connection_limits(args)
+    if health is False or limits is None:
         return 2
-    try:
-        run(args.host, args.port, args.data_dir, args.partitions, args.keys, health)
-    except (KeyFileError, FenceFileError) as exc:
-        print(f"strictq: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run_server(
+        lambda: run(
+            args.host, args.port, args.data_dir, args.partitions, args.keys, health, args.init, limits
+        )
+    )
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from gateway.keys import KeyFileError
     from gateway.serve import ServeOptions, run
 
     if not 0 <= args.port <= 65535:
@@ -254,7 +296,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print("strictq: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
     health = _health_settings(args)
-    if health is False:
+    limits = _connection_limits(args)
+    if health is False or limits is None:
         return 2
     options = ServeOptions(
         host=args.host,
@@ -271,16 +314,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         proxy_port=args.proxy_port,
         index=args.index,
         health=health,
+        init=args.init,
+        limits=limits,
     )
     if args.queue_server is not None and not args.queue_server.startswith(("http://", "https://")):
         print("strictq: --queue-server must be an http:// or https:// URL", file=sys.stderr)
         return 2
-    try:
-        run(options)
-    except KeyFileError as exc:
-        print(f"strictq: {exc}", file=sys.stderr)
+    if args.queue_server is not None and args.init:
+        print("strictq: --init is for a store in this process: give it to the queue server", file=sys.stderr)
         return 2
-    return 0
+    return run_server(lambda: run(options))
 
 
 def _health_settings(args: argparse.Namespace) -> Any:

@@ -243,7 +243,9 @@ def format_status(status: dict[str, Any]) -> str:
     for e in events:
         who = " ".join(f"{k}={e[k]}" for k in ("worker", "queue", "group", "probe_id") if e.get(k))
         lines.append(f"  {_clock(e.get('at'))}  {e['event']:<14} {who}  {e.get('reason', '')}".rstrip())
-    return "\n".join(lines) + "\n"
+    from wirelog.logsafe import escape_controls  # reasons and names are client text: no terminal escapes
+
+    return "\n".join(escape_controls(line) for line in lines) + "\n"
 
 
 def _table(rows: list[tuple[str, ...]]) -> list[str]:
