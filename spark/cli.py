@@ -173,6 +173,9 @@ def _say(line: str) -> None:
 
 # -------------------------------------------------------------------------------------------- index
 def cmd_index(args: argparse.Namespace) -> int:
+    from wirelog.files import restrict_umask
+
+    restrict_umask()  # the index holds (redacted) wire-log records: no more readable than the segments
     return _run(_index, args)
 
 

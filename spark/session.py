@@ -91,6 +91,9 @@ def build_session(
         "spark.sql.adaptive.enabled": "true",
         "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
         "spark.hadoop.parquet.enable.summary-metadata": "false",
+        # Hadoop's local file system applies its own umask, not the process's: the index holds (redacted)
+        # wire-log records, so it gets the segments' modes (files 0640, directories 0750) and no looser.
+        "spark.hadoop.fs.permissions.umask-mode": "027",
         **(extra or {}),
     }
     for key, value in settings.items():

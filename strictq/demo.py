@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from wirelog.files import private_dir, restrict_umask
+
 DESCRIPTION = __doc__.split("\n\n")[0]
 STEP_TIMEOUT = 600.0  # seconds for one tool run (Spark's first start is slow on a busy machine)
 SHOWN_LINES = 24  # of a tool's output
@@ -53,7 +55,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 2
     created = args.data_dir is None
     data_dir = Path(tempfile.mkdtemp(prefix="strictq-demo-")) if created else args.data_dir
-    data_dir.mkdir(parents=True, exist_ok=True)
+    restrict_umask()  # the demo's wire log, index and reports: not for other users
+    private_dir(data_dir)
     # The narration is the output; the libraries' own logs (e.g. each failed handler's warning) go here.
     logging.basicConfig(
         filename=data_dir / "demo.log",

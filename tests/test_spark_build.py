@@ -155,6 +155,9 @@ def test_killed_index_processes_then_rerun_leave_no_duplicates_or_gaps(spark: An
     assert state.last_batch == 2
     leftovers = {p.name for d in (index / layout.DATA_DIR).iterdir() for p in d.iterdir()}
     assert any(name.startswith("b00000003-") for name in leftovers)  # moved but never committed
+    # `strictq index` (its JVM too) writes under a umask of at least 027: nothing for other users.
+    open_to_others = [p for p in index.rglob("*") if p.stat().st_mode & 0o007]
+    assert not open_to_others, [(str(p), oct(p.stat().st_mode)) for p in open_to_others]
 
     report = _index(spark, wirelog, index, max_batch_segments=3)
     assert any(entry.startswith("data/") for entry in report.orphans_removed)

@@ -79,6 +79,17 @@ def private_dir(path: Path | str) -> Path:
     return path
 
 
+def restrict_umask(mask: int = 0o027) -> int:
+    """Tighten (never loosen) this process's umask by `mask`; returns the previous one.
+
+    For the offline tools that write wire-log data through libraries whose file modes we do not choose
+    (the Spark index, written by the JVM, which inherits the umask; replay reports): with 0o027 their
+    files are at most 0640 and their directories 0750, like the wire-log segments they derive from."""
+    previous = os.umask(0)
+    os.umask(previous | mask)
+    return previous
+
+
 def write_file(path: Path | str, data: bytes | str, mode: int, *, sync: bool = True) -> Path:
     """Replace `path` atomically with `data`, the file created with `mode` (never chmod after writing).
 

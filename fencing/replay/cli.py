@@ -147,7 +147,10 @@ def usage(message: str) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from wirelog.files import restrict_umask
     from wirelog.times import TimeParseError, parse_time
+
+    restrict_umask()  # reports and the isolated stack's files hold recorded calls: not for other users
 
     try:
         worker = _command(args.worker, "--worker")
