@@ -12,6 +12,7 @@ from wirelog.files import PUBLIC_FILE, private_dir, write_file
 
 CONF_BASENAME = "mitmproxy"  # mitmproxy.options.CONF_BASENAME: TlsConfig loads `<confdir>/mitmproxy-ca.pem`
 KEY_SIZE = 2048
+PUBLIC_NAMES = ("ca-cert.pem", "ca-cert.cer", "ca-cert.p12", "dhparam.pem")  # the rest holds the key: 0600
 
 
 def confdir(data_dir: Path) -> Path:
@@ -37,6 +38,12 @@ def ensure_ca(data_dir: Path) -> Path:
         CertStore.create_store(
             confdir(data_dir), CONF_BASENAME, KEY_SIZE, organization="strictq", cn="strictq proxy CA"
         )
+        # mitmproxy writes the public files under the process's umask (0666 under umask 0): certificates
+        # are public, but nobody else may change them. At most 0644 (the umask can only tighten it).
+        for name in PUBLIC_NAMES:
+            path = confdir(data_dir) / f"{CONF_BASENAME}-{name}"
+            if path.exists():
+                path.chmod(path.stat().st_mode & PUBLIC_FILE)
     return cert.resolve()
 
 

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import orjson
 from aiohttp import web
 
+from queue_core.http_errors import client_gone
 from queue_core.machine import QueueError
 from queue_core.machine.text import check_json
 
@@ -88,7 +89,9 @@ async def handle(request: web.Request) -> web.Response:
         return error_response(error, request_id)
     except QueueError as error:
         return error_response(from_core(error), request_id)
-    except Exception:
+    except Exception as exc:
+        if client_gone(request, exc):
+            raise  # one WARNING line in queue_core.http_guard, not an error with a traceback
         log.exception("SQS request %s failed", request_id)
         return error_response(
             SqsError("InternalError", "We encountered an internal error. Please try again."), request_id

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from queue_core.backend import QueueBackend
 from queue_core.machine import QueueAttributes, QueueNotFound
+from queue_core.machine.text import CONTROL_RE
 
 from .app import ROUTER
 from .keys import Credential
@@ -189,6 +190,10 @@ class Call:
     # -------------------------------------------------------------------------------- queues
     async def queue(self, param: str = "QueueUrl") -> Queue:
         url = self.string(param)
+        if CONTROL_RE.search(url):  # urlsplit drops CR, LF and TAB anywhere: `.../ta/s\nq1` would be `sq1`
+            raise SqsError(
+                "InvalidParameterValue", f"Value for parameter {param} must not contain control characters."
+            )
         parts = urlsplit(url)
         segments = parts.path.strip("/").split("/")
         if not parts.scheme or len(segments) != 2:

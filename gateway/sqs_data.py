@@ -11,6 +11,7 @@ from typing import Any
 from queue_core.backend import QueueBackend
 from queue_core.machine import AckOutcome, InvalidArgument, QueueError, SendRequest, SendResult
 from queue_core.machine.groups import GROUP_RE, validate_group
+from queue_core.machine.text import INTEGER_RE
 
 from .deliveries import deliveries_of
 from .sqs_call import ATTEMPT_WINDOW, Attempt, Call, Queue
@@ -202,7 +203,9 @@ async def receive_message(call: Call) -> Result:
     ttl = call.integer("VisibilityTimeout", 0, MAX_VISIBILITY)
     wait = call.integer("WaitTimeSeconds", 0, 20)
     if wait is None:
-        wait = int(queue.attributes.labels.get("sqs:ReceiveMessageWaitTimeSeconds", "0"))
+        stored = queue.attributes.labels.get("sqs:ReceiveMessageWaitTimeSeconds", "0")
+        # set by this face as plain digits; the internal API could store anything: never a 500 here
+        wait = max(0, min(int(stored), 20)) if INTEGER_RE.fullmatch(stored) else 0
     system_names = set(call.strings("AttributeNames")) | set(call.strings("MessageSystemAttributeNames"))
     attribute_names = set(call.strings("MessageAttributeNames"))
     attempt_id = call.optional_string("ReceiveRequestAttemptId")

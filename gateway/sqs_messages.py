@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from queue_core.machine.text import CONTROL_RE
 from queue_core.service import Received
 
 from .sqs_errors import SqsError
@@ -25,7 +26,8 @@ from .sqs_errors import SqsError
 MAX_MESSAGE_ATTRIBUTES = 10
 ATTRIBUTE_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,256}$")
 DATA_TYPE_RE = re.compile(r"^(String|Number|Binary)(\.[A-Za-z0-9_.\-]+)?$")
-NUMBER_RE = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
+# ASCII digits only (`\d` in a str pattern also takes "٣" and fullwidth digits; real SQS refuses them)
+NUMBER_RE = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 # SQS accepts #x9 | #xA | #xD | #x20-#xD7FF | #xE000-#xFFFD | #x10000-#x10FFFF
 INVALID_CHARS_RE = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 SYSTEM_ATTRIBUTES = ("AWSTraceHeader",)
@@ -88,6 +90,11 @@ def parse_attributes(raw: Any, field: str = "MessageAttributes", system: bool = 
             raise SqsError(
                 "InvalidParameterValue", f"Message system attribute {name} must be of type String."
             )
+        if system and CONTROL_RE.search(stored["StringValue"]):  # a trace header: one line, no controls
+            raise SqsError(
+                "InvalidParameterValue",
+                f"Message system attribute {name} must not contain control characters.",
+            )
         out[name] = stored
         size += len(name.encode()) + len(stored["DataType"].encode()) + value_size
     return out, size
@@ -141,8 +148,8 @@ def _attribute_value(name: str, value: Any, field: str) -> tuple[dict[str, str],
         raise SqsError("InvalidParameterValue", f"The message attribute '{name}' has an empty value.")
     check_text(text, f"message attribute '{name}'")
     if data_type.startswith("Number"):
-        digits = sum(c.isdigit() for c in text.split("e")[0].split("E")[0])
-        if not NUMBER_RE.fullmatch(text) or digits > 38:
+        mantissa = text.split("e")[0].split("E")[0]
+        if not NUMBER_RE.fullmatch(text) or sum(c in "0123456789" for c in mantissa) > 38:
             raise SqsError(
                 "InvalidParameterValue", f"Value of message attribute '{name}' is not a valid number."
             )

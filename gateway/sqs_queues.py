@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from queue_core.machine import QueueAttributes, QueueMetrics
+from queue_core.machine.text import CONTROL_RE, INTEGER_RE
 
 from .sqs_errors import SqsError
 
@@ -127,7 +128,8 @@ async def to_core(
 
 
 def _integer(name: str, value: str, low: int, high: int) -> int:
-    if not value.isdigit() or not low <= int(value) <= high:
+    """Plain ASCII digits only (`isdigit` is also true for '²', which int() refuses, and for '٣')."""
+    if not INTEGER_RE.fullmatch(value) or not low <= int(value) <= high:
         raise SqsError(
             "InvalidAttributeValue",
             f"Invalid value for the parameter {name}: must be an integer from {low} to {high}.",
@@ -155,7 +157,7 @@ async def _redrive(value: str, fifo: bool, resolve_dlq: DlqResolver) -> dict[str
             " with deadLetterTargetArn.",
         )
     count = policy.get("maxReceiveCount", 10)
-    if isinstance(count, str) and count.isdigit():
+    if isinstance(count, str) and INTEGER_RE.fullmatch(count):
         count = int(count)
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1000:
         raise SqsError(
@@ -242,6 +244,11 @@ def tag_changes(tags: Any, current: dict[str, str]) -> dict[str, str | None]:
         if not isinstance(value, str) or not 1 <= len(key) <= 128 or len(value) > 256:
             raise SqsError(
                 "InvalidParameterValue", f"Tag {key!r} is invalid: keys are 1-128, values 0-256 characters."
+            )
+        if CONTROL_RE.search(key) or CONTROL_RE.search(value):  # stored as labels, echoed by ListQueueTags
+            raise SqsError(
+                "InvalidParameterValue",
+                f"Tag {key!r} is invalid: keys and values must not hold control characters.",
             )
     if len(current.keys() | tags.keys()) > TAG_LIMIT:
         raise SqsError("InvalidParameterValue", f"Too many tags: a queue can have at most {TAG_LIMIT}.")

@@ -12,9 +12,21 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import orjson
-from aiohttp import web
+from aiohttp import ClientPayloadError, web
 
 HTTP_ERROR_CODES = {404: "no_such_route", 405: "method_not_allowed", 413: "request_too_large"}
+
+
+def client_gone(request: web.BaseRequest, exc: BaseException | None) -> bool:
+    """Whether `exc` is the client dropping its connection during the request (mid-body, typically:
+    aiohttp's `request.read()` raises ConnectionResetError once the connection is lost). That is the
+    client's doing, not a server error: the faces re-raise it and `http_guard.GuardedHandler` logs one
+    WARNING line without a traceback. A reset of one of the server's own connections (to a queue server,
+    say) while the client is still there stays an error."""
+    if not isinstance(exc, ConnectionResetError | ClientPayloadError):
+        return False
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 @web.middleware

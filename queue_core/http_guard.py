@@ -29,10 +29,15 @@ import gc
 import logging
 import ssl
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
+import orjson
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
+
+from .http_errors import client_gone
 
 log = logging.getLogger("strictq.connections")
 
@@ -45,6 +50,9 @@ DEFAULT_STALLED_BYTES = 32 * 1024 * 1024
 RELIEF_DELAY = 1.0  # after slow readers leave: collect and trim at most once a second
 _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 MMAP_THRESHOLD = 256 * 1024  # allocations above this get their own mapping, unmapped when freed
+MAX_ERROR_MESSAGE = 300  # characters of aiohttp's own error text in a JSON answer
+_ERROR_CODES = {504: "timeout"}
+_STATUSES = frozenset(int(s) for s in HTTPStatus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +200,36 @@ class GuardedHandler(RequestHandler):
         stalled = self.writing_paused  # it left with our response unread
         super().connection_lost(exc)
         self._slow.left(self, stalled)
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """What aiohttp answers itself (its parser's 400s: a header over 8190 bytes, a bad character, a
+        bad chunk; a handler's uncaught error) as JSON like every other error of these servers, and a client
+        that dropped its connection mid-request as one WARNING line (no traceback, nothing to answer)."""
+        if client_gone(request, exc):
+            log.warning(
+                "client %s went away during %s %s: %s", self.peer(), request.method, request.path, exc
+            )
+            gone = web.Response(status=400)
+            gone.force_close()
+            return gone
+        super().handle_error(request, status, exc, message)  # logs (one line for a malformed request)
+        if status == 500:
+            error = {"code": "internal", "message": "internal error; see the server log"}
+        else:
+            code = "bad_request" if status == 400 else _ERROR_CODES.get(status, "http_error")
+            text = message or (HTTPStatus(status).phrase if status in _STATUSES else "error")
+            error = {"code": code, "message": str(text)[:MAX_ERROR_MESSAGE]}
+        response = web.Response(
+            body=orjson.dumps({"error": error}), status=status, content_type="application/json"
+        )
+        response.force_close()
+        return response
 
     def abort(self) -> None:
         """Close now, dropping what is buffered (a plain close would wait for the reader to take it)."""

@@ -25,6 +25,7 @@ from aiohttp import web
 
 from .admin_http import READ_ROLES, WRITE_ROLES, errors_as_json, json_response, scope_of
 from .machine import InvalidArgument, TooLarge
+from .machine.text import INTEGER_RE
 from .service import QueueService
 
 RETRY_SERVICE = web.AppKey("strictq_retry_service", QueueService)
@@ -112,7 +113,7 @@ async def group_log(request: web.Request) -> web.StreamResponse:
     name, queue = _queue(request, READ_ROLES)
     group = _group(request)
     raw = request.query.get("limit", "50")
-    if not raw.isdigit():
+    if not INTEGER_RE.fullmatch(raw):  # ASCII digits: `isdigit` also takes '²', which int() refuses
         raise InvalidArgument("limit must be an integer from 1 to 1000", field="limit")
     attempts = await request.app[RETRY_SERVICE].group_log(queue, group, int(raw))
     return json_response({"queue": name, "group": group, "attempts": attempts})

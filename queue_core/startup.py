@@ -19,6 +19,7 @@ from pathlib import Path
 from gateway.keys import KeyFileError, KeyRing
 from wirelog.files import StartupError, check_modes, check_writable, private_dir, write_private
 from wirelog.layout import parse_segment_name
+from wirelog.writer import DIR_MODE as WIRELOG_DIR_MODE
 
 from .failures import read_suspensions
 from .fences import FenceRegistry
@@ -90,8 +91,9 @@ def earlier_state(data_dir: Path) -> list[str]:
 
 
 def check_store(data_dir: Path, store_dir: Path, init: bool) -> None:
-    """Refuse a missing or zero-length store in a data dir with state of an earlier run, unless `init`;
-    with `init`, clear an empty store (moving a leftover -wal file aside) so it starts empty."""
+    """Refuse a missing, zero-length or schema-less (`holds_store`) store in a data dir with state of an
+    earlier run, unless `init`; with `init`, clear it (moving a leftover -wal file, and a non-empty file,
+    aside) so it starts empty."""
     store = store_dir / STORE_FILE
     try:
         size: int | None = store.stat().st_size
@@ -99,12 +101,15 @@ def check_store(data_dir: Path, store_dir: Path, init: bool) -> None:
         size = None
     except OSError as exc:
         raise store_fault(store, exc) from None
-    if size:
+    if size and holds_store(store):
         return  # a damaged one is found when it is opened
     state = earlier_state(data_dir)
     if not state:
         return  # a new data dir (or an empty file and nothing else): start empty
-    what = "missing" if size is None else "empty (0 bytes)"
+    if size is None:
+        what = "missing"
+    else:
+        what = "an SQLite file without a strictq store in it" if size else "empty (0 bytes)"
     if not init:
         raise StartupError(
             store,
@@ -121,14 +126,71 @@ def check_store(data_dir: Path, store_dir: Path, init: bool) -> None:
             leftover.rename(aside)
             log.warning("--init: moved %s aside to %s", leftover, aside)
     store.with_name(store.name + "-shm").unlink(missing_ok=True)  # an index of the -wal, rebuilt
+    if size:  # an SQLite file of something else: kept, as the -wal is
+        aside = store.with_name(f"{store.name}.before-init-{stamp}")
+        store.rename(aside)
+        log.warning("--init: moved %s aside to %s", store, aside)
     store.unlink(missing_ok=True)
 
 
+def holds_store(store: Path) -> bool:
+    """Whether the non-empty file `store` holds a strictq store (its `meta` table with an epoch, read with
+    its -wal), not just any SQLite file: a valid but empty database (4096 bytes, no tables) would start as
+    an empty store, epoch 1, as silently as a zero-length one. True when it cannot be told here (not
+    SQLite, locked, unreadable): opening it reports that."""
+    try:
+        db = sqlite3.connect(f"{store.resolve().as_uri()}?mode=rw", uri=True, timeout=1.0)
+    except sqlite3.Error:
+        return True
+    try:
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "meta" not in tables:
+            return False
+        return db.execute("SELECT 1 FROM meta WHERE name = 'epoch'").fetchone() is not None
+    except sqlite3.Error:
+        return True
+    finally:
+        db.close()
+
+
 def check_state_files(data_dir: Path, health: bool) -> None:
-    """fences.json (and suspended.json with failure management on) must be readable and well-formed."""
+    """fences.json (and suspended.json with failure management on) must be readable and well-formed;
+    with failure management on, its events go to the wire-log directory, which must be writable."""
     FenceRegistry(data_dir / "fences.json").load()
     if health:
         read_suspensions(data_dir / "suspended.json")
+        check_wirelog_dir(data_dir / "wirelog")
+
+
+def check_wirelog_dir(directory: Path) -> None:
+    """The wire-log directory must be a directory this user can write in (created 0750 if missing):
+    found at start, not as an ERROR with a traceback per record once clients are served."""
+    try:
+        directory.mkdir(mode=WIRELOG_DIR_MODE, parents=True, exist_ok=True)
+    except FileExistsError:
+        raise StartupError(
+            directory,
+            "is not a directory (the wire log is written into it)",
+            "move the file aside so a directory can be made there",
+        ) from None
+    except OSError as exc:
+        raise StartupError(
+            directory,
+            f"cannot create the wire-log directory ({exc.strerror or exc})",
+            "make its parent writable by this user",
+        ) from None
+    check_writable(directory)
+
+
+def check_output_file(path: Path) -> None:
+    """A file the server (re)writes after it listens (client.env): refuse a directory or other non-file
+    in its place now, not with a traceback once the server is up."""
+    if path.is_dir() and not path.is_symlink():  # a file, link or nothing is replaced by the rename
+        raise StartupError(
+            path,
+            "is a directory (the server writes this file at every start)",
+            "move it aside so the server can write the file there",
+        )
 
 
 async def start_service(service: QueueService, data_dir: Path) -> None:

@@ -107,10 +107,16 @@ async def search_handler(request: web.Request) -> web.StreamResponse:
     except QueryError as exc:
         return _error(400, "invalid-parameter", str(exc))
     except IndexMissing as exc:
-        return _error(404, "no-index", str(exc))
+        return _error(404, "no-index", str(exc) if scope.operator else "no search index yet; ask an operator")
     except IndexMismatch as exc:
-        return _error(409, "index-mismatch", str(exc))
-    return web.Response(body=orjson.dumps(story_json(result)), content_type="application/json")
+        hidden = "the search index needs a rebuild; ask an operator"
+        return _error(409, "index-mismatch", str(exc) if scope.operator else hidden)
+    document = story_json(result)
+    if not scope.operator:
+        # The lookup counts files and rows read before the tenant filter: they would tell another
+        # tenant's admin whether a group, worker or message id exists. Only operators see them.
+        document.pop("lookup", None)
+    return web.Response(body=orjson.dumps(document), content_type="application/json")
 
 
 def _scoped_search(index: Path, query: Query, scope: Scope) -> SearchResult:

@@ -2,8 +2,10 @@
 
 Hypothesis builds requests near the valid ones (right routes, real keys, SigV4-signed SQS calls) with hostile
 values where a client controls them: lone surrogates, control characters, trailing newlines, non-ASCII digits,
-deep or odd JSON, wrong types. Every answer must be below 500 and, when it is an error, a JSON body; the
-server must stay ready; and messages accepted before the run must still be there, unchanged, afterwards.
+deep or odd JSON, wrong types; SQS queue attributes, redrive policies and Number attributes with odd
+numbers, admin query strings, results with numbers beyond 64 bits or `1e999` (the issue 11 review's).
+Every answer must be below 500 and, when it is an error, a JSON body; the server must stay ready; and
+messages accepted before the run must still be there, unchanged, afterwards.
 """
 
 from __future__ import annotations
@@ -178,6 +180,9 @@ HOSTILE_TEXT = st.sampled_from(
         "\x00",
         "\x1b[31mred",
         "٣",
+        "\u00b2",  # isdigit() but not int(): the review's 500s
+        "\uff15",
+        "\u0661\u0662\u0660\u0660",
         "1_0",
         " 5",
         "1e3",
@@ -203,11 +208,32 @@ JSON_VALUES = st.recursive(
 )
 QUEUE_NAMES = st.one_of(st.sampled_from(["orders", "q1", "dd"]), TEXT).filter(lambda n: n != KEPT_QUEUE)
 KEYS = st.sampled_from([*SECRETS.values(), None, "nope-nope-nope-nope", "caf\xe9-not-ascii"])
+INFINITE = "__1e999__"  # replaced by the JSON number 1e999 (the stdlib parses it as inf) in the sent body
+# Numbers near and past what a JSON peer holds (64 bits; doubles), and odd numbers as text.
+NUMBERS = st.one_of(
+    st.sampled_from([10**29, -(10**29), 2**63, 2**63 - 1, 2**64, -(2**63) - 1, 1.5, 0, INFINITE]),
+    st.integers(),
+)
+NUMBER_TEXT = st.one_of(
+    st.sampled_from(
+        ["\u00b2", "\u0663", "\uff15", "\u0661\u0662\u0660\u0660", " 5", "1_0", "+5", "0x10", "9" * 5000]
+    ),
+    st.integers(-5, 2000).map(str),
+    TEXT,
+)
+SQS_NUMERIC_ATTRIBUTES = [
+    "VisibilityTimeout",
+    "DelaySeconds",
+    "MessageRetentionPeriod",
+    "MaximumMessageSize",
+    "ReceiveMessageWaitTimeSeconds",
+    "KmsDataKeyReusePeriodSeconds",
+]
 
 
 def dumps(value: Any) -> bytes:
     """JSON text as a client would send it; lone surrogates go out as `\\udxxx` escapes (valid JSON)."""
-    return json.dumps(value).encode()
+    return json.dumps(value).encode().replace(f'"{INFINITE}"'.encode(), b"1e999")
 
 
 def segment(text: str) -> str:
@@ -264,7 +290,17 @@ def emodb_calls(draw: st.DrawFn) -> tuple[str, str, str | None, bytes | None]:
                     "id": TEXT,
                     "outcome": st.sampled_from(["succeeded", "failed", "partial", "not_attempted", "x"]),
                 },
-                optional={"token": SCALARS, "reason": TEXT, "signature": TEXT, "steps": JSON_VALUES},
+                optional={
+                    "token": SCALARS,
+                    "reason": TEXT,
+                    "signature": TEXT,
+                    "steps": st.one_of(
+                        JSON_VALUES, st.lists(st.fixed_dictionaries({"name": TEXT, "result": NUMBERS}))
+                    ),
+                    "fields": st.one_of(JSON_VALUES, st.dictionaries(TEXT, NUMBERS, max_size=3)),
+                    "partial": st.one_of(JSON_VALUES, NUMBERS),
+                    "duration_ms": NUMBERS,
+                },
             )
         )
         body = dumps({"results": [item]})
@@ -292,6 +328,53 @@ SQS_ACTIONS = [
 ]
 
 
+# The fields a call of these actions needs, so that its odd numbers reach the code that parses them.
+FOCUSED = {
+    "CreateQueue": {"QueueName", "Attributes"},
+    "SetQueueAttributes": {"QueueUrl", "Attributes"},
+    "SendMessage": {"QueueUrl", "MessageBody", "MessageAttributes"},
+}
+
+
+def redrive_policies(tenant: str) -> st.SearchStrategy[str]:
+    """RedrivePolicy texts: the right shape with odd maxReceiveCount values, and broken JSON."""
+    count = st.one_of(NUMBER_TEXT, NUMBERS.filter(lambda n: n != INFINITE))
+    arn = f"arn:aws:sqs:us-east-1:{tenant}:orders"
+    policies = count.map(lambda n: json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": n}))
+    return st.one_of(policies, TEXT)
+
+
+@st.composite
+def admin_calls(draw: st.DrawFn) -> tuple[str, str, str | None]:
+    """Admin routes with hostile query strings (numbers above all): the review's 500 was `limit=²`."""
+    queue = segment(draw(st.one_of(st.just(KEPT_QUEUE), st.sampled_from(["orders", KEPT_QUEUE]), TEXT)))
+    route = draw(
+        st.sampled_from(
+            [
+                ("GET", "/admin/v1/events"),
+                ("GET", "/admin/v1/status"),
+                ("GET", "/admin/v1/fences"),
+                ("GET", "/admin/v1/search"),
+                ("GET", f"/admin/v1/queues/{queue}/groups/log"),
+                ("GET", f"/admin/v1/queues/{queue}/groups/policy"),
+                ("GET", f"/admin/v1/queues/{queue}/parked"),
+            ]
+        )
+    )
+    params = draw(
+        st.dictionaries(
+            st.sampled_from(["since", "until", "limit", "events", "group", "message_id", "worker", "status"]),
+            st.one_of(NUMBER_TEXT, st.sampled_from(["9" * 400 + "d", "1e999d", "15m", "0"])).map(segment),
+            max_size=3,
+        )
+    )
+    if "/groups/" in route[1] and draw(st.booleans()):
+        params["group"] = "g1"  # a group that exists in `kept`, so `limit` is what is read next
+    path = route[1] + ("?" + "&".join(f"{k}={v}" for k, v in params.items()) if params else "")
+    key = draw(st.sampled_from([SECRETS["admin-a"], SECRETS["admin-b"], SECRETS["worker-a"], None]))
+    return route[0], path, key
+
+
 @st.composite
 def sqs_calls(draw: st.DrawFn) -> tuple[str, str, bytes]:
     action = draw(st.sampled_from(SQS_ACTIONS))
@@ -310,10 +393,30 @@ def sqs_calls(draw: st.DrawFn) -> tuple[str, str, bytes]:
         "DelaySeconds": draw(SCALARS),
         "MaxNumberOfMessages": draw(SCALARS),
         "VisibilityTimeout": draw(SCALARS),
-        "Attributes": draw(st.dictionaries(TEXT, TEXT, max_size=2)),
-        "MessageAttributes": draw(
-            st.dictionaries(TEXT, st.fixed_dictionaries({"DataType": TEXT, "StringValue": TEXT}), max_size=2)
+        "Attributes": draw(
+            st.one_of(
+                st.dictionaries(TEXT, TEXT, max_size=2),
+                st.dictionaries(st.sampled_from(SQS_NUMERIC_ATTRIBUTES), NUMBER_TEXT, min_size=1, max_size=3),
+                st.fixed_dictionaries({"RedrivePolicy": redrive_policies(tenant)}),
+            )
         ),
+        "MessageAttributes": draw(
+            st.dictionaries(
+                TEXT,
+                st.fixed_dictionaries(
+                    {"DataType": st.one_of(st.just("Number"), TEXT), "StringValue": NUMBER_TEXT}
+                ),
+                max_size=2,
+            )
+        ),
+        "MessageSystemAttributes": draw(
+            st.dictionaries(
+                st.just("AWSTraceHeader"),
+                st.fixed_dictionaries({"DataType": st.just("String"), "StringValue": TEXT}),
+                max_size=1,
+            )
+        ),
+        "tags": draw(st.dictionaries(TEXT, TEXT, max_size=2)),
         "Entries": [
             {"Id": draw(TEXT), "MessageBody": draw(TEXT), "ReceiptHandle": draw(TEXT)}
             for _ in range(draw(st.integers(0, 3)))
@@ -321,12 +424,40 @@ def sqs_calls(draw: st.DrawFn) -> tuple[str, str, bytes]:
         "Tags": draw(st.dictionaries(TEXT, TEXT, max_size=2)),
     }
     chosen = draw(st.lists(st.sampled_from(sorted(fields)), unique=True, max_size=6))
+    if action in FOCUSED and draw(st.booleans()):  # half of these calls are well-formed but for the values
+        chosen = sorted(set(chosen) | FOCUSED[action])
     body = (
         dumps({name: fields[name] for name in chosen})
         if draw(st.booleans())
         else draw(st.binary(max_size=40))
     )
     return key_id, action, body
+
+
+@st.composite
+def sqs_number_calls(draw: st.DrawFn) -> tuple[str, str, bytes]:
+    """Well-formed SQS calls whose numbers are odd: the review's 500s were `VisibilityTimeout: "²"` and
+    `maxReceiveCount: "²"` (`isdigit()` is true, `int()` refuses it)."""
+    action = draw(st.sampled_from(["CreateQueue", "SetQueueAttributes", "SendMessage"]))
+    key_id = draw(st.sampled_from(["admin-a", "producer-a", "admin-b"]))
+    tenant = "ta" if key_id.endswith("-a") else "tb"
+    name = draw(st.sampled_from(["orders", "numbers"]))
+    attributes = draw(
+        st.one_of(
+            st.dictionaries(st.sampled_from(SQS_NUMERIC_ATTRIBUTES), NUMBER_TEXT, min_size=1, max_size=2),
+            st.fixed_dictionaries({"RedrivePolicy": redrive_policies(tenant)}),
+        )
+    )
+    fields: dict[str, Any] = {"QueueName": name, "Attributes": attributes}
+    if action != "CreateQueue":
+        fields = {"QueueUrl": f"https://127.0.0.1/{tenant}/{name}"}
+        if action == "SetQueueAttributes":
+            fields["Attributes"] = attributes
+        else:
+            data_type = draw(st.sampled_from(["Number", "Number.int"]))
+            number = {"DataType": data_type, "StringValue": draw(NUMBER_TEXT)}
+            fields |= {"MessageBody": "x", "MessageAttributes": {"n": number}}
+    return key_id, action, dumps(fields)
 
 
 FUZZ = settings(
@@ -349,6 +480,22 @@ def test_emodb_face_never_fails_the_server(serve: Serve, kept: dict[str, list[An
 @FUZZ
 @given(call=sqs_calls())
 def test_sqs_face_never_fails_the_server(serve: Serve, kept: dict[str, list[Any]], call: Any) -> None:
+    key_id, action, body = call
+    answer = sqs(serve, key_id, action, body)
+    assert_sound(answer, f"{action} by {key_id} body={body!r:.200}")
+
+
+@FUZZ
+@given(call=admin_calls())
+def test_admin_routes_never_fail_the_server(serve: Serve, kept: dict[str, list[Any]], call: Any) -> None:
+    method, path, key = call
+    answer = emodb(serve, method, path, key)
+    assert_sound(answer, f"{method} {path}")
+
+
+@FUZZ
+@given(call=sqs_number_calls())
+def test_sqs_numbers_never_fail_the_server(serve: Serve, kept: dict[str, list[Any]], call: Any) -> None:
     key_id, action, body = call
     answer = sqs(serve, key_id, action, body)
     assert_sound(answer, f"{action} by {key_id} body={body!r:.200}")

@@ -15,6 +15,7 @@ Hashes are always of the *redacted* bytes.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hmac
 import json
 import logging
@@ -55,6 +56,17 @@ class Level(StrEnum):
 def fold(name: str) -> str:
     """How names are compared: case-insensitive, `-` and `_` alike (`X-Auth-Token` = `x_auth_token`)."""
     return name.lower().replace("-", "_")
+
+
+_NOT_ALNUM = re.compile(r"[^0-9a-z]+")
+
+
+@functools.lru_cache(maxsize=4096)
+def squash(name: str) -> str:
+    """How names are matched against the secret suffixes: lowercase letters and digits only, so
+    `creditCardNumber`, `card[number]`, `X-Goog-Api-Key` and `ocp_apim_subscription_key` become
+    `creditcardnumber`, `cardnumber`, `xgoogapikey` and `ocpapimsubscriptionkey`."""
+    return _NOT_ALNUM.sub("", name.lower())
 
 
 # Names are compared folded (see `fold`); docs/wirelog.md lists them. Card numbers, CVVs, API keys, auth and
@@ -105,6 +117,31 @@ DEFAULT_SECRET_HEADERS = frozenset(
     }
 )  # X-Strictq-Lease is not a secret: it is how calls are matched to claims.
 DEFAULT_JSON_FIELDS = _TOKEN_NAMES | _CARD_NAMES
+# Any header, JSON field, query parameter or form field whose squashed name (`squash`) *ends with* one of
+# these is secret too, whatever comes before: `X-Api-Token`, `Private-Token`, `X-Shopify-Access-Token`,
+# `X-Goog-Api-Key`, `Ocp-Apim-Subscription-Key`, `creditCardNumber`, `db_password`, `JSESSIONID`. A JSON
+# field is also matched with its parent object's name in front, as a form name spells it: `{"card":
+# {"number": ...}}` is `card[number]`, `cardnumber`. (Short names such as `pan` stay exact names above.)
+DEFAULT_SECRET_SUFFIXES = frozenset(
+    {
+        "token",
+        "apikey",
+        "secret",
+        "secretkey",
+        "accesskey",
+        "privatekey",
+        "password",
+        "passwd",
+        "sessionid",
+        "subscriptionkey",
+        "cardnumber",
+        "ccnumber",
+        "cvc",
+        "cvc2",
+        "cvv",
+        "cvv2",
+    }
+)
 # Query parameters and form fields (url-encoded and multipart) take these and the JSON field names.
 DEFAULT_QUERY_PARAMS = DEFAULT_JSON_FIELDS | frozenset(
     {"signature", "sig", "x-amz-signature", "x-amz-security-token"}
@@ -146,6 +183,7 @@ class RedactionConfig:
     secret_headers: frozenset[str] = DEFAULT_SECRET_HEADERS
     json_fields: frozenset[str] = DEFAULT_JSON_FIELDS
     query_params: frozenset[str] = DEFAULT_QUERY_PARAMS
+    secret_suffixes: frozenset[str] = DEFAULT_SECRET_SUFFIXES  # for every kind of name (`squash`)
     endpoints: tuple[EndpointRule, ...] = ()
     default_level: Level = Level.FULL
     max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES  # bodies above: hash and size only
@@ -156,6 +194,7 @@ class RedactionConfig:
             "secret_headers",
             "json_fields",
             "query_params",
+            "secret_suffixes",
             "endpoints",
             "default_level",
             "max_body_bytes",
@@ -215,6 +254,8 @@ class RedactionConfig:
             secret_headers=names("secret_headers", DEFAULT_SECRET_HEADERS),
             json_fields=names("json_fields", DEFAULT_JSON_FIELDS),
             query_params=names("query_params", DEFAULT_QUERY_PARAMS),
+            secret_suffixes=frozenset(squash(v) for v in names("secret_suffixes", DEFAULT_SECRET_SUFFIXES))
+            - {""},
             endpoints=tuple(rules),
             default_level=_level(data.get("default_level", "full"), source),
             max_body_bytes=max_body or None,
@@ -293,6 +334,9 @@ _JSON_TYPES = ("application/json", "text/json")
 _AUTH_HEADERS = frozenset({"authorization", "proxy_authorization"})  # folded
 _BOUNDARY = re.compile(r'boundary=(?:"([^"]+)"|([^;\s]+))', re.IGNORECASE)
 _DISPOSITION_NAME = re.compile(rb'(?im)^content-disposition:[^\r\n]*?\bname="([^"]*)"')
+_PART_TYPE = re.compile(rb"(?im)^content-type:([^\r\n]*)")
+_CHARSET = re.compile(r'charset\s*=\s*"?([^";\s]+)', re.IGNORECASE)
+_UTF8 = frozenset({"utf-8", "utf8", "us-ascii", "ascii"})
 _AUTH_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9._~+-]*) +(\S.*)$", re.DOTALL)
 
 
@@ -311,9 +355,13 @@ class Redactor:
         # Both spellings of each folded name, for the byte-level pre-check and the textual fallback.
         spellings = {v for name in self._json_fields for v in (name, name.replace("_", "-"))}
         self._needles = tuple(sorted(name.encode() for name in spellings))
+        self._suffixes = tuple(sorted(config.secret_suffixes))
         self._scrub_re: re.Pattern[bytes] | None = None
-        if self._json_fields:
-            names = b"|".join(re.escape(name.encode()) for name in sorted(spellings))
+        if self._json_fields or self._suffixes:
+            # A suffix in a key, with anything before it and separators between its letters.
+            between = rb'[^"\\a-z0-9]*'
+            ends = [rb'[^"\\]*?' + between.join(re.escape(c.encode()) for c in end) for end in self._suffixes]
+            names = b"|".join([re.escape(name.encode()) for name in sorted(spellings)] + ends)
             self._scrub_re = re.compile(
                 rb'("(?:' + names + rb')"\s*:\s*)("(?:[^"\\]|\\.)*"?|[^,}\]\s]*)', re.IGNORECASE
             )
@@ -331,10 +379,21 @@ class Redactor:
             name = header_text(raw_name)
             value = header_text(raw_value)
             folded = fold(name)
-            if folded in self._secret_headers:
+            if folded in self._secret_headers or self._by_suffix(name):
                 value = self._secret_header(folded, value)
             out.append([name, value])
         return out
+
+    def _by_suffix(self, name: str, parent: str = "") -> bool:
+        """Whether `name` (after `parent`, a JSON field's enclosing object) ends with a secret suffix."""
+        if not self._suffixes:
+            return False
+        return squash(name).endswith(self._suffixes) or (
+            parent != "" and squash(parent + name).endswith(self._suffixes)
+        )
+
+    def _secret_name(self, exact: frozenset[str], name: str, parent: str = "") -> bool:
+        return fold(name) in exact or self._by_suffix(name, parent)
 
     def _secret_header(self, lower: str, value: str) -> str:
         if lower in _AUTH_HEADERS:  # keep the scheme ("Bearer", "Basic"): it is useful and not secret
@@ -371,13 +430,13 @@ class Redactor:
     def query(self, query: str, *, names: frozenset[str] | None = None) -> str:
         """`a=1&token=x` -> `a=1&token=redacted:...` (names matched decoded and case-insensitively)."""
         secret = self._query_params if names is None else names
-        if not query or not secret:
+        if not query or not (secret or self._suffixes):
             return query
         parts = query.split("&")
         changed = False
         for index, part in enumerate(parts):
             name, sep, value = part.partition("=")
-            if sep and value and fold(unquote_plus(name)) in secret and not _is_token(value):
+            if sep and value and self._secret_name(secret, unquote_plus(name)) and not _is_token(value):
                 parts[index] = f"{name}={self.token(unquote_plus(value))}"
                 changed = True
         return "&".join(parts) if changed else query
@@ -391,19 +450,27 @@ class Redactor:
         if not data:
             return data
         media = (content_type or "").split(";", 1)[0].strip().lower()
+        if media in _JSON_TYPES or media.endswith("+json") or media in ("", "text/plain"):
+            charset = _foreign_charset(content_type, data)
+            if charset is not None:  # UTF-16 and others: redacted as text, kept in their own charset
+                return self._foreign(content_type, media, charset, data)
+        return self._body(content_type, media, data)
+
+    def _body(self, content_type: str | None, media: str, data: bytes) -> bytes:
+        """`body` of a UTF-8 (or ASCII-compatible) body."""
+        is_json = media in _JSON_TYPES or media.endswith("+json")
         if media == "application/x-www-form-urlencoded":
             text = data.decode("utf-8", "surrogateescape")
             redacted = self.query(text, names=self._form_fields)
             return data if redacted is text else redacted.encode("utf-8", "surrogateescape")
         if media == "multipart/form-data":
             return self._multipart(content_type or "", data)
-        is_json = media in _JSON_TYPES or media.endswith("+json")
         if not is_json and not (media in ("", "text/plain") and data.lstrip()[:1] in (b"{", b"[")):
             return data
-        if not self._json_fields:
+        if not self._json_fields and not self._suffixes:
             return data
         lowered = data.lower()
-        if not any(needle in lowered for needle in self._needles) and b"\\u" not in data:
+        if not self._suffixes and not any(n in lowered for n in self._needles) and b"\\u" not in data:
             return data  # no blacklisted name anywhere (and no escapes that could spell one)
         try:
             document = _loads(data)
@@ -421,23 +488,23 @@ class Redactor:
         """A JSON-like value (e.g. message attributes) with blacklisted fields tokenized at any depth."""
         return self._redact_json(document)[0]
 
-    def _redact_json(self, node: Any) -> tuple[Any, bool]:
+    def _redact_json(self, node: Any, parent: str = "") -> tuple[Any, bool]:
         if isinstance(node, dict):
             changed = False
             out: dict[str, Any] = {}
             for key, item in node.items():
-                if isinstance(key, str) and fold(key) in self._json_fields:
+                if isinstance(key, str) and self._secret_name(self._json_fields, key, parent):
                     if isinstance(item, str) and _is_token(item):
                         out[key] = item
                     else:
                         out[key] = self.token(item if isinstance(item, str) else _canonical(item))
                         changed = True
                 else:
-                    out[key], sub = self._redact_json(item)
+                    out[key], sub = self._redact_json(item, key if isinstance(key, str) else "")
                     changed = changed or sub
             return (out, True) if changed else (node, False)
         if isinstance(node, list):
-            items = [self._redact_json(item) for item in node]
+            items = [self._redact_json(item, parent) for item in node]
             if any(sub for _, sub in items):
                 return [item for item, _ in items], True
             return node, False
@@ -447,7 +514,7 @@ class Redactor:
         """multipart/form-data with the content of each secret field (by its `name`) tokenized; parts are
         split on the boundary by hand because the stdlib's parsers do not give the bytes back unchanged."""
         match = _BOUNDARY.search(content_type)
-        if match is None or not self._form_fields:
+        if match is None:
             return data
         delimiter = b"--" + (match.group(1) or match.group(2)).encode("latin-1", "replace")
         pieces = data.split(delimiter)
@@ -458,15 +525,38 @@ class Redactor:
             if piece.startswith(b"--") or head_end < 0:
                 continue
             name = _DISPOSITION_NAME.search(piece[:head_end])
-            if name is None or fold(name.group(1).decode("utf-8", "replace")) not in self._form_fields:
-                continue
             content = piece[head_end + 4 :]
             trailer = b"\r\n" if content.endswith(b"\r\n") else b""
             value = content[: len(content) - len(trailer)]
+            field_name = name.group(1).decode("utf-8", "replace") if name is not None else None
+            if field_name is None or not self._secret_name(self._form_fields, field_name):
+                # Not a secret field: its content is redacted as the body it is (a JSON file part, say).
+                part_type = _PART_TYPE.search(piece[:head_end])
+                inner = self.body(part_type.group(1).decode("latin-1").strip() if part_type else None, value)
+                if inner != value:
+                    pieces[index] = piece[: head_end + 4] + inner + trailer
+                    changed = True
+                continue
             if value and not _is_token(value.decode("utf-8", "replace")):
                 pieces[index] = piece[: head_end + 4] + self.token(value).encode() + trailer
                 changed = True
         return delimiter.join(pieces) if changed else data
+
+    def _foreign(self, content_type: str | None, media: str, charset: str, data: bytes) -> bytes:
+        """A JSON or text body in another charset than UTF-8 (`body_b64` would keep it readable to anyone):
+        decoded, redacted as UTF-8 and encoded back; a JSON one that cannot be decoded is withheld."""
+        try:
+            text = data.decode(charset)
+        except (LookupError, UnicodeDecodeError):
+            return WITHHELD if media in _JSON_TYPES or media.endswith("+json") else data  # untyped: as before
+        utf8 = text.encode("utf-8", "surrogatepass")
+        redacted = self._body(content_type, media, utf8)
+        if redacted == utf8:
+            return data
+        try:
+            return redacted.decode("utf-8", "surrogatepass").encode(charset)
+        except (LookupError, UnicodeError):
+            return WITHHELD
 
     def _scrub(self, data: bytes) -> bytes:
         """Textual fallback for JSON that does not parse (truncated, invalid): replace `"name": value`."""
@@ -565,6 +655,22 @@ def _strip_port(host: str) -> str:
         return host.split("]", 1)[0] + "]"
     name, sep, port = host.rpartition(":")
     return name if sep and port.isdigit() and ":" not in name else host
+
+
+WITHHELD = b"[body withheld by the wire log: its charset could not be decoded to redact it]"
+
+
+def _foreign_charset(content_type: str | None, data: bytes) -> str | None:
+    """The charset of a text body when it is not UTF-8: the content type's `charset`, else what JSON's own
+    detection finds (a UTF-16/32 byte-order mark or NUL pattern); None for UTF-8 (the common case)."""
+    match = _CHARSET.search(content_type or "")
+    if match is not None:
+        charset = match.group(1).lower()
+        return None if charset in _UTF8 else charset
+    if b"\x00" not in data[:4] and not data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return None
+    detected = json.detect_encoding(data)
+    return None if detected in ("utf-8", "utf-8-sig") else detected
 
 
 def _content_type(pairs: Iterable[list[str]]) -> str | None:

@@ -5,6 +5,7 @@ Stdlib only: the CLI imports this before deciding anything else.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from datetime import UTC, datetime
@@ -25,7 +26,10 @@ def parse_duration(text: str, *, unit_required: bool = False) -> float:
     match = _DURATION.fullmatch(text)
     if match is None or (unit_required and match.group(2) is None):
         raise TimeParseError(f"not a duration: {text!r} (use seconds, or a number with s, m, h, d or w)")
-    return float(match.group(1)) * _UNIT_SECONDS[(match.group(2) or "s").lower()]
+    seconds = float(match.group(1)) * _UNIT_SECONDS[(match.group(2) or "s").lower()]
+    if not math.isfinite(seconds):  # 400 nines: float() gives inf, and `now - inf` would mean "no filter"
+        raise TimeParseError(f"duration too large: {text[:40]!r}")
+    return seconds
 
 
 def parse_time(text: str, *, now: float | None = None) -> float:
