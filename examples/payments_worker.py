@@ -31,7 +31,7 @@ async def start_backend() -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
 
 
-async def main() -> None:
+async def main() -> int:
     runner, backend = await start_backend()
     try:
         async with Producer() as producer:
@@ -52,14 +52,18 @@ async def main() -> None:
                 done.set()
 
         worker = Worker(QUEUE, handle)
-        async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(worker.run(), name="worker")
-            await asyncio.wait_for(done.wait(), 30)
-            worker.stop()
+        worker.install_signal_handlers()  # SIGTERM / Ctrl-C: hand back what it holds, no traceback
+        running = asyncio.create_task(worker.run(), name="worker")
+        finished = asyncio.create_task(done.wait(), name="done")
+        await asyncio.wait({running, finished}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        finished.cancel()
+        worker.stop()
+        await running
         print(f"acked {worker.stats.acked}, failed {worker.stats.failed}")
+        return worker.exit_code  # 0, or 130 after Ctrl-C
     finally:
         await runner.cleanup()
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    raise SystemExit(asyncio.run(main()))

@@ -21,6 +21,35 @@ PROXY_ACTION_HEADER = "X-Strictq-Proxy-Action"
 # The actions of the design note's wire-log schema (`action` field) and of X-Strictq-Proxy-Action.
 ACTIONS = ("pass", "block", "mimic", "stale-lease", "unsynced", "unmatched")
 
+# The faces a queue reference (`X-Strictq-Queue`, the poll item's `queue_ref`) may name, and the suffix each
+# one's namespace adds to the tenant inside the core: `t1.orders` is the queue face's (shared by `/queue/1`
+# and SQS), `t1_dedupq.orders` EmoDB's dedup queue (gateway.emodb.Face, queue_core.scope.FACES).
+FACE_NAMESPACES = {"queue": "", "dedupq": "_dedupq"}
+DEFAULT_FACE = "queue"  # a reference without a face: the plain queue face, as tags were before faces
+
+
+class BadQueueReference(ValueError):
+    """The message says what is wrong with an `X-Strictq-Queue` value."""
+
+
+def parse_queue_ref(text: str) -> tuple[str, str]:
+    """(face, name) of a queue reference: `NAME` (the queue face) or `FACE/NAME` (`queue` or `dedupq`).
+
+    It never names a tenant: the proxy takes the tenant from the worker's credential, so a reference can
+    only ever point into the worker's own tenant (`dedupq/t2_dedupq.x` is the queue `t2_dedupq.x` of the
+    worker's tenant's dedup face, which no gateway name reaches)."""
+    face, slash, name = text.partition("/")
+    if not slash:
+        return DEFAULT_FACE, text
+    if face not in FACE_NAMESPACES:
+        raise BadQueueReference(
+            f"unknown face {face[:40]!r} (a queue reference is NAME or FACE/NAME, FACE one of "
+            f"{', '.join(FACE_NAMESPACES)})"
+        )
+    if not name or "/" in name:
+        raise BadQueueReference("a queue reference is NAME or FACE/NAME, with one non-empty NAME")
+    return face, name
+
 
 @dataclass(slots=True)
 class CallContext:
@@ -29,8 +58,10 @@ class CallContext:
     started: float  # time.time() when the request headers arrived
     worker: str | None = None  # authenticated worker id (Proxy-Authorization)
     tenant: str | None = None  # the worker credential's tenant
-    # The tags, as the SDK sent them (queue is the name the worker sees, without tenant).
+    # The tags, as the SDK sent them (queue is the name the worker sees, without tenant; face the face of
+    # the X-Strictq-Queue reference, `queue` or `dedupq`, None without the tag).
     queue: str | None = None
+    face: str | None = None
     message_id: str | None = None
     group: str | None = None
     lease: int | None = None
@@ -55,10 +86,19 @@ class CallContext:
 
     @property
     def internal_queue(self) -> str | None:
-        """The core's name for the tagged queue (`<tenant>.<name>`), the scope of fencing tokens."""
+        """The core's name for the tagged queue (`<tenant>.<name>`, `<tenant>_dedupq.<name>`), the scope of
+        fencing tokens. The tenant is always the worker credential's, never the tag's."""
         if self.queue is None or self.tenant is None:
             return None
-        return f"{self.tenant}.{self.queue}"
+        return f"{self.tenant}{FACE_NAMESPACES[self.face or DEFAULT_FACE]}.{self.queue}"
+
+    @property
+    def queue_ref(self) -> str | None:
+        """The tagged queue as the worker names it: `orders`, `dedupq/orders`."""
+        if self.queue is None:
+            return None
+        face = self.face or DEFAULT_FACE
+        return self.queue if face == DEFAULT_FACE else f"{face}/{self.queue}"
 
 
 def context_of(flow: http.HTTPFlow) -> CallContext | None:

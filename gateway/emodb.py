@@ -12,8 +12,9 @@ unclaimall and moves are admin-only); anything else is 403.
 strictq extensions, all optional, so that plain EmoDB clients keep EmoDB's semantics:
 - the strict order parameter: `group` query parameter or `X-Strictq-Group` header on send and _sendbatch
   (one group for every message of the request);
-- poll answers also carry `group`, `seq` and `token` (the fencing token of the claim); peek adds `group`
-  and `seq`;
+- poll answers also carry `group`, `seq`, `token` (the fencing token of the claim) and `queue_ref` (the
+  queue reference outbound calls are tagged with, `X-Strictq-Queue`: `NAME`, or `dedupq/NAME` on
+  `/dedupq/1`); peek adds `group` and `seq`;
 - ack and renew take the token as `X-Strictq-Lease` or `?token=`, and then refuse stale claims with 409
   naming the refused ids. Without a token, ack and renew are best effort (EmoDB: `{"success": true}`
   whatever happened to each id).
@@ -55,6 +56,7 @@ import orjson
 from aiohttp import web
 
 from queue_core.backend import QueueBackend
+from queue_core.http_errors import client_gone
 from queue_core.machine import (
     AckOutcome,
     AlreadyExists,
@@ -71,6 +73,8 @@ from queue_core.machine import (
     TooLarge,
     Unavailable,
 )
+from queue_core.machine.capabilities import HEADER as CAPABILITIES_HEADER
+from queue_core.machine.capabilities import parse_header as parse_capabilities
 from queue_core.machine.text import DECIMAL_RE, INTEGER_RE, check_name
 from queue_core.results import outcome_json, parse_results
 from queue_core.store import StoreDataError, StoreError
@@ -219,6 +223,12 @@ class Face:
         """The face as delivery records name it."""
         return "dedupq" if self.kind == "dedup" else "emodb"
 
+    def reference(self, name: str) -> str:
+        """The poll item's `queue_ref`, which the SDK echoes as `X-Strictq-Queue` so the egress proxy finds
+        the right group floor: `NAME` on the queue face, `dedupq/NAME` here (fencing.context); never the
+        tenant, which the proxy takes from the worker's credential."""
+        return f"dedupq/{name}" if self.kind == "dedup" else name
+
 
 QUEUE_FACE = Face("/queue/1", "queue", "")
 DEDUP_FACE = Face("/dedupq/1", "dedup", "_dedupq")
@@ -275,6 +285,8 @@ def endpoint(
             check_request(request)
             return await handler(Call(request, face, credential))
         except Exception as exc:
+            if client_gone(request, exc):
+                raise  # one WARNING line in queue_core.http_guard, not an error with a traceback
             return error_response(exc)
 
     return handle
@@ -484,9 +496,12 @@ async def poll(call: Call) -> web.StreamResponse:
     limit = query_int(call.request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
     # Extension: `wait` long-polls up to 20 s for messages (EmoDB polls return at once).
     wait = query_number(call.request, "wait", 0.0, 0.0, MAX_WAIT)
+    # Extension: the SDK's opt-in to failure management (`X-Strictq-Capabilities: results, probes`); a
+    # plain EmoDB client declares nothing and keeps EmoDB's semantics (docs/failure-management.md).
+    capabilities = parse_capabilities(call.request.headers.getall(CAPABILITIES_HEADER, []))
     try:
         received = await call.service_for_queue(queue).receive(
-            queue, limit=limit, ttl=ttl, worker=call.credential.id, wait=wait
+            queue, limit=limit, ttl=ttl, worker=call.credential.id, wait=wait, capabilities=capabilities
         )
     except QueueNotFound:
         received = []  # EmoDB: a queue nobody sent to is an empty queue
@@ -501,6 +516,7 @@ async def poll(call: Call) -> web.StreamResponse:
                 "seq": r.delivery.seq,
                 "token": r.delivery.token,
                 "attempt": r.delivery.receive_count,
+                "queue_ref": call.face.reference(call.request.match_info["queue"]),  # for X-Strictq-Queue
                 **({"probe": True} if r.probe else {}),  # failure management's dummy message
                 **({"history": r.delivery.history} if r.delivery.history else {}),  # prior attempts
             }

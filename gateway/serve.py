@@ -22,16 +22,17 @@ from aiohttp import web
 
 from fencing.child import ProxyChild, ProxyStartError, start_proxy_child
 from queue_core.backend import QueueBackend
-from queue_core.control import ControlHub
+from queue_core.control import ControlHub, store_registry
 from queue_core.failures import FailureManager
-from queue_core.fences import FenceRegistry
 from queue_core.http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
 from queue_core.machine.health import HealthSettings
 from queue_core.remote import RemoteQueueService
 from queue_core.service import QueueService
 from queue_core.startup import (
+    check_output_file,
     check_state_files,
     check_store,
+    check_wirelog_dir,
     listen_fault,
     load_keys,
     prepare_data_dir,
@@ -45,6 +46,7 @@ from wirelog.redaction import load_or_create_key
 from .app import make_gateway_app
 from .deliveries import DeliveryLog
 from .keys import Credential, KeyRing, write_development_keys
+from .sqs_receipts import ReceiptSigner
 from .tls import TlsFiles, ensure_local_certificates, server_context
 
 log = logging.getLogger("strictq.gateway")
@@ -118,6 +120,8 @@ def prepare(options: ServeOptions) -> tuple[KeyRing, Path, TlsFiles | None, ssl.
     if options.queue_server is None:
         check_store(data_dir, data_dir / "queue", options.init)
         check_state_files(data_dir, options.health is not None)
+    check_wirelog_dir(data_dir / "wirelog")  # the delivery log's, in both modes
+    check_output_file(data_dir / "client.env")  # written once the gateway listens
     tls: TlsFiles | None = None
     context: ssl.SSLContext | None = None
     if not options.insecure_http and options.tls_cert is not None and options.tls_key is not None:
@@ -125,6 +129,7 @@ def prepare(options: ServeOptions) -> tuple[KeyRing, Path, TlsFiles | None, ssl.
         context = server_context(tls, options.client_ca)  # the operator's files: checked before any write
     with file_faults(data_dir):
         load_or_create_key(data_dir)  # the delivery log's and the proxy's: a damaged one is refused here
+        ReceiptSigner.load(data_dir / "receipt.key")  # the SQS face's: refused before the store opens
         if keys is None:
             keys = write_development_keys(keys_path)
             log.info("wrote development credentials to %s", keys_path)
@@ -148,11 +153,12 @@ async def serve(options: ServeOptions) -> None:
         await service.start()
     gc.freeze()  # see queue_core.server: the restored backlog stays out of collections
     gc.set_threshold(50_000, 20, 100)
-    # With the core in-process, this process serves the control stream and fences (<data-dir>/fences.json).
+    # With the core in-process, this process serves the control stream and fences (in the store; a legacy
+    # <data-dir>/fences.json is migrated into it).
     control = None
     failures = None
     if isinstance(service, QueueService):
-        control = ControlHub(service, FenceRegistry(data_dir / "fences.json"))
+        control = ControlHub(service, store_registry(service, data_dir / "fences.json"))
         if options.health is not None:  # its events go to the wire log beside the gateway's records
             failures = FailureManager(service, control, options.health, wirelog=data_dir / "wirelog")
     # One `delivery` record per message handed to a worker, beside the proxy's records (same redaction key).

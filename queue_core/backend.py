@@ -20,6 +20,7 @@ from .machine import (
     SendRequest,
     SendResult,
 )
+from .machine.capabilities import PLAIN, Capabilities
 from .machine.core import RenewMode
 from .machine.inputs import AttemptResult
 from .service import Received
@@ -55,6 +56,8 @@ class QueueBackend(Protocol):
         worker: str = "",
         wait: float = 0.0,
         probes: bool = True,  # False: a face that cannot hand out failure management's probes (SQS)
+        # What the poller declared (machine.capabilities): without `results`, plain queue semantics.
+        capabilities: Capabilities = PLAIN,
     ) -> list[Received]: ...
     # `holder`: the caller's worker identity; it may then end or extend only claims that went to it
     # (QueueCore._refusal). None: an operator, or a caller that proved the claim otherwise.

@@ -173,11 +173,21 @@ class QueueClient:
         return result
 
     async def receive(
-        self, queue: str, limit: int = 10, ttl: float | None = None, worker: str = "", wait: float = 0.0
+        self,
+        queue: str,
+        limit: int = 10,
+        ttl: float | None = None,
+        worker: str = "",
+        wait: float = 0.0,
+        capabilities: Sequence[str] | None = None,
     ) -> list[dict[str, Any]]:
+        """`capabilities`: what this poller declares (["results", "probes"]: it takes part in failure
+        management, docs/failure-management.md); None: plain queue semantics."""
         body: dict[str, Any] = {"limit": limit, "worker": worker or self.config.worker_id or "", "wait": wait}
         if ttl is not None:
             body["ttl"] = ttl
+        if capabilities is not None:
+            body["capabilities"] = list(capabilities)
         result = await self.request("POST", f"/v1/queues/{queue}/receive", body)
         return list(result["messages"])
 

@@ -25,12 +25,22 @@ import logging
 import math
 from collections import deque
 from collections.abc import Callable, Coroutine, Hashable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
 
-from .fences import MAX_REASON, Fence, FenceMode, FenceRegistry, InvalidFence, validate_fence
+from .fences import (
+    MAX_REASON,
+    Fence,
+    FenceMode,
+    FenceRegistry,
+    InvalidFence,
+    StoreFenceRegistry,
+    validate_fence,
+)
 from .machine.effects import FloorRaised
+from .machine.text import INTEGER_RE
 from .scope import Scope
 from .service import QueueService
 
@@ -129,7 +139,8 @@ class ControlHub:
         if floor_interval < 0 or keepalive <= 0 or min(buffer, buffer_bytes, subscriber_limit) < 1:
             raise ValueError("need floor_interval >= 0, keepalive > 0 and positive buffer bounds")
         self.service = service
-        self.registry = registry if registry is not None else FenceRegistry(service.data_dir / "fences.json")
+        # Fences live in the core's store (a legacy fences.json beside it is migrated at start).
+        self.registry = registry if registry is not None else store_registry(service)
         self.floor_interval = floor_interval
         self.keepalive = keepalive
         self.subscriber_limit = subscriber_limit
@@ -157,6 +168,8 @@ class ControlHub:
         """Load the fences, take the core's epoch as instance, listen to floor raises, lift due fences."""
         self._loop = asyncio.get_running_loop()
         self.registry.load()
+        if isinstance(self.registry, StoreFenceRegistry):
+            await self.registry.migrate()
         self.instance = self.service.core.epoch
         self.service.floor_listeners.append(self._on_floor)
         await self._expire_due()  # fences that expired while the process was down
@@ -386,12 +399,12 @@ class ControlHub:
     def _replay_after(self, last_event_id: str | None, scope: Scope | None = None) -> list[bytes] | None:
         if not last_event_id:
             return None
-        instance, _, n_text = last_event_id.strip().rpartition("-")
-        try:
-            same_instance = int(instance) == self.instance
-            n = int(n_text)
-        except ValueError:
+        instance, _, n_text = last_event_id.rpartition("-")
+        # Plain ASCII digits only (int() also takes '٣', '1_0' and ' 5'); anything else gets a snapshot.
+        if not (INTEGER_RE.fullmatch(instance) and INTEGER_RE.fullmatch(n_text)):
             return None
+        same_instance = int(instance) == self.instance
+        n = int(n_text)
         if not same_instance or n < 0 or n > self._n:
             return None
         if n == self._n:
@@ -408,6 +421,17 @@ class ControlHub:
             if part is not None:
                 replay.append(part)
         return replay
+
+
+def store_registry(service: QueueService, legacy: Path | None = None) -> StoreFenceRegistry:
+    """Fences in `service`'s store, through its group commit; `legacy` (default: fences.json in the
+    service's data dir) is migrated at start, and suspended.json beside it by failure management."""
+
+    async def persist(effects: Any) -> None:
+        await asyncio.shield(service.persist(effects))
+
+    path = legacy if legacy is not None else service.data_dir / "fences.json"
+    return StoreFenceRegistry(path, persist, lambda: service.saved_control)
 
 
 def _scoped_frame(

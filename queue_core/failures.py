@@ -1,22 +1,22 @@
-"""Failure management's shell: the HealthMonitor inside the process that holds the queue core.
+"""Failure management's shell: carries out what the supervisor decides, publishes it as events.
 
-`FailureManager` feeds the sans-I/O `HealthMonitor` (queue_core.machine.health) with the core's
-`AttemptRecorded` effects, every poll (through `QueueService.receive_gate`), probe results (through
-`QueueService.take_probe_result`), alerts (the `event: alert` records `strictq errors` writes to the wire
-log, or `POST /admin/v1/alerts`) and operator commands, runs its timer, and carries out its decisions:
+The decisions are made in the pure core (`queue_core.machine.supervisor.Supervisor`, which owns the queue
+core and the `HealthMonitor`): polls, results and timers go through it in `QueueService`. This shell gives
+it its monitor, hears the typed effects of every step (`QueueService.failure_listeners`) and carries
+them out:
 
-- fence / unfence: through the `ControlHub` (durable, on the control stream; reason prefixed `health:`),
-  and a fenced worker's claims are released at once so its groups go to other workers in order;
-- polls of a fenced or blacklisted worker, and of a suspended queue, return only probes (or nothing);
-- a probe is a synthetic item `{"id": "probe-…", "probe": true, "payload": <queue's probe_payload>}` in
-  the worker's next poll, announced on the control stream (`probe` / `probe_end`) so the proxy serves its
-  calls by mimicry, or passes them for a `probe_safe` queue, even while the worker is fenced;
+- fence / unfence: through the `ControlHub` (durable in the store, on the control stream; reason prefixed
+  `health:`); the fenced worker's claims and same-worker retries were freed in the deciding step;
+- a probe is announced on the control stream (`probe` / `probe_end`) so the proxy serves its calls by
+  mimicry, or passes them for a `probe_safe` queue, even while the worker is fenced;
+- suspensions and blacklists are rows of the store (written in the deciding step's commit);
 - every decision is an event: logged, counted, kept in a bounded ring (`events()`, `status()`) and
   written to the wire log (kind `event`, writer `core`).
 
-Only fences this manager set are lifted by it: an operator's `strictq fence` keeps its meaning (the proxy
-isolates the worker, which still gets messages: mimicry testing needs them), and an operator's `strictq
-unfence` of a worker the monitor fenced restores that worker.
+Its inputs besides: alerts (the `event: alert` records `strictq errors` writes to the wire log, or `POST
+/admin/v1/alerts`) and operator commands. Only fences this manager set are lifted by it: an operator's
+`strictq fence` keeps its meaning (the proxy isolates the worker, which still gets messages: mimicry
+testing needs them), and an operator's `strictq unfence` of a worker the monitor fenced restores it.
 """
 
 from __future__ import annotations
@@ -29,23 +29,32 @@ import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from wirelog.files import StartupError
 
 from .control import ControlHub
-from .fences import MAX_REASON, Fence, FenceMode, NotFenced, _replace_file
-from .machine import Delivery, QueueNotFound
-from .machine.effects import AttemptRecorded, GroupEvent
+from .fences import MAX_REASON, MIGRATED_SUFFIX, Fence, FenceMode, NotFenced
+from .machine import QueueNotFound
+from .machine.effects import GroupEvent, SuspensionSaved
 from .machine.health import Decision, HealthMonitor, HealthSettings, Probe
+from .machine.supervisor import (
+    FenceRequested,
+    HealthEffect,
+    ProbeDelivered,
+    ProbeEnded,
+    ProbeIssued,
+    QueueResumed,
+    UnfenceRequested,
+    WorkerBlacklisted,
+)
 from .scope import tenant_of
-from .service import QueueService, Received
+from .service import FailureEffect, QueueService
 
 log = logging.getLogger("strictq.health")
 REASON_PREFIX = "health: "
-DEFAULT_PROBE_PAYLOAD: dict[str, Any] = {"probe": True}
 EVENT_RING = 1000
 ALERT_POLL = 2.0  # seconds between looks for new alert records in the wire log
 ALERT_WRITER = "spark-alerts"  # spark.alerts.WRITER (not imported: that package pulls in pyspark)
@@ -54,10 +63,12 @@ DRAIN_TIMEOUT = 5.0  # seconds close() waits for queued fence changes
 # Decisions that are events (the rest only drive the control stream).
 QUIET = frozenset({"probe-cancelled"})
 Action = Callable[[], Awaitable[None]]
+T = TypeVar("T")
 
 
 class FailureManager:
-    """Owns the monitor, its timer, the event ring and the event writer; start after the hub."""
+    """The shell of failure management: owns the health monitor's settings, the event ring and writer;
+    start after the hub. The decisions themselves are the supervisor's (queue_core.machine.supervisor)."""
 
     def __init__(
         self,
@@ -72,7 +83,6 @@ class FailureManager:
         self.service = service
         self.hub = hub
         self.settings = (settings or HealthSettings()).validate()
-        self.monitor = HealthMonitor(self.settings)
         self.wirelog = wirelog
         self.alert_poll = alert_poll
         self.counts: Counter[str] = Counter()
@@ -83,45 +93,66 @@ class FailureManager:
         self._announced: set[str] = set()  # probe ids on the control stream
         self._actions: asyncio.Queue[Action] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0
         self._writer: Any = None  # wirelog.writer.WireLogWriter, imported lazily
-        # Suspended queues survive restarts (beside fences.json); the rest of the monitor's state is
-        # rebuilt from what happens next (fences are adopted from the hub).
+        self._tenant: str | None = None  # the tenant whose request is being decided (its events carry it)
+        self._idle_monitor = HealthMonitor(self.settings)  # what `monitor` shows while not started
+        # A suspended.json left by an earlier version beside the legacy fences.json: migrated at start.
         self.suspensions_path = hub.registry.path.with_name("suspended.json")
         self._started = False
 
+    @property
+    def monitor(self) -> HealthMonitor:
+        """The supervisor's health monitor (a fresh one before `start`)."""
+        monitor = self.service.supervisor.monitor
+        return monitor if monitor is not None else self._idle_monitor
+
     # ------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        """Hook into the service and the hub, adopt the fences an earlier run set, start the tasks."""
-        epoch = self.service.core.epoch
-        self.monitor = HealthMonitor(self.settings, probe_prefix=f"{epoch}-")
+        """Give the supervisor its monitor, adopt the fences an earlier run set, restore the suspensions
+        and blacklists the store kept (migrating a legacy suspended.json), start the tasks."""
+        service = self.service
+        supervisor = service.supervisor
+        supervisor.monitor = HealthMonitor(self.settings, probe_prefix=f"{service.core.epoch}-")
         if self.wirelog is not None:
             from wirelog.writer import WireLogWriter
 
             self._writer = await asyncio.to_thread(WireLogWriter, self.wirelog, "core")
-        now = self.service.clock()
+        service.failure_listeners.append(self._on_effect)
+        self.hub.event_listeners.append(self._on_hub_event)
+        self._started = True
+        monitor, now = supervisor.monitor, service.clock()
         for fence in self.hub.fences():
             if fence.reason.startswith(REASON_PREFIX):
                 self._fences[fence.worker] = fence
-                self.monitor.adopt_fence(fence.worker, fence.reason[len(REASON_PREFIX) :], fence.since, now)
-        for queue, saved in (await asyncio.to_thread(self._load_suspensions)).items():
-            if queue in self.service.core.queues:
-                self.monitor.suspend(queue, saved["reason"], now, manual=saved["manual"])
-        self.service.failure_listeners.append(self._on_effect)
-        self.service.receive_gate = self._gate
-        self.service.worker_blocked = self.monitor.blocked
-        self.service.probe_results = self.probe_result
-        self.hub.event_listeners.append(self._on_hub_event)
+                monitor.adopt_fence(fence.worker, fence.reason[len(REASON_PREFIX) :], fence.since, now)
+        await self._migrate_suspensions()
+        service.supervise(supervisor.restore, service.saved_control)
+        await service.settled()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._run_actions(), name="strictq-health-actions"))
         if self._writer is not None:
             self._tasks.append(loop.create_task(self._tick(), name="strictq-health-events"))
         if self.wirelog is not None and self.alert_poll > 0:
             self._tasks.append(loop.create_task(self._follow_alerts(), name="strictq-health-alerts"))
-        self._started = True
-        self._after()
         log.info("failure management on: %s", self.settings.to_dict())
+
+    async def _migrate_suspensions(self) -> None:
+        """suspended.json of an earlier version: read once (SuspensionFileError if damaged), written to the
+        store, renamed `*.migrated`; the store's own rows win."""
+        path = self.suspensions_path
+        if not await asyncio.to_thread(path.exists):
+            return
+        legacy = await asyncio.to_thread(read_suspensions, path)
+        saved = self.service.saved_control.suspensions
+        fresh = {q: s for q, s in legacy.items() if q not in saved}
+        now = self.service.clock()
+        if fresh:
+            rows = {q: {"reason": s["reason"], "manual": s["manual"], "since": now} for q, s in fresh.items()}
+            await self.service.persist([SuspensionSaved(q, state) for q, state in sorted(rows.items())])
+            saved.update(rows)
+        target = path.with_name(path.name + MIGRATED_SUFFIX)
+        await asyncio.to_thread(os.replace, path, target)
+        log.info("migrated %d suspension(s) from %s to the store (renamed %s)", len(fresh), path, target)
 
     async def close(self) -> None:
         if not self._started:
@@ -129,14 +160,9 @@ class FailureManager:
         self._started = False
         if self._on_effect in self.service.failure_listeners:
             self.service.failure_listeners.remove(self._on_effect)
-        self.service.receive_gate = None
-        self.service.worker_blocked = None
-        self.service.probe_results = None
+        self.service.supervisor.monitor = None
         if self._on_hub_event in self.hub.event_listeners:
             self.hub.event_listeners.remove(self._on_hub_event)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         await self._drain_actions()
         for task in self._tasks:
             task.cancel()
@@ -154,38 +180,33 @@ class FailureManager:
             async with asyncio.timeout(DRAIN_TIMEOUT):
                 await self._actions.join()
 
+    async def settled(self) -> None:
+        """What was decided so far is durable (an admin route answers after this)."""
+        await self.service.settled()
+
     # --------------------------------------------------------------------------------------- inputs
-    def _on_effect(self, effect: AttemptRecorded | GroupEvent) -> None:
-        """Called by the service inside `_submit` (no core operation may run from here): an attempt to
-        account, or a retry-workflow decision (park, release, dead_letter, redrive) to publish."""
+    def _on_effect(self, effect: FailureEffect) -> None:
+        """Called by the service as it submits a step's effects (no core operation may run from here):
+        a retry-workflow event (park, release, dead_letter, redrive) to publish, or a decision of the
+        supervisor to carry out and publish."""
         if isinstance(effect, GroupEvent):
             self._publish(
                 Decision(effect.event, effect.reason, effect.at, queue=effect.queue, group=effect.group)
             )
-            return
-        self.monitor.attempt(effect)
-        self._after()
+        elif isinstance(effect, ProbeDelivered):
+            self._announce(effect.probe)  # a queue probe learns its worker only now
+        elif isinstance(effect, HealthEffect):
+            self._carry_out(effect)
+            if effect.decision.event not in QUIET:
+                self._publish(effect.decision, self._tenant)
 
-    def _gate(self, queue: str, worker: str, probes: bool) -> list[Received] | None:
-        """`QueueService.receive_gate`: None lets the poll through; a list is what the worker gets."""
-        verdict = self.monitor.poll(queue, worker, self.service.clock(), probes=probes)
-        if verdict.allowed:
-            return None
-        if verdict.probe is None:
-            return []
-        probe = verdict.probe
-        self._announce(probe)  # a queue probe learns its worker only now
-        return [self._probe_item(probe)]
-
-    def probe_result(self, queue: str, worker: str, message_id: str, outcome: str, reason: str) -> bool:
-        """`QueueService.probe_results`: a worker's result for a probe (outcome `succeeded` passes)."""
-        if message_id not in self.monitor.probes:
-            return False
-        ok = outcome == "succeeded"
-        why = reason or ("ok" if ok else outcome)
-        taken = self.monitor.probe_result(worker, message_id, ok, why, self.service.clock())
-        self._after()
-        return taken
+    def _decide(self, operation: Callable[..., T], *args: Any, tenant: str | None = None, **kwargs: Any) -> T:
+        """One input of the supervisor at `now`; `tenant`: whose request it is (its events carry it)."""
+        self._tenant = tenant
+        try:
+            return self.service.supervise(operation, *args, **kwargs)
+        finally:
+            self._tenant = None
 
     def alert(
         self,
@@ -198,25 +219,20 @@ class FailureManager:
     ) -> list[str]:
         """A known-error-case alert; returns the queues it suspended. A tenant's alert (`tenant`) reaches
         only the queues `within` accepts, and its events carry the tenant (so only it sees them)."""
-        now = self.service.clock()
-        suspended = self.monitor.alert(reason, now, queue=queue, signatures=signatures, within=within)
-        self._after(tenant)
-        return suspended
+        supervisor = self.service.supervisor
+        return self._decide(
+            supervisor.alert, reason, queue=queue, signatures=signatures, within=within, tenant=tenant
+        )
 
     def suspend(self, queue: str, reason: str) -> None:
         self._known_queue(queue)
-        self.monitor.suspend(queue, reason, self.service.clock())
-        self._after()
+        self._decide(self.service.supervisor.suspend, queue, reason)
 
     def resume(self, queue: str, reason: str) -> bool:
-        resumed = self.monitor.resume(queue, reason, self.service.clock())
-        self._after()
-        return resumed
+        return self._decide(self.service.supervisor.resume, queue, reason)
 
     def lift_blacklist(self, worker: str, reason: str) -> bool:
-        lifted = self.monitor.lift_blacklist(worker, reason, self.service.clock())
-        self._after()
-        return lifted
+        return self._decide(self.service.supervisor.lift_blacklist, worker, reason)
 
     def record(self, event: str, reason: str, **fields: Any) -> None:
         """Publish an event decided elsewhere (the retry workflow's park, release, redrive)."""
@@ -239,42 +255,32 @@ class FailureManager:
             self._fences.pop(worker, None)
             if self.monitor.blocked(worker):
                 why = data.get("reason") or "operator"
-                self.monitor.unfence(worker, f"fence lifted ({why})", self.service.clock())
-                self._after()
+                self._decide(self.service.supervisor.unfence, worker, f"fence lifted ({why})")
 
     # ------------------------------------------------------------------------------------ decisions
-    def _after(self, tenant: str | None = None) -> None:
-        """Carry out what the monitor decided, then re-arm its timer; `tenant`: the tenant whose request
-        caused these decisions (written into their events)."""
-        for decision in self.monitor.drain_decisions():
-            self._carry_out(decision)
-            if decision.event not in QUIET:
-                self._publish(decision, tenant)
-        self._rearm()
-
-    def _carry_out(self, decision: Decision) -> None:
-        event, worker, queue = decision.event, decision.worker, decision.queue
-        if event == "fence" and worker is not None:
-            mode = decision.mode or self.settings.fence_mode
-            self._act(lambda: self._fence(worker, mode, decision.reason))
-        elif event == "unfence" and worker is not None:
-            self._act(lambda: self._unfence(worker, decision.reason))
+    def _carry_out(self, effect: HealthEffect) -> None:
+        reason = effect.decision.reason
+        if isinstance(effect, FenceRequested):
+            worker, mode = effect.worker, effect.mode or self.settings.fence_mode
+            self._act(lambda: self._fence(worker, mode, reason))
+            self.service.wake()  # its released groups and freed retries are anyone's now
+        elif isinstance(effect, UnfenceRequested):
+            worker = effect.worker
+            self._act(lambda: self._unfence(worker, reason))
             self.service.wake()
-        elif event == "blacklist" and worker is not None:
-            until = _iso(decision.expires)
-            self._act(lambda: self._refence(worker, f"blacklisted until {until}: {decision.reason}"))
-        elif event == "probe" and decision.probe_id is not None:
-            probe = self.monitor.probes.get(decision.probe_id)
-            if probe is not None and probe.worker is not None and probe.queue:
+        elif isinstance(effect, WorkerBlacklisted):
+            worker, until = effect.worker, _iso(effect.until)
+            self._act(lambda: self._refence(worker, f"blacklisted until {until}: {reason}"))
+        elif isinstance(effect, ProbeIssued):
+            probe = effect.probe
+            if probe.worker is not None and probe.queue:
                 self._announce(probe)
-            self.service.wake(queue)
-        elif event in ("probe-passed", "probe-failed", "probe-cancelled") and decision.probe_id:
-            self._announced.discard(decision.probe_id)
-            self.hub.probe_end(decision.probe_id)
-        if event in ("suspend", "resume"):
-            self._act(self._save_suspensions)
-        if event == "resume" and queue is not None:
-            self.service.wake(queue)
+            self.service.wake(probe.queue or None)
+        elif isinstance(effect, ProbeEnded):
+            self._announced.discard(effect.probe_id)
+            self.hub.probe_end(effect.probe_id)
+        elif isinstance(effect, QueueResumed):
+            self.service.wake(effect.queue)
 
     def _announce(self, probe: Probe) -> None:
         """Tell the proxies before the worker can make a call for it (the stream event goes out now)."""
@@ -306,9 +312,6 @@ class FailureManager:
                 self._fences[worker] = await self.hub.fence(worker, fence_mode, _reason(reason))
             finally:
                 self._changing.discard(worker)
-        released = await self.service.release_worker(worker)
-        if released:
-            log.info("released %d message(s) claimed by fenced worker %s", released, worker)
 
     async def _refence(self, worker: str, reason: str) -> None:
         ours = self._fences.get(worker)
@@ -331,62 +334,9 @@ class FailureManager:
         finally:
             self._changing.discard(worker)
 
-    def _load_suspensions(self) -> dict[str, dict[str, Any]]:
-        return read_suspensions(self.suspensions_path)
-
-    async def _save_suspensions(self) -> None:
-        queues = {
-            q.name: {"reason": q.reason, "manual": q.manual, "since": q.since}
-            for q in self.monitor.queues.values()
-            if q.suspended
-        }
-        data = orjson.dumps({"version": 1, "queues": queues}, option=orjson.OPT_INDENT_2)
-        await asyncio.to_thread(_replace_file, self.suspensions_path, data)
-
-    # ------------------------------------------------------------------------------------------ probes
-    def _attributes(self, queue: str) -> Any:
-        state = self.service.core.queues.get(queue)
-        return state.attributes if state is not None else None
-
     def _probe_safe(self, queue: str) -> bool:
-        return bool(getattr(self._attributes(queue), "probe_safe", False))
-
-    def _probe_item(self, probe: Probe) -> Received:
-        payload = getattr(self._attributes(probe.queue), "probe_payload", None)
-        body = orjson.dumps(DEFAULT_PROBE_PAYLOAD if payload is None else payload)
-        now = self.service.clock()
-        delivered = probe.delivered or now
-        delivery = Delivery(
-            key=-1,
-            message_id=probe.id,
-            group=probe.id,  # its own group: it never holds up (or waits behind) a real one
-            seq=0,
-            token=1,  # no claim behind it; 1 passes the results' token check and any floor (none: own group)
-            receipt=probe.id,
-            receive_count=1,
-            sent_at=probe.created,
-            first_receive_at=delivered,
-            claim_expires=probe.deadline or delivered + self.settings.probe_timeout,
-        )
-        return Received(delivery, body, "application/json", b"", probe=True)
-
-    # ------------------------------------------------------------------------------------------- timer
-    def _rearm(self) -> None:
-        if not self._started:
-            return
-        deadline = self.monitor.next_deadline()
-        if deadline is None or (self._timer is not None and self._timer_at <= deadline):
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(max(0.0, deadline - self.service.clock()), self._on_timer)
-        self._timer_at = deadline
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self.monitor.handle_timer(self.service.clock())
-        self._after()
+        state = self.service.core.queues.get(queue)
+        return bool(state is not None and state.attributes.probe_safe)
 
     # ------------------------------------------------------------------------------------------ events
     def _publish(self, decision: Decision, tenant: str | None = None) -> None:

@@ -2,15 +2,24 @@
 
 A fence is an operator's (or the failure manager's) decision; the proxy only ever learns it from the
 control stream. Losing one on a restart would silently let a fenced worker's side effects through, so a
-change is on disk (one JSON file, replaced atomically: write, fsync, rename, fsync the directory) before
-it becomes visible to anyone: the API answer and the stream event both come after the rename.
+change is on disk before it becomes visible to anyone: the API answer and the stream event both come
+after it is durable.
+
+Where: in the core's SQLite store (`StoreFenceRegistry`, table `fences`, written through the group commit
+like every other effect), so fences, suspensions and blacklists share one durable place and one backup.
+A `fences.json` left by an earlier version is migrated at start (read once, written to the store, renamed
+`fences.json.migrated`); a damaged one still stops the start (`FenceFileError`). `FenceRegistry` alone
+keeps the JSON file (one file, replaced atomically: write, fsync, rename, fsync the directory) for
+callers without a store.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
-from collections.abc import Mapping
+import os
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -19,6 +28,11 @@ import orjson
 
 from wirelog.files import StartupError, private_dir, write_private
 
+from .machine.effects import Effect, FenceSaved
+from .machine.inputs import ControlRows
+
+log = logging.getLogger("strictq.control")
+MIGRATED_SUFFIX = ".migrated"
 FenceMode = Literal["block", "mimic"]
 MODES: tuple[FenceMode, ...] = ("block", "mimic")
 MAX_REASON = 500
@@ -194,6 +208,60 @@ class FenceRegistry:
         )
         # A thread: fsync can take milliseconds, and the core shares this event loop.
         await asyncio.to_thread(_replace_file, self.path, data)
+
+
+class StoreFenceRegistry(FenceRegistry):
+    """Fences in the core's store: `persist` submits effects to the group commit and resolves once they
+    are durable; `saved` is what the store held when it opened. `path` is the legacy fences.json to
+    migrate (read once at `load`, then renamed `*.migrated`)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        persist: Callable[[Sequence[Effect]], Awaitable[object]],
+        saved: Callable[[], ControlRows],
+    ) -> None:
+        super().__init__(path)
+        self._persist = persist
+        self._saved = saved
+        self._legacy: dict[str, Fence] = {}  # read from a legacy file by load(), written by migrate()
+
+    def load(self) -> None:
+        """The fences the store kept. A legacy file is read here (FenceFileError if damaged) and merged
+        in by `migrate`, which the hub awaits right after."""
+        stored: dict[str, Fence] = {}
+        for worker, data in self._saved().fences.items():
+            try:
+                stored[worker] = Fence.from_dict(data)
+            except (ValueError, FenceError) as exc:  # the store only ever holds what validate_fence passed
+                log.error("ignoring an unreadable fence of %s in the store: %s", worker, exc)
+        self._legacy = {}
+        if self.path.exists():
+            super().load()  # FenceFileError for a damaged file: start-up fails, as before
+            self._legacy = {w: f for w, f in self._fences.items() if w not in stored}
+        self._fences = {**stored, **self._legacy}
+
+    async def migrate(self) -> int:
+        """Write the legacy file's fences to the store, then rename the file; returns how many moved."""
+        legacy = self._legacy
+        if legacy:
+            await self._persist([FenceSaved(w, f.to_dict()) for w, f in sorted(legacy.items())])
+        if self.path.exists():
+            target = self.path.with_name(self.path.name + MIGRATED_SUFFIX)
+            await asyncio.to_thread(os.replace, self.path, target)
+            log.info("migrated %d fence(s) from %s to the store (renamed %s)", len(legacy), self.path, target)
+        self._legacy = {}
+        return len(legacy)
+
+    async def _write(self, fences: dict[str, Fence]) -> None:
+        changes: list[Effect] = [
+            FenceSaved(worker, fence.to_dict())
+            for worker, fence in fences.items()
+            if self._fences.get(worker) != fence
+        ]
+        changes.extend(FenceSaved(worker, None) for worker in self._fences if worker not in fences)
+        if changes:
+            await self._persist(changes)
 
 
 def _replace_file(path: Path, data: bytes) -> None:

@@ -27,6 +27,7 @@ from .admin_http import READ_ROLES, WRITE_ROLES, error_response, json_response, 
 from .failures import FailureManager
 from .fences import MAX_REASON
 from .machine import QueueNotFound
+from .machine.text import INTEGER_RE
 from .scope import Scope
 
 FAILURES = web.AppKey("strictq_failures", FailureManager)
@@ -96,10 +97,9 @@ def _int_query(request: web.Request, name: str, default: int) -> int:
     raw = request.query.get(name)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise HealthRequestError(400, f"bad-{name}", f"{name} must be an integer") from None
+    if not INTEGER_RE.fullmatch(raw):  # plain ASCII digits: int() also takes '٣', '1_0' and ' 5'
+        raise HealthRequestError(400, f"bad-{name}", f"{name} must be an integer in plain digits")
+    value = int(raw)
     if value < 0:
         raise HealthRequestError(400, f"bad-{name}", f"{name} must be >= 0")
     return value
@@ -154,6 +154,7 @@ async def suspend(request: web.Request) -> web.StreamResponse:
     queue = _internal_queue(manager, scope, name)
     reason = _text(await _body(request), "reason", None)
     manager.suspend(queue, f"operator: {reason}")
+    await manager.settled()  # in the store before the answer
     return json_response({"queue": name, "suspended": True, "reason": reason})
 
 
@@ -166,6 +167,7 @@ async def resume(request: web.Request) -> web.StreamResponse:
     reason = _text(await _body(request), "reason", "operator")
     if not manager.resume(queue, reason):
         raise HealthRequestError(404, "not-suspended", f"queue {name!r} is not suspended")
+    await manager.settled()
     return json_response({"queue": name, "resumed": True})
 
 
@@ -177,6 +179,7 @@ async def lift_blacklist(request: web.Request) -> web.StreamResponse:
         raise HealthRequestError(404, "not-blacklisted", f"worker {worker!r} is not blacklisted")
     if not request.app[FAILURES].lift_blacklist(worker, "operator"):
         raise HealthRequestError(404, "not-blacklisted", f"worker {worker!r} is not blacklisted")
+    await request.app[FAILURES].settled()
     return json_response({"worker": worker, "lifted": True})
 
 
@@ -204,6 +207,7 @@ async def alert(request: web.Request) -> web.StreamResponse:
     within = None if scope.operator else scope.sees_queue
     suspended = manager.alert(reason, queue=queue, signatures=signatures, within=within, tenant=scope.tenant)
     names = [n for n in (scope.queue_name(q) for q in suspended) if n is not None]
+    await manager.settled()
     return json_response({"suspended": names})
 
 

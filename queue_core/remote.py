@@ -23,6 +23,7 @@ from .machine import (
     AckOutcome,
     Delivery,
     MoveStatus,
+    NotFound,
     PeekItem,
     QueueAttributes,
     QueueError,
@@ -32,6 +33,7 @@ from .machine import (
     Unavailable,
     error_from_dict,
 )
+from .machine.capabilities import PLAIN, Capabilities
 from .machine.core import RenewMode
 from .machine.groups import DEFAULT_PARTITIONS
 from .machine.inputs import AttemptResult
@@ -221,11 +223,14 @@ class RemoteQueueService:
         worker: str = "",
         wait: float = 0.0,
         probes: bool = True,
+        capabilities: Capabilities = PLAIN,
     ) -> list[Received]:
         wait = min(max(wait, 0.0), MAX_WAIT)
         body: dict[str, Any] = {"limit": limit, "ttl": ttl, "worker": worker, "wait": wait}
         if not probes:
             body["probes"] = False
+        if capabilities != PLAIN:  # the poller's declaration, forwarded as it was made
+            body["capabilities"] = capabilities.tokens()
         path = self._q(queue) + "/receive"
         if wait <= 0:
             payload = await self._call("POST", path, body)
@@ -315,10 +320,18 @@ class RemoteQueueService:
         return _move(await self._call("POST", "/v1/moves", {"from": source, "to": destination}))
 
     async def move_status(self, move_id: str) -> MoveStatus:
-        return _move(await self._call("GET", "/v1/moves/" + quote(move_id, safe="")))
+        return _move(await self._call("GET", "/v1/moves/" + _move_segment(move_id)))
 
     async def cancel_move(self, move_id: str) -> MoveStatus:
-        return _move(await self._call("POST", "/v1/moves/" + quote(move_id, safe="") + "/cancel"))
+        return _move(await self._call("POST", "/v1/moves/" + _move_segment(move_id) + "/cancel"))
+
+
+def _move_segment(move_id: str) -> str:
+    """A move reference as one path segment: quoted (`/` included), and never `.` or `..`, which quote()
+    keeps and the URL would resolve (`/v1/moves/..` is `/v1/`): such a reference is no move, as locally."""
+    if move_id in ("", ".", ".."):
+        raise NotFound(f"no move {move_id!r}", reference=move_id)
+    return quote(move_id, safe="")
 
 
 # ------------------------------------------------------------------------------------ JSON <-> records

@@ -4,6 +4,11 @@ for the internal API, the EmoDB face and the remote client.
 A request is `{"results": [{"id", "token", "outcome", "reason"?, "signature"?, "steps"?, "partial"?,
 "fields"?, "duration_ms"?}, ...]}`; bad input raises `InvalidArgument` (400) or `TooLarge` (413) for the
 whole request, before anything is applied. Unknown keys in an item are ignored (newer SDKs may add some).
+
+One exception, decided where the probes are known (queue_core.machine.supervisor): an item with a
+readable `id` but garbage elsewhere comes back as a failed result carrying its `error` (and the item as
+sent, `raw`). A result for an outstanding probe then fails that probe; for anything else the request is
+refused with that error, as before.
 """
 
 from __future__ import annotations
@@ -15,10 +20,10 @@ from typing import Any
 
 import orjson
 
-from .machine import AckOutcome, InvalidArgument, TooLarge
+from .machine import AckOutcome, InvalidArgument, QueueError, TooLarge
 from .machine.inputs import OUTCOMES, AttemptResult
 from .machine.records import ReportOutcome
-from .machine.text import check_json, check_name, check_text
+from .machine.text import check_json, check_json_numbers, check_name, check_text
 
 MAX_RESULTS = 1000
 MAX_REASON_BYTES = 2048
@@ -39,7 +44,36 @@ def parse_results(data: Any) -> list[AttemptResult]:
         raise InvalidArgument("results must not be empty", field="results")
     if len(items) > MAX_RESULTS:
         raise InvalidArgument(f"at most {MAX_RESULTS} results per request", field="results", count=len(items))
-    return [parse_result(item, index) for index, item in enumerate(items)]
+    for index, item in enumerate(items):
+        _check_numbers(item, index)
+    return [_lenient(item, index) for index, item in enumerate(items)]
+
+
+def _check_numbers(item: Any, index: int) -> None:
+    """Refuse the whole request (400 naming the field) for a number no JSON peer can hold: an integer
+    outside signed 64 bits or a non-finite one (the EmoDB face parses with the stdlib, which keeps both).
+    Before the lenient per-item reading: such an item cannot even be forwarded as it was sent (orjson, on
+    the way to a queue server), logged in the wire log or stored, so it never becomes a garbled result."""
+    if not isinstance(item, dict):
+        return
+    message_id = item.get("id") if isinstance(item.get("id"), str) else None
+    for name, value in item.items():
+        if isinstance(name, str):
+            check_json_numbers(value, name, index=index, id=message_id)
+
+
+def _lenient(item: Any, index: int) -> AttemptResult:
+    try:
+        return parse_result(item, index)
+    except QueueError as error:
+        message_id = item.get("id") if isinstance(item, dict) else None
+        if not isinstance(message_id, str) or not 0 < len(message_id) <= MAX_ID:
+            raise
+        try:
+            check_name(message_id, "id", index=index)
+        except QueueError:
+            raise error from None
+        return AttemptResult(message_id, None, "failed", error=error, raw=item)
 
 
 def parse_result(item: Any, index: int = 0) -> AttemptResult:
@@ -160,7 +194,16 @@ def _duration(raw: Any, index: int, message_id: str) -> float | None:
 
 
 def result_json(result: AttemptResult) -> dict[str, Any]:
-    """The wire form of a result (the remote client forwards parsed results with it)."""
+    """The wire form of a result (the remote client forwards parsed results with it; a garbled one as it
+    was sent, so the server decides on it the same way)."""
+    if result.error is not None:
+        raw = result.raw if isinstance(result.raw, dict) else {"id": result.message_id}
+        try:
+            orjson.dumps(raw)
+        except TypeError:  # a lone surrogate, say: unreadable either way, and the server must hear of it
+            why = str(result.error).encode("utf-8", "backslashreplace").decode("utf-8")
+            return {"id": result.message_id, "outcome": f"unreadable: {why}"[:200]}
+        return raw
     out: dict[str, Any] = {"id": result.message_id, "token": result.token, "outcome": result.outcome}
     for name in ("reason", "signature"):
         if getattr(result, name):

@@ -27,7 +27,7 @@ from wirelog import logsafe
 from .admin_http import add_admin_routes
 from .control import ControlHub
 from .failures import FailureManager
-from .http_errors import json_http_errors
+from .http_errors import client_gone, json_http_errors
 from .http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
 from .machine import (
     AckOutcome,
@@ -45,8 +45,9 @@ from .machine import (
     Unavailable,
     parse_receipt,
 )
+from .machine.capabilities import parse_list as parse_capabilities
 from .machine.health import HealthSettings
-from .machine.text import DECIMAL_RE, INTEGER_RE, check_json, check_name
+from .machine.text import DECIMAL_RE, INTEGER_RE, check_json, check_name, check_value
 from .results import outcome_json, parse_results
 from .service import QueueService, Received
 from .startup import (
@@ -141,6 +142,8 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     except web.HTTPException:
         raise
     except Exception as exc:
+        if client_gone(request, exc):
+            raise  # one WARNING line in http_guard, not an error with a traceback
         return error_response(exc)
 
 
@@ -360,6 +363,11 @@ async def read_attributes(request: web.Request, default: dict[str, Any] | None) 
     attributes = (await read_object(request)).get("attributes", default)
     if not isinstance(attributes, dict):
         raise InvalidArgument("attributes must be a JSON object", field="attributes")
+    labels = attributes.get("labels")
+    if isinstance(labels, dict):  # label names are names; values may span lines (SQS policies), no NUL/ESC
+        for key, value in labels.items():
+            check_name(key, "labels")
+            check_value(value, "labels", label=key)
     return attributes
 
 
@@ -436,6 +444,8 @@ async def receive(request: web.Request) -> web.Response:
         worker=worker,
         wait=number(data, "wait", 0.0) or 0.0,
         probes=data.get("probes", True) is not False,  # false: the caller cannot hand out probes (SQS)
+        # What the poller declared (machine.capabilities); none: plain queue semantics.
+        capabilities=parse_capabilities(data.get("capabilities")),
     )
     return json_response({"messages": [received_json(r) for r in received]})
 
@@ -605,7 +615,7 @@ async def serve(
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
     app = make_app(service)
-    hub = ControlHub(service)  # fences in <data-dir>/fences.json
+    hub = ControlHub(service)  # fences in the store (a legacy <data-dir>/fences.json is migrated)
     # Failure management (docs/failure-management.md §3); its events go to <data-dir>/wirelog.
     failures = (
         FailureManager(service, hub, health, wirelog=data_dir / "wirelog") if health is not None else None

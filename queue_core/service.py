@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import orjson
+
 from .durability import NO_BODIES, Bodies, DurableLog
 from .machine import (
     AckOutcome,
@@ -32,6 +34,7 @@ from .machine import (
     SendResult,
 )
 from .machine.attributes import RetryPolicy
+from .machine.capabilities import PLAIN, Capabilities
 from .machine.core import RenewMode
 from .machine.effects import (
     AttemptRecorded,
@@ -42,8 +45,9 @@ from .machine.effects import (
     MessagesDeleted,
 )
 from .machine.groups import DEFAULT_PARTITIONS
-from .machine.inputs import AttemptResult
-from .machine.records import ReportOutcome
+from .machine.health import Probe
+from .machine.inputs import AttemptResult, ControlRows
+from .machine.supervisor import HealthEffect, ProbeDelivered, Supervisor, SupervisorEffect
 from .store import SqliteStore, read_attempt_log
 
 log = logging.getLogger("strictq.queue")
@@ -63,11 +67,10 @@ class Received:
     probe: bool = False  # a dummy message of failure management (queue_core.failures), not the core's
 
 
-# (queue, worker, probes) -> None: receive as usual; a list: return it instead (failure management holds
-# the worker or the queue: nothing, or only a probe; never a probe when `probes` is False).
-ReceiveGate = Callable[[str, str, bool], "list[Received] | None"]
-# (queue, worker, message id, outcome, reason) -> True when the id was a probe and the result was taken.
-ProbeResults = Callable[[str, str, str, str, str], bool]
+# What failure management's shell hears: counted attempts and retry-workflow group events of the core,
+# and the supervisor's decisions (queue_core.machine.supervisor), in the order of the step that made them.
+FailureEffect = AttemptRecorded | GroupEvent | SupervisorEffect
+DEFAULT_PROBE_PAYLOAD: dict[str, Any] = {"probe": True}
 
 
 class BodyCache:
@@ -127,18 +130,18 @@ class QueueService:
         self.data_dir = Path(data_dir)
         self.partitions = partitions
         self.clock = clock
-        self.core = QueueCore(partitions=partitions)
+        # The one supervisor over the core (and, once failure management starts, its health monitor):
+        # polls, results and timers go through it. Workers take part in failure management only when they
+        # declare it (QueueCore.opt_in).
+        self.supervisor = Supervisor(QueueCore(partitions=partitions, opt_in=True))
+        self.saved_control = ControlRows()  # fences, suspensions and blacklists the store kept
         self.cache = BodyCache(body_cache_bytes)
         self.ready = False
         self.restore_seconds = 0.0
         self.floor_listeners: list[Callable[[FloorRaised], None]] = []
-        # Failure management's hooks (queue_core.failures): the attempts it accounts and the retry
-        # workflow's group events it publishes, who may receive, probe results.
-        self.failure_listeners: list[Callable[[AttemptRecorded | GroupEvent], None]] = []
-        self.receive_gate: ReceiveGate | None = None
-        # Failure management's "this worker gets nothing now" (fenced, probing, blacklisted).
-        self.worker_blocked: Callable[[str], bool] | None = None
-        self.probe_results: ProbeResults | None = None
+        # Failure management's shell (queue_core.failures) hears the attempts, group events and the
+        # supervisor's decisions of every step; it may run no core operation from there.
+        self.failure_listeners: list[Callable[[FailureEffect], None]] = []
         self._store = SqliteStore(self.data_dir / "queue.sqlite3", clock)
         self._log: DurableLog | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -153,8 +156,10 @@ class QueueService:
         gc.disable()  # a restore allocates millions of objects and frees none: ~20% faster without GC
         try:
             epoch, snapshot = self._store.open(now)
-            self.core = QueueCore(epoch=epoch, partitions=self.partitions)
-            self.core.restore(snapshot, now)
+            core = QueueCore(epoch=epoch, partitions=self.partitions, opt_in=True)
+            core.restore(snapshot, now)
+            self.supervisor = Supervisor(core, self.supervisor.monitor)
+            self.saved_control = self._store.control
         finally:
             if collecting:
                 gc.enable()
@@ -189,17 +194,44 @@ class QueueService:
     def healthy(self) -> bool:
         return self.ready and self._log is not None and self._log.failed is None
 
+    @property
+    def core(self) -> QueueCore:
+        return self.supervisor.core
+
     # ---------------------------------------------------------------------------------- plumbing
     def _apply(
         self, operation: Callable[..., T], *args: Any, **kwargs: Any
     ) -> tuple[T, asyncio.Future[Bodies]]:
-        """Run one core operation at `now`, hand its effects to the store, re-arm the timer."""
-        result = operation(*args, now=self.clock(), **kwargs)
-        return result, self._submit(self.core.drain_effects())
+        """Run one core or supervisor operation at `now`, hand its effects to the store, re-arm the timer."""
+        now = self.clock()
+        result = operation(*args, now=now, **kwargs)
+        return result, self._submit(self.supervisor.drain_effects(now))
 
-    def _submit(self, effects: list[Effect], fetch: Sequence[int] = ()) -> asyncio.Future[Bodies]:
+    def supervise(self, operation: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Failure management's inputs (operators, alerts): run it at `now`; its durable effects commit
+        in order with everything else (`settled()` waits for them)."""
+        result, _ = self._apply(operation, *args, **kwargs)
+        return result
+
+    async def settled(self) -> None:
+        """Everything submitted so far is durable."""
+        await self._durable(self._submit([]))
+
+    def persist(self, effects: Sequence[Effect]) -> asyncio.Future[Bodies]:
+        """Durable effects decided outside the core (the control hub's fences), in commit order."""
+        return self._submit(list(effects))
+
+    def _submit(
+        self, effects: Sequence[Effect | SupervisorEffect], fetch: Sequence[int] = ()
+    ) -> asyncio.Future[Bodies]:
         assert self._log is not None, "service not started"
+        durable: list[Effect] = []
         for effect in effects:
+            if isinstance(effect, HealthEffect | ProbeDelivered):
+                for failure_listener in self.failure_listeners:
+                    failure_listener(effect)
+                continue
+            durable.append(effect)
             if isinstance(effect, MessageInserted):
                 self.cache.put(effect.key, (effect.body, effect.content_type, effect.extra))
             elif isinstance(effect, MessagesDeleted):
@@ -210,7 +242,7 @@ class QueueService:
             elif isinstance(effect, AttemptRecorded | GroupEvent):
                 for failure_listener in self.failure_listeners:
                     failure_listener(effect)
-        future = self._log.submit(effects, fetch)
+        future = self._log.submit(durable, fetch)
         self._reschedule()
         return future
 
@@ -219,7 +251,7 @@ class QueueService:
         return await asyncio.shield(future)  # a client hanging up must not cancel the commit others share
 
     def _reschedule(self) -> None:
-        deadline = self.core.next_deadline()
+        deadline = self.supervisor.next_deadline()
         if deadline is None or (self._timer is not None and self._timer_at <= deadline):
             return
         if self._timer is not None:
@@ -230,8 +262,11 @@ class QueueService:
 
     def _on_timer(self) -> None:
         self._timer = None
-        self.core.handle_timer(self.clock())
-        self._submit(self.core.drain_effects())
+        if self._log is None:
+            return
+        now = self.clock()
+        self.supervisor.handle_timer(now)
+        self._submit(self.supervisor.drain_effects(now))
         for name in list(self._waiters):
             self._notify(name)
 
@@ -304,22 +339,26 @@ class QueueService:
         worker: str = "",
         wait: float = 0.0,
         probes: bool = True,
+        capabilities: Capabilities = PLAIN,
     ) -> list[Received]:
         """Claim up to `limit` messages; with `wait`, long-poll until some arrive or the wait ends.
-        `probes`: whether the caller can hand out failure management's probes (the SQS face cannot)."""
+        `capabilities`: what the poller declared (machine.capabilities: without `results` it gets plain
+        queue semantics); `probes`: whether the face can hand out failure management's probes at all
+        (the SQS face cannot)."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + min(max(wait, 0.0), MAX_WAIT)
-        gate = self.receive_gate
+        supervisor = self.supervisor
         while True:
-            held = gate(queue, worker, probes) if gate is not None else None
-            if held:
-                return held
-            deliveries = (
-                [] if held is not None else self.core.receive(queue, limit, ttl, worker, now=self.clock())
-            )
+            now = self.clock()
+            polled = supervisor.poll(queue, limit, ttl, worker, capabilities, now, probes=probes)
+            deliveries = polled.deliveries
+            if polled.probe is not None:
+                self._submit(supervisor.drain_effects(now))  # announces it before the worker can call
+                return [self._probe_item(polled.probe)]
             remaining = give_up - loop.time()
             if deliveries or remaining <= 0 or not self.ready:
                 break
+            self._submit(supervisor.drain_effects(now))  # a declaration, the gate's bookkeeping
             event = self._waiters.setdefault(queue, asyncio.Event())
             try:
                 await asyncio.wait_for(event.wait(), remaining)
@@ -327,8 +366,29 @@ class QueueService:
                 pass
         # Bodies the cache lacks are read by the writer thread right after the claim commits.
         missing = [d.key for d in deliveries if self.cache.get(d.key) is None]
-        fetched = await self._durable(self._submit(self.core.drain_effects(), missing))
+        fetched = await self._durable(self._submit(supervisor.drain_effects(self.clock()), missing))
         return self._with_bodies(deliveries, fetched)
+
+    def _probe_item(self, probe: Probe) -> Received:
+        """A probe as a poll item: its own group (it never holds up, nor waits behind, a real one), token 1
+        (no claim behind it), the queue's `probe_payload` as body."""
+        state = self.core.queues.get(probe.queue)
+        payload = None if state is None else state.attributes.probe_payload
+        body = orjson.dumps(DEFAULT_PROBE_PAYLOAD if payload is None else payload)
+        delivered = probe.delivered or self.clock()
+        delivery = Delivery(
+            key=-1,
+            message_id=probe.id,
+            group=probe.id,
+            seq=0,
+            token=1,
+            receipt=probe.id,
+            receive_count=1,
+            sent_at=probe.created,
+            first_receive_at=delivered,
+            claim_expires=probe.deadline or delivered,
+        )
+        return Received(delivery, body, "application/json", b"", probe=True)
 
     def _with_bodies(self, deliveries: Sequence[Delivery], fetched: Bodies) -> list[Received]:
         out: list[Received] = []
@@ -400,11 +460,6 @@ class QueueService:
                 await self._durable(future)
         return released
 
-    def take_probe_result(self, queue: str, worker: str, message_id: str, outcome: str, reason: str) -> bool:
-        """A reported result for a probe goes to failure management, not the core (True: it took it)."""
-        handler = self.probe_results
-        return handler is not None and handler(queue, worker, message_id, outcome, reason)
-
     async def purge(self, queue: str) -> int:
         count, future = self._apply(self.core.purge, queue)
         await self._durable(future)
@@ -437,31 +492,13 @@ class QueueService:
         self, queue: str, worker: str, results: Sequence[AttemptResult], holder: str | None = None
     ) -> list[AckOutcome]:
         """Workers' attempt results (docs/failure-management.md §1): per-item outcomes once durable.
-        Results for probes (failure management's dummy messages) go to it instead of the core.
+        The supervisor routes results for outstanding probes to failure management, the rest to the core
+        (and a fence they lead to frees the worker's reservations and claims in the same step).
         `holder`: as for `ack` (the core refuses results for claims that went to another worker)."""
-        outcomes: list[AckOutcome | None] = [None] * len(results)
-        real: list[AttemptResult] = []
-        for index, result in enumerate(results):
-            if result.message_id.startswith("probe-") and self.take_probe_result(
-                queue, worker, result.message_id, result.outcome, result.reason
-            ):
-                outcomes[index] = ReportOutcome(result.message_id, "ok")
-            else:
-                real.append(result)
-        if real or not results:
-            applied, future = self._apply(self.core.report, queue, worker, real, holder=holder)
-            # The failure just reported may have got the worker fenced (the monitor decides while the
-            # effects are handed over, above): a same-worker retry reserved for it would only wait out
-            # its reservation timeout, so it goes to everyone now, in this same step.
-            if self.worker_blocked is not None and self.worker_blocked(worker):
-                freed, future = self._apply(self.core.forget_reservations, worker)
-                if freed:
-                    self.wake()
-            self._notify(queue)
-            await self._durable(future)  # commits are in order: this one covers the report's too
-            taken = iter(applied)
-            outcomes = [o if o is not None else next(taken) for o in outcomes]
-        return [o for o in outcomes if o is not None]
+        outcomes, future = self._apply(self.supervisor.report, queue, worker, results, holder=holder)
+        self._notify(queue)
+        await self._durable(future)
+        return outcomes
 
     async def release_group(self, queue: str, group: str) -> int:
         released, future = self._apply(self.core.release_group, queue, group)

@@ -23,22 +23,26 @@ from .machine import Snapshot
 from .machine.effects import (
     AttemptLogged,
     AvailabilityChanged,
+    BlacklistSaved,
     ClaimsChanged,
     DedupSaved,
     Effect,
+    FenceSaved,
     GroupPolicySaved,
     HistorySaved,
     MessageInserted,
     MessagesClaimed,
     MessagesDeleted,
     MessagesMoved,
+    ParticipationChanged,
     QueueDropped,
     QueuePurged,
     QueueSaved,
     ReceiveCountsRestored,
+    SuspensionSaved,
     TokensRaised,
 )
-from .machine.inputs import MessageRow
+from .machine.inputs import ControlRows, MessageRow
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -70,6 +74,10 @@ CREATE INDEX IF NOT EXISTS attempt_log_expires ON attempt_log (expires);
 CREATE TABLE IF NOT EXISTS group_policies (
     qid INTEGER NOT NULL, grp TEXT NOT NULL, policy BLOB NOT NULL, PRIMARY KEY (qid, grp)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS participants (worker TEXT PRIMARY KEY, at REAL NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS fences (worker TEXT PRIMARY KEY, fence BLOB NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS suspensions (queue TEXT PRIMARY KEY, state BLOB NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS blacklists (worker TEXT PRIMARY KEY, state BLOB NOT NULL) WITHOUT ROWID;
 """
 
 INSERT_MESSAGE = (
@@ -166,6 +174,7 @@ class SqliteStore:
         self.clock = clock  # only for sweeping expired dedup rows; the core's own `now` drives the rest
         self._db: sqlite3.Connection | None = None
         self._last_sweep = 0.0
+        self.control = ControlRows()  # filled by open()
 
     # ------------------------------------------------------------------------------------ lifecycle
     def open(self, now: float) -> tuple[int, Snapshot]:
@@ -193,7 +202,9 @@ class SqliteStore:
             # Orphans (a message deleted by a path that left its history row) would only cost space.
             db.execute("DELETE FROM message_history WHERE key NOT IN (SELECT key FROM messages)")
             db.execute("COMMIT")
-            return epoch, self._snapshot()
+            snapshot = self._snapshot()
+            self.control = self._control_rows()
+            return epoch, snapshot
         except (sqlite3.Error, OSError) as exc:
             if db is not None:
                 db.close()
@@ -235,6 +246,7 @@ class SqliteStore:
             (qid, group, orjson.loads(policy))
             for qid, group, policy in db.execute("SELECT qid, grp, policy FROM group_policies")
         ]
+        participants = [worker for (worker,) in db.execute("SELECT worker FROM participants")]
         return Snapshot(
             queues=queues,
             messages=self._message_rows(),
@@ -242,7 +254,21 @@ class SqliteStore:
             key_high_water=self._meta("key_hw"),
             histories=histories,
             policies=policies,
+            participants=participants,
         )
+
+    def _control_rows(self) -> ControlRows:
+        db = self.db
+        rows = ControlRows()
+        for table, column, into in (
+            ("fences", "fence", rows.fences),
+            ("suspensions", "state", rows.suspensions),
+            ("blacklists", "state", rows.blacklists),
+        ):
+            key = "queue" if table == "suspensions" else "worker"
+            for name, value in db.execute(f"SELECT {key}, {column} FROM {table}"):
+                into[name] = orjson.loads(value)
+        return rows
 
     def _message_rows(self) -> Iterator[MessageRow]:
         yield from self.db.execute(
@@ -463,6 +489,36 @@ def _rows(effect: Effect) -> Iterator[tuple[str, tuple[Any, ...]]]:
                 yield (
                     "INSERT OR REPLACE INTO group_policies (qid, grp, policy) VALUES (?, ?, ?)",
                     (effect.qid, effect.group, orjson.dumps(effect.policy)),
+                )
+        case ParticipationChanged():
+            if effect.participates:
+                row = (effect.worker, effect.at)
+                yield "INSERT OR REPLACE INTO participants (worker, at) VALUES (?, ?)", row
+            else:
+                yield "DELETE FROM participants WHERE worker = ?", (effect.worker,)
+        case FenceSaved():
+            if effect.fence is None:
+                yield "DELETE FROM fences WHERE worker = ?", (effect.worker,)
+            else:
+                yield (
+                    "INSERT OR REPLACE INTO fences (worker, fence) VALUES (?, ?)",
+                    (effect.worker, orjson.dumps(effect.fence)),
+                )
+        case SuspensionSaved():
+            if effect.state is None:
+                yield "DELETE FROM suspensions WHERE queue = ?", (effect.queue,)
+            else:
+                yield (
+                    "INSERT OR REPLACE INTO suspensions (queue, state) VALUES (?, ?)",
+                    (effect.queue, orjson.dumps(effect.state)),
+                )
+        case BlacklistSaved():
+            if effect.state is None:
+                yield "DELETE FROM blacklists WHERE worker = ?", (effect.worker,)
+            else:
+                yield (
+                    "INSERT OR REPLACE INTO blacklists (worker, state) VALUES (?, ?)",
+                    (effect.worker, orjson.dumps(effect.state)),
                 )
         case _:  # FloorRaised and other published-only effects
             return

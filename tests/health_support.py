@@ -50,6 +50,8 @@ SETTINGS = HealthSettings(
 )
 QUEUE = "jobs"
 TIMEOUT = 15.0
+CAPABILITIES_HEADER = "X-Strictq-Capabilities"
+SDK_CAPABILITIES = "results, probes"  # what the SDK declares on every poll
 
 
 async def until(predicate: Callable[[], bool], within: float = TIMEOUT, what: str = "condition") -> None:
@@ -79,10 +81,16 @@ class Health:
         return credential.secret
 
     async def call(
-        self, method: str, path: str, key_id: str, body: Any = None, params: dict[str, str] | None = None
+        self,
+        method: str,
+        path: str,
+        key_id: str,
+        body: Any = None,
+        params: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
-        headers = {"X-BV-API-Key": self.secret(key_id), "Content-Type": "application/json"}
+        headers = {"X-BV-API-Key": self.secret(key_id), "Content-Type": "application/json", **(headers or {})}
         async with self.session.request(
             method, self.url + path, data=data, params=params, headers=headers
         ) as r:
@@ -96,9 +104,23 @@ class Health:
     async def send(self, group: str, message: Any, queue: str = QUEUE) -> None:
         await self.ok("POST", f"/queue/1/{queue}/send", "producer-1", message, params={"group": group})
 
-    async def poll(self, worker: str, *, limit: int = 10, wait: float = 0.0, queue: str = QUEUE) -> list[Any]:
-        params = {"limit": str(limit), "ttl": "30", "wait": str(wait)}
-        items: list[Any] = await self.ok("GET", f"/queue/1/{queue}/poll", worker, params=params)
+    async def poll(
+        self,
+        worker: str,
+        *,
+        limit: int = 10,
+        wait: float = 0.0,
+        queue: str = QUEUE,
+        ttl: float = 30.0,
+        capabilities: str | None = SDK_CAPABILITIES,
+    ) -> list[Any]:
+        """A poll as the SDK makes it (declaring `results, probes`: it takes part in failure management);
+        `capabilities=None`: as a plain EmoDB client (no declaration)."""
+        params = {"limit": str(limit), "ttl": f"{ttl:g}", "wait": str(wait)}
+        headers = {} if capabilities is None else {CAPABILITIES_HEADER: capabilities}
+        items: list[Any] = await self.ok(
+            "GET", f"/queue/1/{queue}/poll", worker, params=params, headers=headers
+        )
         return items
 
     async def report(self, worker: str, results: list[dict[str, Any]], queue: str = QUEUE) -> list[Any]:

@@ -19,6 +19,7 @@ from control_stream_support import (
     server_keys,
 )
 from gateway_support import Gateway
+from store_support import STORE_FILE, stored_fences
 
 from queue_core.client import QueueClient
 from queue_core.machine.effects import FloorRaised
@@ -130,7 +131,8 @@ async def test_restart_gives_snapshot_and_fences_survive(tmp_path: Path) -> None
         async with open_stream(first.url, proxy) as stream:
             _, synced = await stream.catch_up()
         old_id = synced.id
-    assert (data_dir / "fences.json").exists()
+    assert stored_fences(data_dir / STORE_FILE) == [fence]  # in the store, no JSON file beside it
+    assert not (data_dir / "fences.json").exists()
     with running_server(data_dir) as second:
         async with open_stream(second.url, proxy, last_event_id=old_id) as stream:
             (snapshot,), _ = await stream.catch_up()

@@ -25,6 +25,7 @@ from fencing.control_client import ControlClient
 from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
 from queue_core.machine import SendRequest
+from queue_core.machine.capabilities import SDK
 from queue_core.machine.inputs import AttemptResult
 from queue_core.remote import RemoteQueueService
 from queue_core.service import QueueService
@@ -402,12 +403,12 @@ async def test_probes_travel_through_a_separate_queue_server(tmp_path: Path) -> 
         await remote.create_queue("t1.jobs", {"retry_backoff": 0.0})
         message = SendRequest(body=b'{"n": 1}', group="g", content_type="application/json")
         await remote.send("t1.jobs", [message])
-        (item,) = await remote.receive("t1.jobs", worker="worker-1")
+        (item,) = await remote.receive("t1.jobs", worker="worker-1", capabilities=SDK)
         failed = AttemptResult(item.delivery.message_id, item.delivery.token, "failed", "bug")
         assert [o.status for o in await remote.report("t1.jobs", "worker-1", [failed])] == ["ok"]
         probe = None
         for _ in range(100):
-            received = await remote.receive("t1.jobs", worker="worker-1", wait=0.5)
+            received = await remote.receive("t1.jobs", worker="worker-1", wait=0.5, capabilities=SDK)
             assert all(r.probe for r in received)
             if received:
                 (probe,) = received
@@ -416,7 +417,8 @@ async def test_probes_travel_through_a_separate_queue_server(tmp_path: Path) -> 
         assert orjson.loads(probe.body) == {"probe": True}
         passed = AttemptResult(probe.delivery.message_id, probe.delivery.token, "succeeded")
         assert [o.status for o in await remote.report("t1.jobs", "worker-1", [passed])] == ["ok"]
-        (again,) = await remote.receive("t1.jobs", worker="worker-1", wait=5)  # restored: the retry is its
+        # restored: the retry is its
+        (again,) = await remote.receive("t1.jobs", worker="worker-1", wait=5, capabilities=SDK)
         assert again.delivery.message_id == item.delivery.message_id and not again.probe
     finally:
         await remote.close()
@@ -427,7 +429,7 @@ async def test_probes_travel_through_a_separate_queue_server(tmp_path: Path) -> 
 
 # -------------------------------------------------------------------------------------------- restart
 async def test_fences_and_suspensions_outlive_a_restart(tmp_path: Path) -> None:
-    """The fence is durable (fences.json); a new process adopts it (reason `health: …`) and probes. A
+    """The fence is durable (in the store); a new process adopts it (reason `health: …`) and probes. A
     suspended queue stays suspended."""
 
     async def start() -> tuple[QueueService, ControlHub, FailureManager]:
@@ -449,7 +451,7 @@ async def test_fences_and_suspensions_outlive_a_restart(tmp_path: Path) -> None:
         await service.create_queue("t1.jobs", {"retry_backoff": 0.0})
         requests = [SendRequest(body=b"{}", group=f"g{i}", content_type="application/json") for i in range(3)]
         await service.send("t1.jobs", requests)
-        got = await service.receive("t1.jobs", 10, None, "worker-1")
+        got = await service.receive("t1.jobs", 10, None, "worker-1", capabilities=SDK)
         results = [AttemptResult(r.delivery.message_id, r.delivery.token, "failed", "bug") for r in got]
         await service.report("t1.jobs", "worker-1", results)
         await until(lambda: hub.registry.get("worker-1") is not None, what="the fence")
@@ -460,11 +462,11 @@ async def test_fences_and_suspensions_outlive_a_restart(tmp_path: Path) -> None:
     service, hub, manager = await start()
     try:
         assert manager.monitor.blocked("worker-1")
-        assert manager.monitor.suspended("t1.other")  # suspensions are durable too (suspended.json)
+        assert manager.monitor.suspended("t1.other")  # suspensions are durable too (in the store)
         assert await service.receive("t1.other", 10, None, "worker-2") == []
         probe = None
         for _ in range(100):
-            received = await service.receive("t1.jobs", 10, None, "worker-1", wait=0.5)
+            received = await service.receive("t1.jobs", 10, None, "worker-1", wait=0.5, capabilities=SDK)
             assert all(r.probe for r in received)
             if received:
                 (probe,) = received

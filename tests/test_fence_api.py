@@ -13,6 +13,7 @@ import pytest
 from conftest import ROOT, ServerProcess
 from control_stream_support import admin_call, core_with_admin, open_stream, secret_of, server_keys
 from gateway_support import Gateway
+from store_support import STORE_FILE, stored_fences
 
 from queue_core.fences import Fence, FenceFileError, FenceRegistry, InvalidFence, NotFenced
 
@@ -34,13 +35,13 @@ async def call(
 
 # ------------------------------------------------------------------------------------------- the API
 async def test_fence_list_replace_unfence(gateway: Gateway) -> None:
-    fences_file = gateway.service.data_dir / "fences.json"
+    store = gateway.service.data_dir / STORE_FILE
     status, fence = await call(gateway, "PUT", "/admin/v1/fences/worker-1", {**FENCE, "ttl": 600})
     assert status == 200
     assert fence["worker"] == "worker-1" and fence["mode"] == "block" and fence["reason"] == FENCE["reason"]
     assert fence["expires"] == pytest.approx(fence["since"] + 600)
-    # Durable before the answer: the file already holds it.
-    assert orjson.loads(fences_file.read_bytes())["fences"] == [fence]
+    # Durable before the answer: the store already holds it.
+    assert stored_fences(store) == [fence]
 
     assert await call(gateway, "GET", "/admin/v1/fences") == (200, {"fences": [fence]})
     status, replaced = await call(
@@ -53,7 +54,7 @@ async def test_fence_list_replace_unfence(gateway: Gateway) -> None:
         200,
         {"worker": "worker-1", "unfenced": True},
     )
-    assert orjson.loads(fences_file.read_bytes())["fences"] == []
+    assert stored_fences(store) == []
     status, body = await call(gateway, "DELETE", "/admin/v1/fences/worker-1")
     assert (status, body["code"]) == (404, "not-fenced")
 

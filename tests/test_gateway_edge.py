@@ -288,7 +288,20 @@ def test_the_readmes_proxy_walkthrough(tmp_path: Path) -> None:
             blocked.wait(timeout=15)
         assert blocked.stdout is not None and blocked.stderr is not None
         blocked.stdout.close()
-        assert "refused by the proxy: block" in blocked.stderr.read().decode()
+        stderr = blocked.stderr.read().decode()
         blocked.stderr.close()
+        assert "refused by the proxy: block" in stderr
+        # SIGTERM stops the SDK cleanly (issue 12): exit 0, no traceback, what it held handed back
+        # `not_attempted`, so nothing counts against worker-1 and nobody is fenced once it is unfenced.
+        assert blocked.returncode == 0 and "Traceback" not in stderr, stderr
+        unfence = subprocess.run([*strictq, "unfence", "worker-1"], env=env, capture_output=True, timeout=30)
+        assert unfence.returncode == 0, unfence.stderr
+        status = subprocess.run(
+            [*strictq, "status", "--json"], env=env, capture_output=True, text=True, timeout=30
+        )
+        assert status.returncode == 0, status.stderr
+        view = json.loads(status.stdout)
+        assert [w for w in view["workers"] if w["failures"] or w["fence"]] == [], view["workers"]
+        assert view["operator_fences"] == [], view
     finally:
         assert _stop(proc) == 0

@@ -194,7 +194,8 @@ async def test_every_rest_call_of_the_page_over_curl(gateway: Gateway) -> None:
 
     polled = await curl(gateway, f"curl -s '{q}/poll?ttl=60&limit=2'", "worker-1")
     assert [m["payload"] for m in polled] == [{"n": 1}, [1, 2, 3]]
-    assert all(set(m) == {"id", "payload", "group", "seq", "token", "attempt"} for m in polled)
+    assert all(set(m) == {"id", "payload", "group", "seq", "token", "attempt", "queue_ref"} for m in polled)
+    assert {m["queue_ref"] for m in polled} == {"demo-app_curl-q"}  # the plain face: the bare name
     assert await curl(gateway, f"curl -s '{q}/claimcount'") == 2
     ids = json.dumps([m["id"] for m in polled])
     post = "curl -s -XPOST -H 'Content-Type: application/json'"
@@ -255,7 +256,7 @@ async def test_send_accepts_any_json_value_and_poll_returns_it(emo: Callable[...
     assert [m["payload"] for m in polled] == values
     assert len({m["id"] for m in polled}) == len(values)
     for m in polled:
-        assert set(m) == {"id", "payload", "group", "seq", "token", "attempt"}
+        assert set(m) == {"id", "payload", "group", "seq", "token", "attempt", "queue_ref"}
         assert isinstance(m["seq"], int) and isinstance(m["token"], int) and m["token"] > 0
     assert await worker.poll("values") == []  # all claimed for the default 30 s
     assert await emo().claimcount("values") == len(values)

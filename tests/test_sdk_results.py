@@ -258,7 +258,10 @@ async def test_probes_go_to_the_probe_handler_and_restore_the_worker(tmp_path: P
         assert probes and all(p.probe and p.id.startswith("probe-") for p in probes)
         assert probes[0].payload == {"probe": True}  # the queue's default probe payload
         assert worker.stats.probes == len(probes) and worker.stats.probes_failed == 0
-        assert worker.stats.failed >= 2 and worker.stats.lost == 0  # the threshold (in flight: all three)
+        # The threshold (in flight: all three). The failure that fences the worker releases its other
+        # claims in the same step (queue_core.machine.supervisor), so a third failure reported after it
+        # may find its claim gone: at most that one is lost.
+        assert worker.stats.failed >= 2 and worker.stats.lost <= worker.stats.failed - 2
         after = [n for n, ok in handled if ok]
         assert sorted(after) == [0, 1, 2] and len(handled) == 3 + worker.stats.failed
 

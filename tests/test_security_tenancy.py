@@ -109,11 +109,8 @@ async def send(h: Health, tenant: str, group: str, body: Any, queue: str = QUEUE
 
 
 async def poll(h: Health, tenant: str, queue: str = QUEUE) -> list[dict[str, Any]]:
-    params = {"limit": "10", "ttl": "60", "wait": "0"}
-    items: list[dict[str, Any]] = await h.ok(
-        "GET", f"/queue/1/{queue}/poll", f"{tenant}-worker", params=params
-    )
-    return items
+    """As the SDK polls: declaring `results, probes` (it takes part in failure management)."""
+    return await h.poll(f"{tenant}-worker", queue=queue, ttl=60)
 
 
 async def fail(h: Health, tenant: str, item: dict[str, Any], signature: str) -> None:

@@ -2,6 +2,10 @@
 happened: passed, refused by auth (407), tagging (400) or a guard, answered by mimicry, or failed
 upstream (the `error` hook: the worker got a 502 with the reason, the record has `error`).
 
+Records name the tagged queue as delivery records do: `queue` is the name the worker sees and `face` the
+face of the tag's reference (`queue`, or `dedupq` for an EmoDB dedup queue), so a dedup queue's calls
+are not taken for those of the plain queue of the same name, and `--queue NAME` searches find both.
+
 Runs after the guards, so `CallContext.action`/`code` are final. It writes only the redacted views the
 redact addon built (`ctx.request_view` / `ctx.response_view`): no request or response content reaches
 disk any other way. Records are plain dicts encoded by the writer with orjson into a buffer; a timer
@@ -161,6 +165,7 @@ class Capture:
             "worker": ctx.worker,
             "tenant": ctx.tenant,
             "queue": ctx.queue,
+            "face": ctx.face,  # `queue` | `dedupq`, from the tag's reference (null: no queue tag)
             "message_id": ctx.message_id,
             "group": ctx.group,
             "lease": ctx.lease,

@@ -1,7 +1,9 @@
 """Lease guard addon: a worker that lost its claim cannot cause side effects (Kleppmann's fencing).
 
 A tagged call carries the fencing token of the worker's claim (`X-Strictq-Lease`). Only the newest
-token of a (queue, group) is valid: its floor, published by the core on the control stream. A call
+token of a (queue, group) is valid: its floor, published by the core on the control stream. The queue is
+the core's name built from the worker credential's tenant and the tag's queue reference (`orders` ->
+`<tenant>.orders`, `dedupq/orders` -> `<tenant>_dedupq.orders`; `CallContext.internal_queue`). A call
 tagged below the floor is refused with 409 `stale-lease` (the SDK cancels the handler); while the
 control stream is not synchronised the proxy cannot know the floors, so every tagged call gets 503
 `unsynced` (fail closed). Untagged calls are not the guard's business (the fence addon handles those
@@ -66,7 +68,7 @@ class LeaseGuard:
                 status=409,
                 action="stale-lease",
                 code="stale-lease",
-                message=f"lease {lease} of group {group!r} in queue {ctx.queue!r} is below the group's "
+                message=f"lease {lease} of group {group!r} in queue {ctx.queue_ref!r} is below the group's "
                 f"floor {floor}: a newer claim holds the group, this worker's claim is gone",
             )
             flow.request.stream = False

@@ -2,6 +2,11 @@
 `-Group`, `-Lease` (the claim's fencing token), `-Attempt` and `-Call` (the ordinal within the attempt,
 counted by the SDK, never by the proxy) to every outbound call of a handler.
 
+`X-Strictq-Queue` is a queue reference, the poll item's `queue_ref` echoed: `NAME` for the queue face
+(`/queue/1`, shared with SQS; what every SDK sent before faces) or `dedupq/NAME` for an EmoDB dedup queue
+(`queue/NAME` is accepted too). It never carries a tenant: the floor looked up is that of the worker
+credential's tenant (`CallContext.internal_queue`). An unknown face is a malformed tag.
+
 - The tags are parsed into the `CallContext`; a call without any tag is "untagged" and passes (it is
   still logged, with null message fields).
 - Malformed tags (non-numeric lease/attempt/call, oversized or empty values, a repeated tag, a partial
@@ -14,7 +19,7 @@ from __future__ import annotations
 
 from mitmproxy import http
 
-from fencing.context import CallContext, ensure_context, refuse
+from fencing.context import BadQueueReference, CallContext, ensure_context, parse_queue_ref, refuse
 from fencing.runtime import ProxyRuntime
 
 PREFIX = b"x-strictq-"
@@ -131,6 +136,12 @@ def parse_into(ctx: CallContext, found: list[tuple[bytes, bytes]], max_bytes: in
                 problems.append(f"{header} must be a decimal integer (0-{limit})")
                 continue
             setattr(ctx, field, int(text))
+        elif field == "queue":
+            try:
+                ctx.face, ctx.queue = parse_queue_ref(text)
+            except BadQueueReference as exc:
+                problems.append(f"{header}: {exc}")
+                continue
         else:
             setattr(ctx, field, text)
     ctx.tagged = True

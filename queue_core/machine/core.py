@@ -29,6 +29,7 @@ from .effects import (
     MessagesClaimed,
     MessagesDeleted,
     MessagesMoved,
+    ParticipationChanged,
     QueueDropped,
     QueuePurged,
     QueueSaved,
@@ -82,11 +83,19 @@ EXPIRED_REASON = "claim expired"
 
 
 class QueueCore:
-    def __init__(self, epoch: int = 1, partitions: int = DEFAULT_PARTITIONS) -> None:
+    def __init__(
+        self, epoch: int = 1, partitions: int = DEFAULT_PARTITIONS, *, opt_in: bool = False
+    ) -> None:
         if epoch < 1:
             raise ValueError("epoch must be >= 1")
         self.epoch = epoch
         self.partitions = partitions
+        # Failure management is opt-in per worker (docs/failure-management.md, "Who takes part"): with
+        # `opt_in`, only `participants` (workers whose latest poll declared `results`) have lapses counted
+        # as failed attempts and same-worker retries reserved; everyone else gets plain queue semantics.
+        # Without it (the bare core of the unit tests) every worker takes part, as before.
+        self.opt_in = opt_in
+        self.participants: set[str] = set()
         self.queues: dict[str, QueueState] = {}
         self.effects: list[Effect] = []
         self._next_qid = 1
@@ -108,6 +117,25 @@ class QueueCore:
     def drain_effects(self) -> list[Effect]:
         effects, self.effects = self.effects, []
         return effects
+
+    # ------------------------------------------------------------------------------------ participation
+    def participates(self, worker: str) -> bool:
+        """Whether `worker` takes part in failure management now (always, without `opt_in`)."""
+        return not self.opt_in or (bool(worker) and worker in self.participants)
+
+    def declare(self, worker: str, results: bool, now: float) -> bool:
+        """A poll's declaration: `results` makes the worker a participant until a poll without it. Durable
+        only when it changes (one row per participant), so a restart keeps the meaning of its claims.
+        Returns whether it changed."""
+        if not worker or (worker in self.participants) == results:
+            return False
+        check_name(worker, "worker")
+        if results:
+            self.participants.add(worker)
+        else:
+            self.participants.discard(worker)
+        self.effects.append(ParticipationChanged(worker, results, now))
+        return True
 
     # ------------------------------------------------------------------------------------------ queues
     def create_queue(
@@ -554,7 +582,9 @@ class QueueCore:
         if not message.claim_expires:
             if ttl == 0:
                 return AckOutcome(message_id, "ok")
-            if mode == "set" or not message.token or message.token != group.floor:
+            # Only an expired claim nobody superseded comes back; a message waiting out a retry's backoff
+            # ended its attempt (a reported failure): renewing it would claim and delay it at once.
+            if mode == "set" or not message.token or message.token != group.floor or message.available_at:
                 error = NotInFlight("message is not in flight", message_id=message_id)
                 return AckOutcome(message_id, error.code, error.message)
             message.claim_expires = now + ttl  # recreate the expired claim nobody superseded, same token
@@ -754,8 +784,16 @@ class QueueCore:
     def _expire(self, queue: QueueState, group: GroupState, expired: list[Message], now: float) -> None:
         """A claim ran out (the worker died or timed out): a failed attempt for every message it held,
         the claiming worker's. No backoff and no same-worker retry: the visibility timeout was the wait,
-        and a worker that let it run out is the last one to offer the retry to."""
+        and a worker that let it run out is the last one to offer the retry to.
+
+        A worker that does not take part (`participates`: it never declared `results`, e.g. boto3) gets
+        SQS semantics instead: an ordinary redelivery, visible to everyone at once, no attempt counted
+        (the receive count stays up, so `max_receive_count` still dead-letters, as in SQS)."""
         worker = group.claim_worker
+        if not self.participates(worker):
+            for message in expired:
+                self._unclaim(queue, message)
+            return
         for message in expired:
             self._end_claim(queue, message)
         for message in expired:
@@ -844,7 +882,9 @@ class QueueCore:
                 queue.delayed += 1
                 self._delays.push((message.available_at, next(tiebreak), message))
                 self.effects.append(AvailabilityChanged(((message.key, message.available_at),)))
-            if not history.exclude:
+            # Same-worker retries are reserved only among participants (a plain client's report is
+            # still a failed attempt for the retry budget, but nothing waits for it).
+            if not history.exclude and self.participates(worker):
                 history.reserved_for = worker
                 history.reserve_until = (message.available_at or now) + attrs.visibility_timeout
                 self._reservations.push((history.reserve_until, next(tiebreak), message))

@@ -186,6 +186,41 @@ class GroupEvent:
     at: float
 
 
+@dataclass(slots=True)
+class ParticipationChanged:
+    """A worker's poll declared `results` (it takes part in failure management) or stopped declaring it.
+    Durable, so that after a restart its restored claims keep their meaning (a lapse counts or not)."""
+
+    worker: str
+    participates: bool
+    at: float
+
+
+@dataclass(slots=True)
+class FenceSaved:
+    """A worker's fence (queue_core.fences.Fence.to_dict()), or None: lifted. Written by the control hub
+    through the group commit, so a fence is durable before the proxies hear of it."""
+
+    worker: str
+    fence: dict[str, Any] | None
+
+
+@dataclass(slots=True)
+class SuspensionSaved:
+    """A suspended queue (`{"reason", "manual", "since"}`), or None: resumed (failure management)."""
+
+    queue: str
+    state: dict[str, Any] | None
+
+
+@dataclass(slots=True)
+class BlacklistSaved:
+    """A blacklisted worker (`{"reason", "since", "until", "queue"}`), or None: lifted."""
+
+    worker: str
+    state: dict[str, Any] | None
+
+
 Effect = (
     QueueSaved
     | QueueDropped
@@ -205,6 +240,10 @@ Effect = (
     | ReceiveCountsRestored
     | GroupPolicySaved
     | GroupEvent
+    | ParticipationChanged
+    | FenceSaved
+    | SuspensionSaved
+    | BlacklistSaved
 )
 
 DURABLE_EFFECTS = (
@@ -223,4 +262,8 @@ DURABLE_EFFECTS = (
     AvailabilityChanged,
     ReceiveCountsRestored,
     GroupPolicySaved,
+    ParticipationChanged,
+    FenceSaved,
+    SuspensionSaved,
+    BlacklistSaved,
 )

@@ -40,6 +40,50 @@ from typing import Any, Literal
 from .effects import AttemptRecorded
 
 WorkerState = Literal["healthy", "suspect", "fenced", "probing", "blacklisted"]
+WorkerInput = Literal[
+    "failure", "recover", "fence", "probe_due", "probe_failed", "blacklist", "unblacklist", "restore",
+    "adopt_blacklist",
+]
+WORKER_STATES: tuple[WorkerState, ...] = ("healthy", "suspect", "fenced", "probing", "blacklisted")
+WORKER_INPUTS: tuple[WorkerInput, ...] = (
+    "failure", "recover", "fence", "probe_due", "probe_failed", "blacklist", "unblacklist", "restore",
+    "adopt_blacklist",
+)
+# The worker lifecycle, the one place a worker's state changes (`next_state`); anything else raises.
+# failure: an own failed attempt below the threshold; recover: no failure left in the window; fence: the
+# threshold reached (or a fence adopted after a restart); probe_due: its probe goes out; probe_failed /
+# blacklist: the probe failed (blacklist: the last one allowed); unblacklist: the blacklist ended (expiry
+# or operator); restore: a probe passed, an operator lifted the fence, or its failures turned out shared;
+# adopt_blacklist: a blacklist kept in the store, after a restart.
+TRANSITIONS: dict[tuple[WorkerState, WorkerInput], WorkerState] = {
+    ("healthy", "failure"): "suspect",
+    ("suspect", "failure"): "suspect",
+    ("suspect", "recover"): "healthy",
+    ("healthy", "fence"): "fenced",
+    ("suspect", "fence"): "fenced",
+    ("fenced", "probe_due"): "probing",
+    ("probing", "probe_failed"): "fenced",
+    ("probing", "blacklist"): "blacklisted",
+    ("blacklisted", "unblacklist"): "fenced",
+    ("fenced", "restore"): "healthy",
+    ("probing", "restore"): "healthy",
+    ("blacklisted", "restore"): "healthy",
+    ("healthy", "adopt_blacklist"): "blacklisted",
+    ("suspect", "adopt_blacklist"): "blacklisted",
+    ("fenced", "adopt_blacklist"): "blacklisted",
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A worker input its state does not allow: a bug in the monitor, never a user's mistake."""
+
+
+def next_state(state: WorkerState, event: WorkerInput) -> WorkerState:
+    """The state `event` leads to from `state` (TRANSITIONS); IllegalTransition if it is not allowed."""
+    target = TRANSITIONS.get((state, event))
+    if target is None:
+        raise IllegalTransition(f"a {state} worker cannot take {event!r}")
+    return target
 ProbePurpose = Literal["worker", "check", "queue"]
 FAILED_OUTCOMES = frozenset({"failed", "partial", "expired"})
 EXPIRED_SIGNATURE = "claim expired"  # what a claim that ran out counts as when the worker said nothing
@@ -252,7 +296,7 @@ class HealthMonitor:
         queue.workers[worker.name] = now
         if record.outcome not in FAILED_OUTCOMES:
             if worker.state == "suspect" and not self._recent_failures(worker, now):
-                worker.state = "healthy"
+                self._move(worker, "recover")
             return
         signature = record.signature or (EXPIRED_SIGNATURE if record.outcome == "expired" else "")
         failures = worker.failures
@@ -271,7 +315,7 @@ class HealthMonitor:
                 last = record.reason or signature or record.outcome
                 self._fence(worker, f"{own} failed attempts in {self.settings.window:g}s (last: {last})", now)
             else:
-                worker.state = "suspect"
+                self._move(worker, "failure")
 
     def _recent_failures(self, worker: _Worker, now: float) -> int:
         horizon = now - self.settings.window
@@ -352,8 +396,11 @@ class HealthMonitor:
                 worker.probe = self._new_probe(queue.name, "check", name, now, why)
 
     # ---------------------------------------------------------------------------------------- fencing
+    def _move(self, worker: _Worker, event: WorkerInput) -> None:
+        worker.state = next_state(worker.state, event)
+
     def _fence(self, worker: _Worker, reason: str, now: float) -> None:
-        worker.state = "fenced"
+        self._move(worker, "fence")
         worker.since = now
         worker.reason = reason
         worker.probe_failures = 0
@@ -374,7 +421,7 @@ class HealthMonitor:
         was_blacklisted = worker.state == "blacklisted"
         self._cancel_probe(worker.probe, now)
         worker.probe = None
-        worker.state = "healthy"
+        self._move(worker, "restore")
         worker.since = now
         worker.reason = ""
         worker.failures.clear()
@@ -393,7 +440,7 @@ class HealthMonitor:
         return float(min(settings.probe_interval * 2 ** max(failures, 0), settings.probe_backoff_max))
 
     def _blacklist(self, worker: _Worker, reason: str, now: float) -> None:
-        worker.state = "blacklisted"
+        self._move(worker, "blacklist")
         worker.since = now
         worker.until = now + self.settings.blacklist_for
         worker.reason = reason
@@ -405,7 +452,7 @@ class HealthMonitor:
 
     def _unblacklist(self, worker: _Worker, reason: str, now: float) -> None:
         """Blacklist over: fenced again, probed from scratch (a passing probe restores it)."""
-        worker.state = "fenced"
+        self._move(worker, "unblacklist")
         worker.since = now
         worker.until = None
         worker.probe_failures = 0
@@ -508,7 +555,7 @@ class HealthMonitor:
             if w.probe_failures >= settings.probe_failures_to_blacklist:
                 self._blacklist(w, f"{w.probe_failures} probes failed in a row (last: {reason})", now)
             else:
-                w.state = "fenced"
+                self._move(w, "probe_failed")
                 self._schedule_worker_probe(w, now + self._backoff(w.probe_failures))
         if q.suspended:
             if probe.purpose == "queue" and not q.manual:
@@ -634,11 +681,28 @@ class HealthMonitor:
         w = self._worker(worker)
         if w.state in ("fenced", "probing", "blacklisted"):
             return
-        w.state = "fenced"
+        self._move(w, "fence")
         w.since = since
         w.reason = reason
         w.last_seen = now
         self._schedule_worker_probe(w, now + self.settings.probe_interval)
+
+    def adopt_blacklist(
+        self, worker: str, reason: str, since: float, until: float, queue: str, now: float
+    ) -> None:
+        """After a restart: a blacklist kept in the store is still in force until `until` (it ends as
+        usual: the worker is fenced and probed again); one already over leaves the worker fenced."""
+        w = self._worker(worker)
+        if w.state in ("probing", "blacklisted"):
+            return
+        w.queue = w.queue or queue
+        w.last_seen = now
+        self._move(w, "adopt_blacklist")
+        w.since = since
+        w.reason = reason
+        w.next_probe = None
+        w.until = max(until, now)
+        self._schedule(w.until, "blacklist", w.name)
 
     # ------------------------------------------------------------------------------------------- time
     def _schedule(self, at: float, kind: str, key: str) -> None:
@@ -677,7 +741,7 @@ class HealthMonitor:
         if kind == "worker-probe":
             w = self.workers[key]
             w.next_probe = None
-            w.state = "probing"
+            self._move(w, "probe_due")
             attempt = w.probe_failures + 1
             w.probe = self._new_probe(
                 w.queue,
@@ -715,7 +779,7 @@ class HealthMonitor:
             if w.state in ("healthy", "suspect") and w.probe is None and w.last_seen < horizon:
                 del self.workers[name]
             elif w.state == "suspect" and not self._recent_failures(w, now):
-                w.state = "healthy"
+                self._move(w, "recover")
         for q in list(self.queues.values()):
             for table in (q.workers, q.signatures, q.failed_probes):
                 for key in [k for k, at in table.items() if at < horizon]:

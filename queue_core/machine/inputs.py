@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import InvalidReceipt
+from .errors import InvalidReceipt, QueueError
 
 
 @dataclass(slots=True)
@@ -37,6 +37,20 @@ class AttemptResult:
     partial: Any = None
     fields: Any = None  # free-form structured fields (log data only)
     duration_ms: float | None = None
+    # A garbled result (queue_core.results.parse_results, lenient per item): why it could not be read.
+    # A probe's fails the probe; a real message's refuses the whole request with this error.
+    error: QueueError | None = None
+    raw: Any = None  # the item as sent, forwarded as is by the remote client (so the server sees it too)
+
+
+@dataclass(slots=True)
+class ControlRows:
+    """What the store keeps for the control hub and failure management, read once when it opens: fences
+    by worker (queue_core.fences.Fence.to_dict()), suspended queues and blacklisted workers."""
+
+    fences: dict[str, dict[str, Any]] = field(default_factory=dict)
+    suspensions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    blacklists: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 MessageRow = tuple[int, int, str, str, float, int, float, int, float, str, "str | None", "bytes | None"]
@@ -57,6 +71,8 @@ class Snapshot:
     histories: list[tuple[int, int, str, dict[str, Any]]] = field(default_factory=list)
     # (qid, group, override): per-group retry policy overrides
     policies: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)
+    # workers whose latest poll declared `results` (QueueCore.participants)
+    participants: list[str] = field(default_factory=list)
 
 
 def parse_receipt(receipt: object) -> tuple[str, int]:

@@ -61,11 +61,13 @@ def restore_into(core: QueueCore, snapshot: Snapshot, now: float) -> None:
             message.token = token
             message.origin = origin
             if token > group.floor:
+                # The newest claim's worker holds the group, live or expired: a late ack of one's own
+                # expired claim that nobody took since still works after a restart (docs: claims).
                 group.floor = token
+                group.claim_worker = worker or ""
             if expires > now:
                 message.claim_expires = expires
                 group.claimed.append(message)
-                group.claim_worker = worker
                 queue.in_flight += 1
         elif origin is not None:
             message.origin = origin
@@ -86,6 +88,7 @@ def restore_into(core: QueueCore, snapshot: Snapshot, now: float) -> None:
         history = found.history = AttemptHistory.from_state(state)
         if history.parked:
             owner.parked.add(found.group.name)
+    core.participants.update(snapshot.participants)
     for qid, group_name, override in snapshot.policies:
         owner = by_qid.get(qid)
         if owner is not None:

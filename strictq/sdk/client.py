@@ -1,8 +1,10 @@
 """A small client of the gateway's EmoDB face (`/queue/1`), shared by the worker and the producer.
 
 One aiohttp `ClientSession` per client, verifying the gateway with `STRICTQ_CA_FILE`; the API key goes
-in `X-BV-API-Key`. Errors are `GatewayError` (with the HTTP status and the face's error body); a 409 on a
-fenced ack or renew is `LeaseRefused` (the claim was superseded or is no longer in flight).
+in `X-BV-API-Key`. A worker's polls declare what it takes part in with `X-Strictq-Capabilities`
+(`results, probes`: docs/failure-management.md); a poll without it gets plain EmoDB semantics.
+Errors are `GatewayError` (with the HTTP status and the face's error body); a 409 on a fenced ack or renew
+is `LeaseRefused` (the claim was superseded or is no longer in flight).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from .config import ClientConfig
 API_KEY_HEADER = "X-BV-API-Key"
 LEASE_HEADER = "X-Strictq-Lease"
 GROUP_HEADER = "X-Strictq-Group"
+CAPABILITIES_HEADER = "X-Strictq-Capabilities"
 
 
 class GatewayError(Exception):
@@ -141,14 +144,25 @@ class EmoClient:
     # -- worker side -----------------------------------------------------------------------------------
 
     async def poll(
-        self, queue: str, *, ttl: float, limit: int, wait: float | None = None
+        self,
+        queue: str,
+        *,
+        ttl: float,
+        limit: int,
+        wait: float | None = None,
+        capabilities: Sequence[str] = (),
     ) -> list[dict[str, Any]]:
+        """Claim up to `limit` messages for `ttl` seconds. `capabilities` (e.g. `("results", "probes")`) are
+        declared in `X-Strictq-Capabilities`: the worker opts in to failure management for this poll."""
         params = {"ttl": f"{ttl:g}", "limit": str(limit)}
+        headers = {CAPABILITIES_HEADER: ", ".join(capabilities)} if capabilities else None
         timeout = None
         if wait is not None:
             params["wait"] = f"{wait:g}"
             timeout = self._timeout + wait
-        answer = await self._call("GET", f"/{queue}/poll", params=params, request_timeout=timeout)
+        answer = await self._call(
+            "GET", f"/{queue}/poll", params=params, headers=headers, request_timeout=timeout
+        )
         if not isinstance(answer, list):
             raise GatewayError(
                 f"poll of {queue}: expected a JSON list, got {type(answer).__name__}", 200, answer

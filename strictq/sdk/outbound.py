@@ -4,9 +4,12 @@ proxy fences the call.
 
 The tags (design note, "Worker tagging"): `X-Strictq-Queue`, `X-Strictq-Message-Id`, `X-Strictq-Group`,
 `X-Strictq-Lease` (the claim's fencing token), `X-Strictq-Attempt` and `X-Strictq-Call` (the ordinal of
-the call within the attempt, 1, 2, ...). A response the proxy makes itself carries
-`X-Strictq-Proxy-Action`; on `stale-lease` and `block` the handler is cancelled (its claim is no longer
-valid or the worker is fenced) and the call raises `CallFenced` in the meantime.
+the call within the attempt, 1, 2, ...). `X-Strictq-Queue` is the poll item's `queue_ref`, echoed as
+the gateway gave it (`orders`, or `dedupq/orders` for an EmoDB dedup queue, whose floors the proxy keeps
+apart from the plain queue's); from a gateway without it, the worker's queue name (the plain queue face).
+A response the proxy makes itself carries `X-Strictq-Proxy-Action`; on `stale-lease` and `block` the
+handler is cancelled (its claim is no longer valid or the worker is fenced) and the call raises
+`CallFenced` in the meantime.
 """
 
 from __future__ import annotations
@@ -60,6 +63,14 @@ class Tags:
         self.abort_reason: str | None = None
         self.fenced: CallFenced | None = None
         self.last_failed_call: str | None = None  # signature of the attempt's latest failed call
+
+    @classmethod
+    def for_item(cls, queue: str, item: Mapping[str, Any], group: str, attempt: int) -> Tags:
+        """The tags of an attempt at a polled item: `queue` is the worker's queue name, used when the item
+        has no `queue_ref` (an older gateway)."""
+        ref = item.get("queue_ref")
+        reference = ref if isinstance(ref, str) and ref else queue
+        return cls(reference, item["id"], group, item.get("token", ""), attempt)
 
     def next_headers(self) -> dict[str, str]:
         self.calls += 1

@@ -5,11 +5,19 @@
             resp.raise_for_status()
 
     worker = Worker("orders", handle)          # configured from STRICTQ_* (see `config`)
+    raise SystemExit(strictq.sdk.run(worker))  # until SIGTERM (exit 0) or Ctrl-C (exit 130)
+
+    # or, inside your own event loop:
     worker.install_signal_handlers()           # SIGTERM/SIGINT: stop gracefully
     await worker.run()                         # until stop()
 
 What it does, against the gateway's EmoDB face:
-- Polls with a claim ttl; an empty poll is followed by a bounded backoff (0.05 s doubling to 0.5 s).
+- Polls with a claim ttl, declaring `X-Strictq-Capabilities: results, probes` on every poll (it reports
+  attempt results and handles probes: failure management applies to it; without the results route, or
+  with `report_results=False`, it declares nothing and gets plain EmoDB semantics). An empty poll is
+  followed by a bounded backoff (0.05 s doubling to 0.5 s). A failing poll (gateway down, 5xx) backs off
+  with full jitter (`backoff`, default 0.1 s doubling to 30 s, reset by a poll that works), logged once
+  per step of the backoff, not per retry.
   With `wait=` set, each poll long-polls up to that many seconds on the face (a stop then waits for the
   poll in flight, so keep it short).
 - A poll claims whole groups (strict FIFO). The messages of one group are processed one at a time in seq
@@ -42,13 +50,17 @@ What it does, against the gateway's EmoDB face:
 - `msg.http` is an aiohttp session whose calls carry the message's tags (`X-Strictq-*`, call ordinal per
   attempt), go through `STRICTQ_PROXY_URL` with Proxy-Authorization basic worker id:secret, and cancel
   the handler when the proxy answers `X-Strictq-Proxy-Action: stale-lease` or `block` (the call raises
-  `CallFenced`). Such a message is not acked; after `block` the group is handed back (`not_attempted`,
-  after the `retry_backoff`: a fenced worker must not spin either), after `stale-lease` nothing is done
-  (the claim is someone else's now).
-- `stop()` (or SIGTERM): no more polls; a poll in flight is awaited and what it claimed is released;
-  running handlers get `grace` seconds to finish (and are reported), then are cancelled; everything
-  claimed and not processed is handed back (`not_attempted`), so other workers get it at once instead of
-  after the ttl.
+  `CallFenced`). Such a message is not acked; after `block` the group is handed back at once
+  (`not_attempted`: other workers get it), after `stale-lease` nothing is done (the claim is someone
+  else's now). Either refusal, and a 407 from the proxy, makes the worker back off: no poll until a wait
+  drawn with full jitter from `backoff` (doubling per refusal in a row, up to its cap), one log line per
+  step of the backoff; a call that passes the proxy again ends it.
+- `stop()` (or SIGTERM / SIGINT after `install_signal_handlers()`, or `strictq.sdk.run`): no more polls;
+  a poll in flight is awaited and what it claimed is released; running handlers get `grace` seconds to
+  finish (and are reported), then are cancelled; everything claimed and not processed is handed back
+  (`not_attempted`: no attempt counted, nothing counted against the worker), so other workers get it at
+  once instead of after the ttl. A second signal stops at once (still handing back). Cancelling `run()`
+  hands back what it held too.
 """
 
 from __future__ import annotations
@@ -57,9 +69,10 @@ import asyncio
 import contextlib
 import logging
 import signal
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp
 
@@ -72,6 +85,7 @@ from .attempt import (
     failure_signature,
     result_item,
 )
+from .backoff import Backoff
 from .client import EmoClient, GatewayError, LeaseRefused, ResultsUnsupported
 from .config import ClientConfig
 from .outbound import CURRENT, Tags, proxy_authorization, tagged_session
@@ -80,7 +94,10 @@ log = logging.getLogger("strictq.sdk")
 
 MIN_BACKOFF = 0.05
 MAX_BACKOFF = 0.5
-MAX_ERROR_BACKOFF = 1.0
+MAX_ERROR_BACKOFF = 1.0  # retries of one ack / report / renew within the claim's ttl
+CAPABILITY_RESULTS = "results"  # X-Strictq-Capabilities: the worker reports attempt results
+CAPABILITY_PROBES = "probes"  # ... and handles probes (failure management's dummy messages)
+EXIT_SIGINT = 130  # 128 + SIGINT, the shell's convention for Ctrl-C
 
 
 @dataclass(slots=True)
@@ -154,14 +171,20 @@ class Worker:
         retry_backoff: tuple[float, float] = (0.1, 30.0),
         probe: Handler | None = None,
         report_results: bool | None = None,
+        backoff: tuple[float, float] = (0.1, 30.0),
     ) -> None:
         """`probe`: the handler for probes (failure management's dummy messages; default: `handler`).
         `report_results`: report attempt results (log data) to the gateway; None (default) does when the
-        gateway has the route and falls back to acks and releases when it has not; False never does."""
+        gateway has the route and falls back to acks and releases when it has not; False never does (and
+        the worker then declares no capability: plain EmoDB semantics, no failure management).
+        `backoff`: (base, cap) seconds of the full-jitter backoff after a failing poll or a call the egress
+        proxy refused."""
         if not 0 < heartbeat_fraction < 0.9:
             raise ValueError("heartbeat_fraction must be in (0, 0.9)")
         if ttl <= 0 or limit < 1 or concurrency < 1:
             raise ValueError("ttl must be positive, limit and concurrency at least 1")
+        if not 0 < backoff[0] <= backoff[1]:
+            raise ValueError("backoff must be (base, cap) with 0 < base <= cap")
         self.config = config or ClientConfig.from_env()
         self._api_key = self.config.worker_key()
         self.worker_id = self.config.worker_id or ""
@@ -176,10 +199,16 @@ class Worker:
         self.grace = grace
         self.wait = wait
         self.gateway_timeout = gateway_timeout
-        # Without the results route, and after a proxy `block`: the group's claim is held (heartbeats go
-        # on) for base * 2**(attempt-1) seconds, at most `max`, before it is handed back, so a poison
-        # message (or a fenced worker) does not spin. With results, the core's retry policy delays retries.
+        # Without the results route: the group's claim is held (heartbeats go on) for base * 2**(attempt-1)
+        # seconds, at most `max`, before it is released, so a poison message does not spin. With results,
+        # the core's retry policy delays retries; a proxy refusal pauses polling instead (`backoff`).
         self.retry_backoff = retry_backoff
+        self.backoff = backoff
+        self._poll_backoff = Backoff(*backoff)  # polls that fail (gateway down, 5xx)
+        self._refusals = Backoff(*backoff)  # calls the egress proxy refused (block, stale-lease, 407)
+        self._refusal_epoch = 0  # +1 per counted refusal: claims polled before it belong to that episode
+        self._paused_until = 0.0  # loop time before which no poll is made (the refusal backoff)
+        self.stop_signal: int | None = None  # the signal that stopped the worker (install_signal_handlers)
         self.stats = WorkerStats()
         self._proxy_headers = proxy_authorization(self.config.worker_id, self.config.worker_secret)
         self._proxy_url = self.config.proxy_for(self.worker_id)  # one of several proxy processes
@@ -188,7 +217,6 @@ class Worker:
         self._stop_now = asyncio.Event()  # the grace is over (or a second stop/signal)
         self._runs: dict[str, _GroupRun] = {}  # the latest run per group
         self._active: set[_GroupRun] = set()
-        self._signals: list[tuple[int, Any]] = []  # installed handlers, with what was there before
         self._started = False
         self._gateway: EmoClient | None = None
         self._connector: aiohttp.BaseConnector | None = None
@@ -210,6 +238,21 @@ class Worker:
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
+    @property
+    def capabilities(self) -> tuple[str, ...]:
+        """What the worker declares on every poll (`X-Strictq-Capabilities`): it reports attempt results
+        and handles probes (with `probe=` or, without one, with the handler). Nothing once it is known
+        not to report (`report_results=False`, or a gateway without the results route)."""
+        if self.report_results is False:
+            return ()
+        return (CAPABILITY_RESULTS, CAPABILITY_PROBES)
+
+    @property
+    def exit_code(self) -> int:
+        """The process exit status a stop calls for: 130 after SIGINT (Ctrl-C), else 0 (SIGTERM or
+        `stop()`: a stop that was asked for)."""
+        return EXIT_SIGINT if self.stop_signal == signal.SIGINT else 0
+
     def stop(self, grace: float | None = None) -> None:
         """Stop polling; let running handlers finish within `grace` seconds (default: the worker's), then
         cancel them; release everything not processed. A second call stops at once. Safe before run()."""
@@ -221,12 +264,11 @@ class Worker:
         self._changed.set()
 
     def install_signal_handlers(self, signals: Iterable[int] = (signal.SIGTERM, signal.SIGINT)) -> None:
-        """SIGTERM/SIGINT call `stop()` (a second one stops at once); removed again when run() returns."""
-        loop = asyncio.get_running_loop()
+        """SIGTERM/SIGINT call `stop()` (a second one stops at once); removed again when run() returns.
+        Several workers of one event loop may install: one signal stops them all."""
+        hub = _Signals.of(asyncio.get_running_loop())
         for sig in signals:
-            previous = signal.getsignal(sig)
-            loop.add_signal_handler(sig, self._on_signal, sig)
-            self._signals.append((sig, previous))
+            hub.add(sig, self)
 
     async def run(self) -> None:
         """Poll and process until `stop()`; returns once every claim is acked or released."""
@@ -247,12 +289,7 @@ class Worker:
             raise group.exceptions[0] from None
         finally:
             self._tg = None
-            for sig, previous in reversed(self._signals):  # give the signals back as they were
-                with contextlib.suppress(Exception):
-                    loop.remove_signal_handler(sig)
-                    if previous is not None:
-                        signal.signal(sig, previous)
-            self._signals.clear()
+            _Signals.of(loop).remove(self)  # the signals go back as they were once no worker needs them
             await self._http.close()
             await self._connector.close()
             await self._gateway.close()
@@ -263,17 +300,24 @@ class Worker:
     async def _poll_loop(self) -> None:
         assert self._gateway is not None
         loop = asyncio.get_running_loop()
-        backoff = error_backoff = MIN_BACKOFF
+        backoff = MIN_BACKOFF
         while not self._stopping.is_set():
             free = self.concurrency - len(self._active)
             if free <= 0:
                 self._changed.clear()
                 await self._changed.wait()
                 continue
+            if (paused := self._paused_until - loop.time()) > 0:  # the egress proxy refused a call
+                await self._sleep(paused)
+                continue
             started = loop.time()
             try:
                 messages = await self._gateway.poll(
-                    self.queue, ttl=self.ttl, limit=min(self.limit, free), wait=self.wait
+                    self.queue,
+                    ttl=self.ttl,
+                    limit=min(self.limit, free),
+                    wait=self.wait,
+                    capabilities=self.capabilities,
                 )
             except GatewayError as exc:
                 if not exc.transient and exc.status in (400, 401, 403, 404):
@@ -281,11 +325,20 @@ class Worker:
                     raise WorkerError(
                         f"the gateway refuses to let worker {self.worker_id!r} poll: {exc}"
                     ) from exc
-                log.warning("poll of %s failed (%s); retrying in %.2f s", self.queue, exc, error_backoff)
-                await self._sleep(error_backoff)
-                error_backoff = min(error_backoff * 2, MAX_ERROR_BACKOFF)
+                delay, grew = self._poll_backoff.fail()
+                if grew:  # once per step of the backoff, not per retry
+                    log.warning(
+                        "poll of %s failed (%s); backing off, up to %.1f s between polls (%d failure(s) "
+                        "in a row)",
+                        self.queue,
+                        exc,
+                        self._poll_backoff.ceiling,
+                        self._poll_backoff.failures,
+                    )
+                await self._sleep(delay)
                 continue
-            error_backoff = MIN_BACKOFF
+            if failures := self._poll_backoff.succeed():
+                log.info("poll of %s works again after %d failure(s)", self.queue, failures)
             self.stats.polls += 1
             self.stats.received += len(messages)
             if messages and self._stopping.is_set():
@@ -366,8 +419,46 @@ class Worker:
                 stop_now.cancel()
 
     def _on_signal(self, sig: int) -> None:
-        log.info("worker %s: %s received, stopping", self.worker_id, signal.Signals(sig).name)
+        name = signal.Signals(sig).name
+        if self._stopping.is_set():
+            log.warning("worker %s: %s received again: stopping at once", self.worker_id, name)
+        else:
+            self.stop_signal = sig
+            log.warning(
+                "worker %s: %s received: stopping (handlers in flight get %g s; %s again stops at once)",
+                self.worker_id,
+                name,
+                self.grace,
+                name,
+            )
         self.stop()
+
+    # ------------------------------------------------------------------------------ refusal backoff
+
+    def _refused(self, what: str, epoch: int) -> None:
+        """The egress proxy refused a call of an attempt at a claim polled in `epoch`: no poll for a while
+        (full jitter). Claims polled before the backoff began are one episode: their refusals count once."""
+        if epoch != self._refusal_epoch:
+            return
+        self._refusal_epoch += 1
+        delay, grew = self._refusals.fail()
+        loop = asyncio.get_running_loop()
+        self._paused_until = max(self._paused_until, loop.time() + delay)
+        if grew:  # once per step of the backoff, not per retry
+            log.warning(
+                "worker %s: the egress proxy refused a call (%s); backing off, up to %.1f s before the next "
+                "poll (%d refusal(s) in a row)",
+                self.worker_id,
+                what,
+                self._refusals.ceiling,
+                self._refusals.failures,
+            )
+
+    def _passed(self, epoch: int) -> None:
+        """A call of an attempt polled after the latest refusal passed the proxy: the backoff is over."""
+        if epoch == self._refusal_epoch and (failures := self._refusals.succeed()):
+            self._paused_until = 0.0
+            log.info("worker %s: calls pass the proxy again after %d refusal(s)", self.worker_id, failures)
 
     # ---------------------------------------------------------------------------------------- helpers
 
@@ -417,6 +508,7 @@ class _GroupRun:
         self.current: Tags | None = None
         self.lock = asyncio.Lock()  # ack, renew and release never overlap (a renew must not name acked ids)
         self.task: asyncio.Task[None] | None = None
+        self.epoch = worker._refusal_epoch  # the refusal backoff's episode this claim was polled in
 
     def lose(self, reason: str) -> None:
         if self.lost is None:
@@ -465,7 +557,7 @@ class _GroupRun:
         worker = self.worker
         assert worker._tg is not None
         attempt = raw.get("receive_count") or raw.get("attempt") or 1
-        tags = Tags(worker.queue, raw["id"], self.group, raw.get("token", ""), int(attempt))
+        tags = Tags.for_item(worker.queue, raw, self.group, int(attempt))  # echoes the item's queue_ref
         session = worker._session(tags)
         probe = raw.get("probe") is True
         message = Message(
@@ -500,20 +592,22 @@ class _GroupRun:
         duration_ms = (loop.time() - started) * 1000
         if probe:
             worker.stats.probes += 1
+        error = None if task.cancelled() else task.result()
+        if tags.fenced is not None:  # a fenced or stale worker backs off instead of polling straight on
+            worker._refused(f"{tags.fenced.action} for message {raw['id']}", self.epoch)
+        elif error is not None and _proxy_auth_refused(error):
+            worker._refused(f"407 for message {raw['id']}", self.epoch)
+        elif tags.calls:
+            worker._passed(self.epoch)
         if task.cancelled() or tags.aborted:
             reason = tags.abort_reason or "the handler was cancelled"
             worker.stats.failed += 1
             worker.stats.probes_failed += probe
             if tags.fenced is not None and tags.fenced.action == "stale-lease":
                 self.lose(f"message {raw['id']}: {reason}")
-            else:
+            else:  # handed back at once (not_attempted): another worker takes it while this one backs off
                 self.release_reason = f"message {raw['id']}: {reason}"
-                if tags.fenced is not None:
-                    # A fenced (blocked) worker backs off rather than taking the message straight back:
-                    # it would only be refused again.
-                    self.retry_after = self._backoff(attempt)
             return False
-        error = task.result()
         if error is None:
             return await self._succeeded(raw, message, duration_ms)
         worker.stats.failed += 1
@@ -744,6 +838,94 @@ class _GroupRun:
         except Exception:  # never take the task group down; the claim will be treated as lost
             log.exception("heartbeat for group %s crashed", self.group)
             self.lose("the heartbeat crashed")
+
+
+def run(*workers: Worker) -> int:
+    """Run the workers in a new event loop until SIGTERM or Ctrl-C stops them gracefully (see
+    `Worker.stop`: what they hold and have not finished is handed back, nothing counts as a failure) and
+    return the exit status, without a traceback: 0 after SIGTERM, 130 after Ctrl-C (SIGINT), 1 when a
+    worker could not go on (its `WorkerError` is logged as one line). `raise SystemExit(run(worker))`."""
+    return asyncio.run(serve(*workers))
+
+
+async def serve(*workers: Worker) -> int:
+    """`run` inside a running event loop (the main thread's: signal handlers are installed there)."""
+    if not workers:
+        raise ValueError("serve() needs at least one Worker")
+    for worker in workers:
+        worker.install_signal_handlers()
+    failed = False
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for worker in workers:
+                tg.create_task(worker.run(), name=f"strictq-worker-{worker.queue}")
+    except* WorkerError as group:
+        failed = True
+        for exc in group.exceptions:
+            log.error("strictq worker: %s", exc)
+    return 1 if failed else max(worker.exit_code for worker in workers)
+
+
+class _Signals:
+    """One event loop's signal handlers for the workers that installed them. `loop.add_signal_handler`
+    keeps a single callback per signal, so the hub's callback stops every worker registered for it; the
+    handler that was there before comes back once the last of them is gone."""
+
+    _hubs: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Signals]] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.workers: dict[int, list[Worker]] = {}
+        self.previous: dict[int, Any] = {}
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _Signals:
+        hub = cls._hubs.get(loop)
+        if hub is None:
+            hub = cls._hubs[loop] = cls(loop)
+        return hub
+
+    def add(self, sig: int, worker: Worker) -> None:
+        if sig not in self.workers:
+            previous = signal.getsignal(sig)
+            self.loop.add_signal_handler(sig, self._fire, sig)
+            self.previous[sig] = previous
+            self.workers[sig] = []
+        if worker not in self.workers[sig]:
+            self.workers[sig].append(worker)
+
+    def remove(self, worker: Worker) -> None:
+        for sig, workers in list(self.workers.items()):
+            if worker in workers:
+                workers.remove(worker)
+            if workers:
+                continue
+            del self.workers[sig]
+            previous = self.previous.pop(sig, None)
+            with contextlib.suppress(Exception):  # the loop may be closing; the handler goes either way
+                self.loop.remove_signal_handler(sig)
+                if previous is not None:
+                    signal.signal(sig, previous)
+        if not self.workers:  # the hub refers to its loop: drop it so the loop can go
+            self._hubs.pop(self.loop, None)
+
+    def _fire(self, sig: int) -> None:
+        for worker in list(self.workers.get(sig, ())):
+            worker._on_signal(sig)
+
+
+def _proxy_auth_refused(error: BaseException) -> bool:
+    """The handler failed on a 407: the egress proxy does not take the worker's credential (or tenant)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, aiohttp.ClientResponseError) and current.status == 407:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _seq(raw: dict[str, Any]) -> int:

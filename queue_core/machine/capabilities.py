@@ -1,0 +1,97 @@
+"""What a worker declares it can do on a poll: the opt-in to failure management (issue 12).
+
+The SDK declares `results, probes` on every poll: the EmoDB face's header `X-Strictq-Capabilities`
+(comma-separated tokens, case-insensitive, whitespace around them allowed) or the internal API's receive
+body `"capabilities": ["results", "probes"]`. `results`: the worker reports attempt results, so its
+lapsed claims are failure evidence and it takes part in fencing, same-worker retries and probing;
+`probes`: it can also be handed probe (dummy) items. Unknown tokens are ignored (forward compatibility);
+a malformed declaration is refused with a 400 naming the header (or field). A client that declares
+nothing (boto3, the AWS CLI, curl, any EmoDB client) gets plain queue semantics.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import InvalidArgument
+
+HEADER = "X-Strictq-Capabilities"
+FIELD = "capabilities"  # the internal API's receive body
+RESULTS = "results"
+PROBES = "probes"
+KNOWN = frozenset({RESULTS, PROBES})
+MAX_TOKENS = 16
+MAX_BYTES = 256
+TOKEN_RE = re.compile(r"[a-z0-9_-]+")
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """One poll's declaration (only the known tokens are kept)."""
+
+    results: bool = False
+    probes: bool = False
+
+    @property
+    def participates(self) -> bool:
+        """The poll takes part in failure management (it declared `results`)."""
+        return self.results
+
+    @property
+    def takes_probes(self) -> bool:
+        """It may be handed probe items: `probes` counts only with `results` (a probe needs a result)."""
+        return self.results and self.probes
+
+    def tokens(self) -> list[str]:
+        return [name for name in (RESULTS, PROBES) if getattr(self, name)]
+
+
+PLAIN = Capabilities()
+SDK = Capabilities(results=True, probes=True)
+
+
+def _from_tokens(tokens: Iterable[str], field: str) -> Capabilities:
+    seen: set[str] = set()
+    count = 0
+    for raw in tokens:
+        count += 1
+        if count > MAX_TOKENS:
+            raise InvalidArgument(f"{field} declares more than {MAX_TOKENS} capabilities", field=field)
+        token = raw.strip().lower()
+        if not token:
+            raise InvalidArgument(f"{field} has an empty capability (e.g. two commas in a row)", field=field)
+        if not TOKEN_RE.fullmatch(token):
+            raise InvalidArgument(
+                f"{field}: a capability is made of a-z, 0-9, '_' and '-', got {raw.strip()[:40]!r}",
+                field=field,
+            )
+        seen.add(token)
+    return Capabilities(results=RESULTS in seen, probes=PROBES in seen)
+
+
+def parse_header(values: Iterable[str]) -> Capabilities:
+    """The header's values (repeated headers are one comma-separated list, as HTTP says); none: plain.
+    A header that is present but blank declares nothing."""
+    values = list(values)
+    if not values:
+        return PLAIN
+    text = ",".join(values)
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
+        raise InvalidArgument(f"{HEADER} is over {MAX_BYTES} bytes", field=HEADER)
+    if not text.strip():
+        return PLAIN
+    return _from_tokens(text.split(","), HEADER)
+
+
+def parse_list(value: Any, field: str = FIELD) -> Capabilities:
+    """The internal API's `capabilities`: a list of strings (absent or null: plain)."""
+    if value is None:
+        return PLAIN
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise InvalidArgument(f"{field} must be a list of strings", field=field)
+    if sum(len(item.encode("utf-8", "surrogatepass")) + 1 for item in value) > MAX_BYTES:
+        raise InvalidArgument(f"{field} is over {MAX_BYTES} bytes", field=field)
+    return _from_tokens(value, field)
