@@ -164,7 +164,9 @@ def test_a_garbled_result_that_cannot_be_forwarded_as_sent_stays_garbled() -> No
 
     from queue_core.results import parse_results, result_json
 
-    (garbled,) = parse_results({"results": [{"id": "probe-1-1", "outcome": "failed", "reason": "bad \ud800"}]})
+    (garbled,) = parse_results(
+        {"results": [{"id": "probe-1-1", "outcome": "failed", "reason": "bad \ud800"}]}
+    )
     assert garbled.error is not None
     forwarded = orjson.loads(orjson.dumps(result_json(garbled)))
     (again,) = parse_results({"results": [forwarded]})

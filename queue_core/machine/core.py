@@ -83,9 +83,7 @@ EXPIRED_REASON = "claim expired"
 
 
 class QueueCore:
-    def __init__(
-        self, epoch: int = 1, partitions: int = DEFAULT_PARTITIONS, *, opt_in: bool = False
-    ) -> None:
+    def __init__(self, epoch: int = 1, partitions: int = DEFAULT_PARTITIONS, *, opt_in: bool = False) -> None:
         if epoch < 1:
             raise ValueError("epoch must be >= 1")
         self.epoch = epoch

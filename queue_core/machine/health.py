@@ -41,12 +41,26 @@ from .effects import AttemptRecorded
 
 WorkerState = Literal["healthy", "suspect", "fenced", "probing", "blacklisted"]
 WorkerInput = Literal[
-    "failure", "recover", "fence", "probe_due", "probe_failed", "blacklist", "unblacklist", "restore",
+    "failure",
+    "recover",
+    "fence",
+    "probe_due",
+    "probe_failed",
+    "blacklist",
+    "unblacklist",
+    "restore",
     "adopt_blacklist",
 ]
 WORKER_STATES: tuple[WorkerState, ...] = ("healthy", "suspect", "fenced", "probing", "blacklisted")
 WORKER_INPUTS: tuple[WorkerInput, ...] = (
-    "failure", "recover", "fence", "probe_due", "probe_failed", "blacklist", "unblacklist", "restore",
+    "failure",
+    "recover",
+    "fence",
+    "probe_due",
+    "probe_failed",
+    "blacklist",
+    "unblacklist",
+    "restore",
     "adopt_blacklist",
 )
 # The worker lifecycle, the one place a worker's state changes (`next_state`); anything else raises.
@@ -84,6 +98,8 @@ def next_state(state: WorkerState, event: WorkerInput) -> WorkerState:
     if target is None:
         raise IllegalTransition(f"a {state} worker cannot take {event!r}")
     return target
+
+
 ProbePurpose = Literal["worker", "check", "queue"]
 FAILED_OUTCOMES = frozenset({"failed", "partial", "expired"})
 EXPIRED_SIGNATURE = "claim expired"  # what a claim that ran out counts as when the worker said nothing
