@@ -12,6 +12,13 @@ from typing import Any
 import aiohttp
 import orjson
 
+from protocol.errors import BAD_RESPONSE, error_body, parse_error
+from protocol.headers import API_KEY as API_KEY_HEADER
+
+from .machine.errors import error_class
+from .wire import ReceiveRequest, encode_move_request, encode_receive
+from .wire import held as _held
+
 
 class QueueClientError(Exception):
     """The server refused a request; `code` is the server's stable error code."""
@@ -23,8 +30,11 @@ class QueueClientError(Exception):
         message: str,
         details: dict[str, Any] | None = None,
         results: list[dict[str, Any]] | None = None,
+        *,
+        retriable: bool = False,
     ) -> None:
         super().__init__(f"{status} {code}: {message}")
+        self.retriable = retriable  # the server says the same request may succeed later
         self.status = status
         self.code = code
         self.message = message
@@ -88,7 +98,7 @@ class QueueClient:
             ssl_context: ssl.SSLContext | bool = True
             if self.config.ca_file:
                 ssl_context = ssl.create_default_context(cafile=self.config.ca_file)
-            headers = {"X-BV-API-Key": self.config.api_key} if self.config.api_key else {}
+            headers = {API_KEY_HEADER: self.config.api_key} if self.config.api_key else {}
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(ssl=ssl_context, limit=0),
                 timeout=self._timeout,
@@ -109,15 +119,16 @@ class QueueClient:
             try:
                 payload = orjson.loads(raw) if raw else {}
             except orjson.JSONDecodeError:
-                payload = {"error": {"code": "bad_response", "message": raw[:200].decode(errors="replace")}}
+                payload = error_body(BAD_RESPONSE, raw[:200].decode(errors="replace"))
             if response.status >= 400:
-                error = payload.get("error", {}) if isinstance(payload, dict) else {}
+                error = parse_error(payload)
                 raise QueueClientError(
                     response.status,
-                    error.get("code", "http_error"),
-                    error.get("message", response.reason or ""),
-                    error.get("details"),
+                    error.code,
+                    error.message or response.reason or "",
+                    error.details,
                     payload.get("results") if isinstance(payload, dict) else None,
+                    retriable=error.retriable,
                 )
             return payload
 
@@ -168,8 +179,11 @@ class QueueClient:
             entry["group"] = group
         (result,) = await self.send(queue, [entry])
         if "error" in result:
-            error = result["error"]
-            raise QueueClientError(400, error["code"], error["message"], error.get("details"))
+            error = parse_error(result)
+            status = error_class(error.code).status  # the status the item's error carries
+            raise QueueClientError(
+                status, error.code, error.message, error.details, retriable=error.retriable
+            )
         return result
 
     async def receive(
@@ -183,10 +197,9 @@ class QueueClient:
     ) -> list[dict[str, Any]]:
         """`capabilities`: what this poller declares (["results", "probes"]: it takes part in failure
         management, docs/failure-management.md); None: plain queue semantics."""
-        body: dict[str, Any] = {"limit": limit, "worker": worker or self.config.worker_id or "", "wait": wait}
-        if ttl is not None:
-            body["ttl"] = ttl
-        if capabilities is not None:
+        polled = ReceiveRequest(limit, ttl, worker or self.config.worker_id or "", wait)
+        body = encode_receive(polled)
+        if capabilities is not None:  # as given: the server decides what it makes of them
             body["capabilities"] = list(capabilities)
         result = await self.request("POST", f"/v1/queues/{queue}/receive", body)
         return list(result["messages"])
@@ -237,7 +250,8 @@ class QueueClient:
         return result
 
     async def start_move(self, source: str, destination: str) -> dict[str, Any]:
-        result: dict[str, Any] = await self.request("POST", "/v1/moves", {"from": source, "to": destination})
+        body = encode_move_request(source, destination)
+        result: dict[str, Any] = await self.request("POST", "/v1/moves", body)
         return result
 
     async def move_status(self, move_id: str) -> dict[str, Any]:
@@ -250,7 +264,3 @@ class QueueClient:
         except (QueueClientError, aiohttp.ClientError):
             return False
         return True
-
-
-def _held(body: dict[str, Any], holder: str | None) -> dict[str, Any]:
-    return body if holder is None else {**body, "holder": holder}

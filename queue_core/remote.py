@@ -9,7 +9,6 @@ them exactly as they do in-process.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import ssl
 from collections.abc import Sequence
@@ -19,9 +18,9 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
+from . import wire
 from .machine import (
     AckOutcome,
-    Delivery,
     MoveStatus,
     NotFound,
     PeekItem,
@@ -37,7 +36,6 @@ from .machine.capabilities import PLAIN, Capabilities
 from .machine.core import RenewMode
 from .machine.groups import DEFAULT_PARTITIONS
 from .machine.inputs import AttemptResult
-from .results import outcome_from_json, result_json
 from .service import MAX_WAIT, Received
 
 log = logging.getLogger("strictq.remote")
@@ -173,11 +171,11 @@ class RemoteQueueService:
     # ------------------------------------------------------------------------------------ queues
     async def create_queue(self, name: str, attributes: dict[str, Any] | None = None) -> QueueAttributes:
         payload = await self._call("PUT", self._q(name), {"attributes": attributes or {}})
-        return QueueAttributes.from_dict(payload["attributes"])
+        return wire.decode_attributes(payload)
 
     async def set_attributes(self, name: str, changes: dict[str, Any]) -> QueueAttributes:
         payload = await self._call("PATCH", self._q(name), {"attributes": changes})
-        return QueueAttributes.from_dict(payload["attributes"])
+        return wire.decode_attributes(payload)
 
     async def delete_queue(self, name: str) -> None:
         await self._call("DELETE", self._q(name))
@@ -186,18 +184,17 @@ class RemoteQueueService:
         payload = await self._call("GET", "/v1/queues", params={"prefix": prefix})
         return list(payload["queues"])
 
-    async def _info(self, name: str) -> dict[str, Any]:
-        info: dict[str, Any] = await self._call("GET", self._q(name))
-        return info
+    async def _info(self, name: str) -> wire.QueueInfo:
+        return wire.decode_queue_info(await self._call("GET", self._q(name)))
 
     async def attributes(self, name: str) -> QueueAttributes:
-        return QueueAttributes.from_dict((await self._info(name))["attributes"])
+        return (await self._info(name)).attributes
 
     async def created_at(self, name: str) -> float:
-        return float((await self._info(name))["created_at"])
+        return (await self._info(name)).created_at
 
     async def metrics(self, name: str) -> QueueMetrics:
-        return QueueMetrics(**(await self._info(name))["metrics"])
+        return (await self._info(name)).metrics
 
     async def group_metrics(self, name: str, group: str) -> dict[str, Any]:
         metrics: dict[str, Any] = await self._call("GET", self._q(name) + "/group", params={"name": group})
@@ -207,13 +204,9 @@ class RemoteQueueService:
     async def send(
         self, queue: str, requests: Sequence[SendRequest], *, create: bool = False
     ) -> list[SendResult | QueueError]:
-        payload = await self._call(
-            "POST",
-            self._q(queue) + "/send",
-            {"messages": [_send_json(r) for r in requests], "create": create},
-            batch=True,
-        )
-        return [_send_result(item) for item in payload["results"]]
+        body = wire.encode_send(requests, create)
+        payload = await self._call("POST", self._q(queue) + "/send", body, batch=True)
+        return [wire.decode_send_result(item) for item in payload["results"]]
 
     async def receive(
         self,
@@ -226,11 +219,7 @@ class RemoteQueueService:
         capabilities: Capabilities = PLAIN,
     ) -> list[Received]:
         wait = min(max(wait, 0.0), MAX_WAIT)
-        body: dict[str, Any] = {"limit": limit, "ttl": ttl, "worker": worker, "wait": wait}
-        if not probes:
-            body["probes"] = False
-        if capabilities != PLAIN:  # the poller's declaration, forwarded as it was made
-            body["capabilities"] = capabilities.tokens()
+        body = wire.encode_receive(wire.ReceiveRequest(limit, ttl, worker, wait, probes, capabilities))
         path = self._q(queue) + "/receive"
         if wait <= 0:
             payload = await self._call("POST", path, body)
@@ -248,7 +237,7 @@ class RemoteQueueService:
                 raise
             finally:
                 self._polls.discard(task)
-        return [_received(item) for item in payload["messages"]]
+        return [wire.decode_received(item) for item in payload["messages"]]
 
     async def _claims(
         self,
@@ -258,11 +247,10 @@ class RemoteQueueService:
         holder: str | None,
         **extra: Any,
     ) -> list[AckOutcome]:
-        body = {"items": [[message_id, token] for message_id, token in items], **extra}
-        if holder is not None:  # the server's core then ends only claims that went to this worker
-            body["holder"] = holder
+        # With a holder, the server's core ends only claims that went to this worker.
+        body = wire.encode_claims(items, holder, **extra)
         payload = await self._call("POST", self._q(queue) + "/" + action, body, batch=True)
-        return [AckOutcome(r["id"], r["status"], r.get("message", "")) for r in payload["results"]]
+        return [wire.decode_ack_outcome(r) for r in payload["results"]]
 
     async def ack(
         self, queue: str, items: Sequence[tuple[str, int | None]], holder: str | None = None
@@ -282,11 +270,9 @@ class RemoteQueueService:
     async def report(
         self, queue: str, worker: str, results: Sequence[AttemptResult], holder: str | None = None
     ) -> list[AckOutcome]:
-        body: dict[str, Any] = {"worker": worker, "results": [result_json(r) for r in results]}
-        if holder is not None:
-            body["holder"] = holder
+        body = wire.encode_report(worker, results, holder)
         payload = await self._call("POST", self._q(queue) + "/results", body)
-        return [outcome_from_json(item) for item in payload["results"]]
+        return [wire.decode_report_outcome(item) for item in payload["results"]]
 
     async def release(
         self, queue: str, items: Sequence[tuple[str, int | None]], holder: str | None = None
@@ -301,29 +287,18 @@ class RemoteQueueService:
 
     async def peek(self, queue: str, limit: int = 10) -> list[tuple[PeekItem, bytes, str, bytes]]:
         payload = await self._call("GET", self._q(queue) + "/peek", params={"limit": limit})
-        out = []
-        for item in payload["messages"]:
-            peeked = PeekItem(
-                _key_of(item["id"]),
-                item["id"],
-                item["group"],
-                item["seq"],
-                item["sent_at"],
-                item["receive_count"],
-                item["claimed"],
-            )
-            out.append((peeked, *_body_of(item)))
-        return out
+        return [wire.decode_peek(item) for item in payload["messages"]]
 
     # ------------------------------------------------------------------------------------ moves
     async def start_move(self, source: str, destination: str) -> MoveStatus:
-        return _move(await self._call("POST", "/v1/moves", {"from": source, "to": destination}))
+        body = wire.encode_move_request(source, destination)
+        return wire.decode_move(await self._call("POST", "/v1/moves", body))
 
     async def move_status(self, move_id: str) -> MoveStatus:
-        return _move(await self._call("GET", "/v1/moves/" + _move_segment(move_id)))
+        return wire.decode_move(await self._call("GET", "/v1/moves/" + _move_segment(move_id)))
 
     async def cancel_move(self, move_id: str) -> MoveStatus:
-        return _move(await self._call("POST", "/v1/moves/" + _move_segment(move_id) + "/cancel"))
+        return wire.decode_move(await self._call("POST", "/v1/moves/" + _move_segment(move_id) + "/cancel"))
 
 
 def _move_segment(move_id: str) -> str:
@@ -334,81 +309,6 @@ def _move_segment(move_id: str) -> str:
     return quote(move_id, safe="")
 
 
-# ------------------------------------------------------------------------------------ JSON <-> records
 def _current_task_cancelling() -> bool:
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
-
-
-def _send_json(request: SendRequest) -> dict[str, Any]:
-    entry: dict[str, Any] = {"content_type": request.content_type or "text/plain"}
-    try:
-        entry["body"] = request.body.decode()
-    except UnicodeDecodeError:
-        entry["body_b64"] = base64.b64encode(request.body).decode()
-    if request.extra:
-        entry["attributes"] = orjson.loads(request.extra)
-    for name, value in (
-        ("group", request.group),
-        ("dedup_id", request.dedup_id),
-        ("id", request.message_id),
-        ("delay", request.delay),
-    ):
-        if value is not None:
-            entry[name] = value
-    return entry
-
-
-def _send_result(item: dict[str, Any]) -> SendResult | QueueError:
-    if "error" in item:
-        return error_from_dict(item["error"])
-    return SendResult(item["id"], item["group"], item["seq"], item["partition"], item["duplicate"])
-
-
-def _key_of(message_id: str) -> int:
-    """The core's key is the id in hex for ids it made; faces never use it, so others get 0."""
-    try:
-        return int(message_id, 16)
-    except ValueError:
-        return 0
-
-
-def _body_of(item: dict[str, Any]) -> tuple[bytes, str, bytes]:
-    if "body_b64" in item:
-        body = base64.b64decode(item["body_b64"])
-    else:
-        body = str(item.get("body", "")).encode()
-    attributes = item.get("attributes")
-    return body, item.get("content_type", ""), orjson.dumps(attributes) if attributes else b""
-
-
-def _received(item: dict[str, Any]) -> Received:
-    delivery = Delivery(
-        _key_of(item["id"]),
-        item["id"],
-        item["group"],
-        item["seq"],
-        item["token"],
-        item["receipt"],
-        item["receive_count"],
-        item["sent_at"],
-        item["first_receive_at"],
-        item["claim_expires"],
-        item.get("origin"),
-        item.get("history"),
-    )
-    return Received(delivery, *_body_of(item), probe=item.get("probe") is True)
-
-
-def _move(data: dict[str, Any]) -> MoveStatus:
-    return MoveStatus(
-        id=data["id"],
-        source=data["from"],
-        destination=data["to"],
-        moved=data["moved"],
-        remaining=data["remaining"],
-        state=data["state"],
-        error=data["error"],
-        started_at=data["started_at"],
-        finished_at=data["finished_at"],
-    )

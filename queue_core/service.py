@@ -12,7 +12,6 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -47,6 +46,7 @@ from .machine.effects import (
 from .machine.groups import DEFAULT_PARTITIONS
 from .machine.health import Probe
 from .machine.inputs import AttemptResult, ControlRows
+from .machine.records import Received as Received  # re-exported: the faces import it from here
 from .machine.supervisor import HealthEffect, ProbeDelivered, Supervisor, SupervisorEffect
 from .store import SqliteStore, read_attempt_log
 
@@ -54,17 +54,6 @@ log = logging.getLogger("strictq.queue")
 T = TypeVar("T")
 BODY_CACHE_BYTES = 32 * 1024 * 1024
 MAX_WAIT = 20.0
-
-
-@dataclass(slots=True)
-class Received:
-    """A delivered message with its body joined back in from the cache or the store."""
-
-    delivery: Delivery
-    body: bytes
-    content_type: str
-    extra: bytes
-    probe: bool = False  # a dummy message of failure management (queue_core.failures), not the core's
 
 
 # What failure management's shell hears: counted attempts and retry-workflow group events of the core,
@@ -213,6 +202,15 @@ class QueueService:
         result, _ = self._apply(operation, *args, **kwargs)
         return result
 
+    def _read(self, operation: Callable[..., T], *args: Any) -> T:
+        """A read of the core at `now` (metrics, peek): it advances the core's time like any call (claims
+        expire, retention drops messages on the way), so its effects are drained, heard and submitted in
+        order like any call's; the read itself waits for no commit (a failed store is the next write's
+        error, as before)."""
+        result, future = self._apply(operation, *args)
+        future.add_done_callback(_retrieved)
+        return result
+
     async def settled(self) -> None:
         """Everything submitted so far is durable."""
         await self._durable(self._submit([]))
@@ -317,10 +315,10 @@ class QueueService:
         return self.core.queue(name).created_at
 
     async def metrics(self, name: str) -> QueueMetrics:
-        return self.core.metrics(name, self.clock())
+        return self._read(self.core.metrics, name)
 
     async def group_metrics(self, name: str, group: str) -> dict[str, Any]:
-        return self.core.group_metrics(name, group, self.clock())
+        return self._read(self.core.group_metrics, name, group)
 
     # -------------------------------------------------------------------------------- messages
     async def send(
@@ -466,7 +464,7 @@ class QueueService:
         return count
 
     async def peek(self, queue: str, limit: int = 10) -> list[tuple[PeekItem, bytes, str, bytes]]:
-        items = self.core.peek(queue, limit, self.clock())
+        items = self._read(self.core.peek, queue, limit)
         missing = [i.key for i in items if self.cache.get(i.key) is None]
         fetched = await self._durable(self._submit([], missing)) if missing else NO_BODIES
         out = []
@@ -532,3 +530,9 @@ class QueueService:
             raise InvalidArgument("limit must be an integer from 1 to 1000", field="limit")
         await self._durable(self._submit([]))  # what was reported before this call is committed
         return await asyncio.to_thread(read_attempt_log, self._store.path, qid, group, limit)
+
+
+def _retrieved(future: asyncio.Future[Bodies]) -> None:
+    """Mark a commit nobody awaits as looked at (its failure is reported to the next write)."""
+    if not future.cancelled():
+        future.exception()

@@ -454,6 +454,6 @@ def test_heaps_do_not_keep_dead_groups_alive() -> None:
         now += 0.01
     queue = core.queue("q")
     assert (len(queue.by_id), len(queue.groups)) == (0, 0)
-    for heap in (core._retention, core._claims, queue.ready):
+    for heap in (core.state.retention, core.state.claims, queue.ready):
         assert len(heap) <= 2 * MIN_COMPACT_SIZE
     assert core.next_deadline() is None

@@ -239,6 +239,18 @@ class Delivery:
 
 
 @dataclass(slots=True)
+class Received:
+    """A delivered message with its body joined back in (by the shell, from its cache or the store; or
+    read off the internal API by the remote backend, queue_core.wire)."""
+
+    delivery: Delivery
+    body: bytes
+    content_type: str
+    extra: bytes
+    probe: bool = False  # a dummy message of failure management (queue_core.failures), not the core's
+
+
+@dataclass(slots=True)
 class PeekItem:
     key: int
     message_id: str

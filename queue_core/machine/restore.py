@@ -1,34 +1,31 @@
 """Rebuilding the state machine from the store's snapshot after a restart.
 
-A friend of `QueueCore` (it fills the core's indexes directly): restart speed is a target (1M messages in
-well under 5 s), so the hot loop appends rows in key order instead of replaying sends.
+It fills the shared `CoreState` (state.py) directly, which `QueueCore.restore` hands it: restart speed is
+a target (1M messages in well under 5 s), so the hot loop appends rows in key order instead of replaying
+sends.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from .attributes import QueueAttributes
 from .groups import partition_of
 from .inputs import Snapshot
 from .queue import QueueState, tiebreak
 from .records import AttemptHistory, GroupState, Message
-
-if TYPE_CHECKING:
-    from .core import QueueCore
+from .state import CoreState
 
 
-def restore_into(core: QueueCore, snapshot: Snapshot, now: float) -> None:
+def restore_into(core: CoreState, snapshot: Snapshot, now: float) -> None:
     """Claims keep their expiry, floors come back from the rows' tokens, and keys never repeat."""
     by_qid: dict[int, QueueState] = {}
     for qid, name, attributes, created_at in snapshot.queues:
         queue = QueueState(qid, name, QueueAttributes.from_dict(attributes), created_at)
         core.queues[name] = queue
         by_qid[qid] = queue
-        core._next_qid = max(core._next_qid, qid + 1)
+        core.next_qid = max(core.next_qid, qid + 1)
     last_key = snapshot.key_high_water
     partitions = core.partitions
-    delays = core._delays
+    delays = core.delays
     groups_of = {queue.qid: queue.groups for queue in by_qid.values()}
     # The hot loop of a restart (1M rows: keep it lean); rows arrive in key order, so appending to
     # each group's deque keeps receipt order without QueueState.insert's ordering check.
@@ -78,7 +75,7 @@ def restore_into(core: QueueCore, snapshot: Snapshot, now: float) -> None:
             delays.push((message.available_at, next(tiebreak), message))
         if key > last_key:
             last_key = key
-    core._last_key = last_key
+    core.last_key = last_key
     # Attempt histories before the groups are made ready: a parked head keeps its group out of the heap.
     for key, qid, message_id, state in snapshot.histories:
         owner = by_qid.get(qid)
@@ -102,10 +99,10 @@ def restore_into(core: QueueCore, snapshot: Snapshot, now: float) -> None:
                 queue.in_flight -= 1
             if group.claimed:
                 expires = min(m.claim_expires for m in group.claimed)
-                core._claims.push((expires, next(tiebreak), group, group.floor))
+                core.claims.push((expires, next(tiebreak), group, group.floor))
             else:
                 queue.push_ready(group)
-            core._push_retention(group)
+            core.push_retention(group)
     for qid, dedup_key, message_id, seq, group_name, expires in snapshot.dedup:
         owner = by_qid.get(qid)
         if owner is None or expires <= now:
