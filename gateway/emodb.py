@@ -40,7 +40,8 @@ Decisions:
   value, so `{"a": 1}` and `{"a":1}` are the same message to a dedup queue; integers of any size keep every
   digit. A polled body stored as text by another face is returned parsed when it is valid JSON, otherwise
   as a JSON string.
-- Every error is `{"error": {"code", "message"[, "details"]}}`, mapped in one place (`error_response`).
+- Every error is `{"error": {"code", "message"[, "retriable"][, "details"]}}` with the status the error
+  carries (docs/errors.md), rendered by queue_core.http_errors like the internal API's and the admin routes'.
 """
 
 from __future__ import annotations
@@ -50,46 +51,44 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import orjson
 from aiohttp import web
 
+from access.keys import Credential
+from access.permissions import Permission, allowed, require, visible_name
+from protocol import headers
+from protocol.errors import StrictqError, error_body
 from queue_core.backend import QueueBackend
-from queue_core.http_errors import client_gone
+from queue_core.http_errors import client_gone, json_response
+from queue_core.http_errors import error_response as render_error
 from queue_core.machine import (
     AckOutcome,
-    AlreadyExists,
     InvalidArgument,
-    LimitExceeded,
     NotFound,
-    NotInFlight,
     QueueError,
     QueueMetrics,
     QueueNotFound,
     SendRequest,
     SendResult,
-    StaleClaim,
-    TooLarge,
-    Unavailable,
+    error_class,
 )
 from queue_core.machine.capabilities import HEADER as CAPABILITIES_HEADER
 from queue_core.machine.capabilities import parse_header as parse_capabilities
 from queue_core.machine.text import DECIMAL_RE, INTEGER_RE, check_name
 from queue_core.results import outcome_json, parse_results
-from queue_core.store import StoreDataError, StoreError
+from queue_core.scope import internal_name
 
-from .app import KEYS, ROUTER
+from .app_keys import KEYS, ROUTER
 from .deliveries import deliveries_of
-from .keys import Credential
 from .results_log import log_results
-from .tenancy import Forbidden, internal_name, require
 
 log = logging.getLogger("strictq.gateway.emodb")
 
-API_KEY_HEADER = "X-BV-API-Key"
-GROUP_HEADER = "X-Strictq-Group"
-LEASE_HEADER = "X-Strictq-Lease"
+API_KEY_HEADER = headers.API_KEY
+GROUP_HEADER = headers.GROUP
+LEASE_HEADER = headers.LEASE
 MAX_WAIT = 20.0
 DEFAULT_TTL = 30.0
 MAX_TTL = 3600.0  # EmoDB: "The ttl may range from 0 seconds to 1 hour."
@@ -102,19 +101,12 @@ MOVE_STATUS = {"running": "IN_PROGRESS", "done": "COMPLETE", "failed": "ERROR"}
 # Headers of this face whose values reach the core or the logs.
 CHECKED_HEADERS = (GROUP_HEADER, LEASE_HEADER)
 
-Role = Literal["send", "consume", "admin"]
-
-
 # ---------------------------------------------------------------------------------- errors, one place
-class FaceError(Exception):
+class FaceError(StrictqError):
     """An error of the HTTP layer itself (authentication, media type), with its status and code."""
 
-    status: ClassVar[int] = 400
-    code: ClassVar[str] = "bad_request"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+    status = 400
+    code = "bad_request"
 
 
 class BadApiKey(FaceError):
@@ -127,62 +119,9 @@ class UnsupportedMediaType(FaceError):
     code = "unsupported_media_type"
 
 
-# The core's typed errors by class, most specific first; the first match wins.
-STATUS_BY_ERROR: list[tuple[type[QueueError], int]] = [
-    (NotFound, 404),  # QueueNotFound too; and unknown move references
-    (StaleClaim, 409),
-    (NotInFlight, 409),
-    (AlreadyExists, 409),
-    (TooLarge, 413),
-    (LimitExceeded, 429),
-    (Unavailable, 503),
-    (InvalidArgument, 400),
-    (QueueError, 400),
-]
-CODE_BY_HTTP_STATUS = {
-    404: "no_such_route",
-    405: "method_not_allowed",
-    413: "request_too_large",
-}
-
-
-def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
-    error: dict[str, Any] = {"code": code, "message": message}
-    if details:
-        error["details"] = details
-    return {"error": error}
-
-
-def status_of(error: QueueError) -> int:
-    return next(status for cls, status in STATUS_BY_ERROR if isinstance(error, cls))
-
-
 def error_response(exc: BaseException) -> web.Response:
-    """The one mapping of this face from errors to HTTP status and JSON body."""
-    if isinstance(exc, QueueError):
-        return json_response({"error": exc.to_dict()}, status_of(exc))
-    if isinstance(exc, FaceError):
-        return json_response(error_body(exc.code, exc.message), exc.status)
-    if isinstance(exc, Forbidden):
-        return json_response(error_body("forbidden", str(exc)), 403)
-    if isinstance(exc, StoreDataError):  # one request's data; the store is fine (queue_core.durability)
-        log.error("the store refused a request's data: %s", exc)
-        return json_response(error_body("store_refused", "the store refused this request's data"), 500)
-    if isinstance(exc, StoreError):
-        return json_response(error_body("store_unavailable", str(exc)), 503)
-    if isinstance(exc, web.HTTPException):
-        response = json_response(
-            error_body(CODE_BY_HTTP_STATUS.get(exc.status, "http_error"), exc.reason or "error"), exc.status
-        )
-        if isinstance(exc, web.HTTPMethodNotAllowed):
-            response.headers["Allow"] = ",".join(sorted(exc.allowed_methods))
-        return response
-    log.exception("unexpected error on the EmoDB face", exc_info=exc)
-    return json_response(error_body("internal", "internal error; see the gateway log"), 500)
-
-
-def json_response(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+    """Each error carries its status and code (docs/errors.md); the one renderer of queue_core renders it."""
+    return render_error(exc, logger=log)
 
 
 SUCCESS = orjson.dumps({"success": True})
@@ -199,20 +138,14 @@ class Face:
 
     prefix: str
     kind: Literal["queue", "dedup"]
-    namespace_suffix: str  # appended to the tenant: "" (shared with the SQS face) or "_dedupq"
+    namespace: str  # the tenant's namespace in the core (access.tenancy): "queue" (shared with SQS), "dedupq"
 
     def internal(self, credential: Credential, name: str) -> str:
         """The core's name for `name`; QueueNotFound (404) when the credential may not use the name."""
-        internal = internal_name(credential, name)  # validates the name, the tenant and the prefixes
-        if not self.namespace_suffix:
-            return internal
-        return f"{credential.tenant}{self.namespace_suffix}.{name}"
+        return internal_name(credential, name, self.namespace)  # the name rules, tenant and prefixes
 
     def visible(self, credential: Credential, internal: str) -> str | None:
-        namespace, _, name = internal.partition(".")
-        if namespace != credential.tenant + self.namespace_suffix or not credential.may_use(name):
-            return None
-        return name
+        return visible_name(credential, internal, self.namespace)
 
     @property
     def create_attributes(self) -> dict[str, Any]:
@@ -230,8 +163,8 @@ class Face:
         return f"dedupq/{name}" if self.kind == "dedup" else name
 
 
-QUEUE_FACE = Face("/queue/1", "queue", "")
-DEDUP_FACE = Face("/dedupq/1", "dedup", "_dedupq")
+QUEUE_FACE = Face("/queue/1", "queue", "queue")
+DEDUP_FACE = Face("/dedupq/1", "dedup", "dedupq")
 FACES = (QUEUE_FACE, DEDUP_FACE)
 
 
@@ -265,16 +198,8 @@ def authenticate(request: web.Request) -> Credential:
     return credential
 
 
-def allowed(credential: Credential, role: Role) -> bool:
-    if role == "send":
-        return credential.can_send
-    if role == "consume":
-        return credential.can_consume
-    return credential.role == "admin"
-
-
 def endpoint(
-    face: Face, role: Role, action: str, handler: Handler
+    face: Face, role: Permission, action: str, handler: Handler
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """Authenticate, check the role, run the handler; every failure becomes a JSON error response."""
 
@@ -304,9 +229,9 @@ def check_request(request: web.Request) -> None:
     for name, value in request.match_info.items():
         check_name(value, name)
     for header in CHECKED_HEADERS:
-        value = request.headers.get(header)
-        if value is not None:
-            check_name(value, header)
+        sent = request.headers.get(header)
+        if sent is not None:
+            check_name(sent, header)
 
 
 def _reject_constant(name: str) -> Any:
@@ -543,7 +468,7 @@ def refused(outcomes: list[AckOutcome], token: int | None, gone_is_lost: bool = 
         token=token,
     )
     body["results"] = [{"id": o.message_id, "status": o.status} for o in outcomes]
-    status = 409 if first.status in (StaleClaim.code, NotInFlight.code, "gone") else 400
+    status = 409 if first.status == "gone" else error_class(first.status).status  # stale_claim: 409
     return json_response(body, status)
 
 
@@ -729,7 +654,7 @@ async def no_such_route(request: web.Request) -> web.StreamResponse:
 
 
 # ------------------------------------------------------------------------------------------- routes
-ROUTES: list[tuple[str, str, Role, str, Handler]] = [
+ROUTES: list[tuple[str, str, Permission, str, Handler]] = [
     # (method, path below the prefix, role, action for the 403 message, handler); specific paths first.
     ("POST", "/_sendbatch", "send", "send messages", send_batch),
     ("POST", "/_move", "admin", "move queues", start_move),
@@ -752,4 +677,6 @@ def add_routes(app: web.Application) -> None:
         for method, path, role, action, handler in ROUTES:
             app.router.add_route(method, face.prefix + path, endpoint(face, role, action, handler))
         for path in (face.prefix, face.prefix + "/{tail:.*}"):
-            CATCH_ALL.add(app.router.add_route("*", path, no_such_route).resource.canonical)
+            resource = app.router.add_route("*", path, no_such_route).resource
+            assert resource is not None  # a route added by path always belongs to a resource
+            CATCH_ALL.add(resource.canonical)

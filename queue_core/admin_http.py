@@ -1,9 +1,9 @@
-"""Admin routes of the process holding the core: the control stream and the fence API.
+"""Admin routes of the process holding the core: the control stream and the fence API, and what every
+admin route shares (authentication, scope, JSON errors).
 
-`add_admin_routes(app, hub, keys)` mounts them on any aiohttp app (the queue server's, the gateway's) and
-ties the hub's life to the app's: started on start-up, streams ended on shutdown (an open SSE response
-must not hold a SIGTERM up), closed on cleanup. Wire contract: docs/control-stream.md. Errors are JSON
-`{"code", "message"}`, mapped to HTTP status in `error_response`, the one place for these routes.
+`queue_core.admin_routes.add_admin_routes(app, hub, keys)` mounts them (with the retry and failure-management
+routes) on any aiohttp app. Wire contract: docs/control-stream.md. Errors are the one JSON
+body `{"error": {"code", "message", ...}}` with the status each error carries (docs/errors.md).
 
 Every route answers within the caller's scope (queue_core.scope): an `admin` or `proxy` key sees its tenant
 only, an `operator` key every tenant. The `proxy` role reads the control stream and nothing else.
@@ -13,21 +13,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from aiohttp import web
 
-from gateway.keys import Credential, KeyRing
+from access.keys import Credential, KeyRing
+from access.permissions import READ_ROLES, STREAM_ROLES, WRITE_ROLES
+from protocol import headers
+from protocol.errors import Forbidden, RequestTooLarge, ShuttingDown, Unauthorized
 
 from .control import KEEPALIVE_FRAME, ControlHub, StreamClosed
-from .fences import FenceError, InvalidFence, NotFenced, UnknownWorker
-from .machine import LimitExceeded, NotFound, QueueError, TooLarge, Unavailable
+from .fences import InvalidFence, UnknownWorker
+from .http_errors import error_response as render_error
+from .http_errors import json_response
 from .scope import Scope
-from .store import StoreError
-
-if TYPE_CHECKING:
-    from .failures import FailureManager
 
 log = logging.getLogger("strictq.admin")
 CONTROL = web.AppKey("strictq_control", ControlHub)
@@ -36,53 +36,13 @@ ADMIN_KEYS = web.AppKey("strictq_admin_keys", KeyRing)
 # to every admin of its key file (queue_core.scope); absent: operators only.
 UNTENANTED = web.AppKey("strictq_untenanted", bool)
 MAX_FENCE_BODY = 64 * 1024
-STREAM_ROLES = ("proxy", "admin", "operator")  # the proxy needs the stream (fences, floors, probes) only
-READ_ROLES = ("admin", "operator")
-WRITE_ROLES = ("admin", "operator")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class Unauthorized(Exception):
-    code = "unauthorized"
-
-
-class Forbidden(Exception):
-    code = "forbidden"
-
-
-class ShuttingDown(Exception):
-    code = "shutting-down"
-
-
 # ------------------------------------------------------------------------------------ errors, one place
-STATUS_BY_ERROR: tuple[tuple[type[Exception], int], ...] = (
-    (Unauthorized, 401),
-    (Forbidden, 403),
-    (UnknownWorker, 404),
-    (NotFenced, 404),
-    (InvalidFence, 400),
-    (FenceError, 400),
-    (ShuttingDown, 503),
-    # The core's errors, for the routes that call it (queue_core.retry_http).
-    (NotFound, 404),
-    (TooLarge, 413),
-    (LimitExceeded, 429),
-    (Unavailable, 503),
-    (StoreError, 503),
-    (QueueError, 400),
-)
-
-
-def json_response(data: object, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
-
-
+# Each error carries its status (protocol.errors, docs/errors.md); queue_core.http_errors renders it.
 def error_response(exc: Exception) -> web.Response:
-    for cls, status in STATUS_BY_ERROR:
-        if isinstance(exc, cls):
-            return json_response({"code": getattr(exc, "code", "error"), "message": str(exc)}, status)
-    log.exception("unexpected error in an admin route", exc_info=exc)
-    return json_response({"code": "internal", "message": "internal error; see the server log"}, 500)
+    return render_error(exc, logger=log)
 
 
 def errors_as_json(handler: Handler) -> Handler:
@@ -102,7 +62,7 @@ def errors_as_json(handler: Handler) -> Handler:
 # ----------------------------------------------------------------------------------------------- auth
 def authenticate(request: web.Request, roles: tuple[str, ...]) -> Credential:
     """The key-file credential whose secret the request carries, if its role may use this route."""
-    secret = request.headers.get("X-BV-API-Key")
+    secret = request.headers.get(headers.API_KEY)
     if secret is None:
         scheme, _, value = request.headers.get("Authorization", "").partition(" ")
         secret = value.strip() if scheme.lower() == "bearer" else None
@@ -172,7 +132,7 @@ async def put_fence(request: web.Request) -> web.StreamResponse:
     worker = request.match_info["worker"]
     known_worker(scope, worker)
     if request.content_length is not None and request.content_length > MAX_FENCE_BODY:
-        raise InvalidFence(f"request body over {MAX_FENCE_BODY} bytes")
+        raise RequestTooLarge(f"request body over {MAX_FENCE_BODY} bytes")
     raw = await request.read()
     try:
         data = orjson.loads(raw) if raw else None
@@ -203,48 +163,3 @@ async def delete_fence(request: web.Request) -> web.StreamResponse:
     except RuntimeError:
         raise ShuttingDown("the server is shutting down") from None
     return json_response({"worker": worker, "unfenced": True})
-
-
-# ------------------------------------------------------------------------------------------- mounting
-def add_admin_routes(
-    app: web.Application,
-    hub: ControlHub,
-    keys: KeyRing,
-    failures: FailureManager | None = None,
-    *,
-    untenanted: bool = False,
-) -> None:
-    """Serve /admin/v1/control and /admin/v1/fences from `app`, with the hub living as long as it; with
-    `failures` (its hub must be `hub`), failure management's routes too (queue_core.health_http).
-    `untenanted`: the core has no tenants (the queue server), see UNTENANTED."""
-    app[CONTROL] = hub
-    app[ADMIN_KEYS] = keys
-    app[UNTENANTED] = untenanted
-    app.router.add_get("/admin/v1/control", control_stream)
-    app.router.add_get("/admin/v1/fences", list_fences)
-    app.router.add_put("/admin/v1/fences/{worker}", put_fence)
-    app.router.add_delete("/admin/v1/fences/{worker}", delete_fence)
-    from .retry_http import add_retry_routes  # it imports this module
-
-    add_retry_routes(app, hub.service)  # release, redrive and policies of groups (the retry workflow)
-    if failures is not None:
-        from .health_http import add_health_routes
-
-        add_health_routes(app, failures)
-
-    async def start(app: web.Application) -> None:
-        await hub.start()
-        if failures is not None:
-            await failures.start()
-
-    async def end_streams(app: web.Application) -> None:
-        await hub.shutdown_streams()
-
-    async def close(app: web.Application) -> None:
-        if failures is not None:
-            await failures.close()
-        await hub.close()
-
-    app.on_startup.append(start)
-    app.on_shutdown.append(end_streams)
-    app.on_cleanup.append(close)

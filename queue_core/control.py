@@ -222,7 +222,7 @@ class ControlHub:
     async def unfence(self, worker: str, reason: str = "operator") -> Fence:
         """Lift a worker's fence (NotFenced if none): durable first, then the `unfence` event."""
         if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON:
-            raise InvalidFence(f"reason must be 1-{MAX_REASON} characters", "bad-reason")
+            raise InvalidFence(f"reason must be 1-{MAX_REASON} characters", "bad_reason")
         return await self._shielded(self._unfence(worker, reason))
 
     async def _fence(self, worker: str, mode: FenceMode, reason: str, ttl: float | None) -> Fence:

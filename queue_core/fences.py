@@ -26,6 +26,7 @@ from typing import Any, Literal, cast
 
 import orjson
 
+from protocol.errors import StrictqError
 from wirelog.files import StartupError, private_dir, write_private
 
 from .machine.effects import Effect, FenceSaved
@@ -40,14 +41,14 @@ MAX_WORKER = 128
 FILE_VERSION = 1
 
 
-class FenceError(Exception):
-    """A fence request the registry refuses; `code` is the stable machine-readable reason."""
+class FenceError(StrictqError):
+    """A fence request the registry refuses; `code` is the stable machine-readable reason (docs/errors.md)."""
 
-    code = "bad-request"
+    status = 400
+    code = "bad_request"
 
     def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message)
-        self.message = message
         if code is not None:
             self.code = code
 
@@ -59,13 +60,15 @@ class InvalidFence(FenceError):
 class UnknownWorker(FenceError):
     """The worker is not a `worker` credential of the key file (HTTP 404)."""
 
-    code = "unknown-worker"
+    status = 404
+    code = "unknown_worker"
 
 
 class NotFenced(FenceError):
     """Unfencing a worker that has no fence (HTTP 404)."""
 
-    code = "not-fenced"
+    status = 404
+    code = "not_fenced"
 
 
 class FenceFileError(StartupError):
@@ -119,17 +122,17 @@ class Fence:
 def validate_fence(worker: Any, mode: Any, reason: Any, ttl: Any) -> None:
     """The one check of fence input, shared by the HTTP API, the Python API and the file loader."""
     if not isinstance(worker, str) or not worker or len(worker) > MAX_WORKER or not worker.isprintable():
-        raise InvalidFence(f"worker must be 1-{MAX_WORKER} printable characters", "bad-worker")
+        raise InvalidFence(f"worker must be 1-{MAX_WORKER} printable characters", "bad_worker")
     if mode not in MODES:
-        raise InvalidFence(f"mode must be one of {', '.join(MODES)}", "bad-mode")
+        raise InvalidFence(f"mode must be one of {', '.join(MODES)}", "bad_mode")
     if not isinstance(reason, str) or not reason.strip():
-        raise InvalidFence("reason must be a non-empty string", "bad-reason")
+        raise InvalidFence("reason must be a non-empty string", "bad_reason")
     if len(reason) > MAX_REASON:
-        raise InvalidFence(f"reason must be at most {MAX_REASON} characters", "bad-reason")
+        raise InvalidFence(f"reason must be at most {MAX_REASON} characters", "bad_reason")
     if ttl is not None and (
         isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl) or ttl <= 0
     ):
-        raise InvalidFence("ttl must be a positive number of seconds (or absent: no expiry)", "bad-ttl")
+        raise InvalidFence("ttl must be a positive number of seconds (or absent: no expiry)", "bad_ttl")
 
 
 class FenceRegistry:

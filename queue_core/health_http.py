@@ -23,10 +23,13 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from .admin_http import READ_ROLES, WRITE_ROLES, error_response, json_response, scope_of
+from access.permissions import READ_ROLES, WRITE_ROLES
+from protocol.errors import RequestTooLarge, StrictqError
+
+from .admin_http import error_response, scope_of
 from .failures import FailureManager
 from .fences import MAX_REASON
-from .machine import QueueNotFound
+from .http_errors import json_response
 from .machine.text import INTEGER_RE
 from .scope import Scope
 
@@ -36,25 +39,36 @@ MAX_SIGNATURES = 100
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class HealthRequestError(Exception):
-    """A refused request; `status` and `code` go into the JSON answer."""
+class HealthRequestError(StrictqError):
+    """A refused request: 400 with a code naming what was wrong (`bad_reason`, `bad_json`, ...)."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message)
-        self.status = status
-        self.code = code
+        if code is not None:
+            self.code = code
+
+
+class NotSuspended(HealthRequestError):
+    status = 404
+    code = "not_suspended"
+
+
+class NotBlacklisted(HealthRequestError):
+    status = 404
+    code = "not_blacklisted"
 
 
 def _errors_as_json(handler: Handler) -> Handler:
+    """Every error of these routes as the one JSON body, with the status it carries (docs/errors.md)."""
+
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
             return await handler(request)
         except (web.HTTPException, ConnectionError):
             raise
-        except HealthRequestError as exc:
-            return json_response({"code": exc.code, "message": str(exc)}, exc.status)
-        except QueueNotFound as exc:
-            return json_response({"code": "unknown-queue", "message": str(exc)}, 404)
         except Exception as exc:
             return error_response(exc)
 
@@ -73,23 +87,23 @@ def _events(scope: Scope, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 async def _body(request: web.Request) -> dict[str, Any]:
     if request.content_length is not None and request.content_length > MAX_BODY:
-        raise HealthRequestError(400, "too-large", f"request body over {MAX_BODY} bytes")
+        raise RequestTooLarge(f"request body over {MAX_BODY} bytes")
     raw = await request.read()
     if not raw:
         return {}
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise HealthRequestError(400, "bad-json", f"request body is not valid JSON: {exc}") from None
+        raise HealthRequestError(f"request body is not valid JSON: {exc}", "bad_json") from None
     if not isinstance(data, dict):
-        raise HealthRequestError(400, "bad-json", "send a JSON object")
+        raise HealthRequestError("send a JSON object", "bad_json")
     return data
 
 
 def _text(data: dict[str, Any], name: str, default: str | None) -> str:
     value = data.get(name, default)
     if not isinstance(value, str) or not value.strip() or len(value) > MAX_REASON:
-        raise HealthRequestError(400, f"bad-{name}", f"{name} must be 1-{MAX_REASON} characters")
+        raise HealthRequestError(f"{name} must be 1-{MAX_REASON} characters", f"bad_{name}")
     return value
 
 
@@ -98,10 +112,10 @@ def _int_query(request: web.Request, name: str, default: int) -> int:
     if raw is None:
         return default
     if not INTEGER_RE.fullmatch(raw):  # plain ASCII digits: int() also takes '٣', '1_0' and ' 5'
-        raise HealthRequestError(400, f"bad-{name}", f"{name} must be an integer in plain digits")
+        raise HealthRequestError(f"{name} must be an integer in plain digits", f"bad_{name}")
     value = int(raw)
     if value < 0:
-        raise HealthRequestError(400, f"bad-{name}", f"{name} must be >= 0")
+        raise HealthRequestError(f"{name} must be >= 0", f"bad_{name}")
     return value
 
 
@@ -166,7 +180,7 @@ async def resume(request: web.Request) -> web.StreamResponse:
     queue = _internal_queue(manager, scope, name)
     reason = _text(await _body(request), "reason", "operator")
     if not manager.resume(queue, reason):
-        raise HealthRequestError(404, "not-suspended", f"queue {name!r} is not suspended")
+        raise NotSuspended(f"queue {name!r} is not suspended")
     await manager.settled()
     return json_response({"queue": name, "resumed": True})
 
@@ -176,9 +190,9 @@ async def lift_blacklist(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request, WRITE_ROLES)
     worker = request.match_info["worker"]
     if not scope.sees_worker(worker):
-        raise HealthRequestError(404, "not-blacklisted", f"worker {worker!r} is not blacklisted")
+        raise NotBlacklisted(f"worker {worker!r} is not blacklisted")
     if not request.app[FAILURES].lift_blacklist(worker, "operator"):
-        raise HealthRequestError(404, "not-blacklisted", f"worker {worker!r} is not blacklisted")
+        raise NotBlacklisted(f"worker {worker!r} is not blacklisted")
     await request.app[FAILURES].settled()
     return json_response({"worker": worker, "lifted": True})
 
@@ -192,7 +206,7 @@ async def alert(request: web.Request) -> web.StreamResponse:
     queue = data.get("queue")
     if queue is not None:
         if not isinstance(queue, str):
-            raise HealthRequestError(400, "bad-queue", "queue must be a queue name")
+            raise HealthRequestError("queue must be a queue name", "bad_queue")
         queue = _internal_queue(manager, scope, queue)
     signatures = data.get("signatures", [])
     if (
@@ -200,9 +214,9 @@ async def alert(request: web.Request) -> web.StreamResponse:
         or len(signatures) > MAX_SIGNATURES
         or not all(isinstance(s, str) and s for s in signatures)
     ):
-        raise HealthRequestError(400, "bad-signatures", f"signatures must be up to {MAX_SIGNATURES} strings")
+        raise HealthRequestError(f"signatures must be up to {MAX_SIGNATURES} strings", "bad_signatures")
     if queue is None and not signatures:
-        raise HealthRequestError(400, "bad-alert", "name a queue or give signatures (exact or glob)")
+        raise HealthRequestError("name a queue or give signatures (exact or glob)", "bad_alert")
     # A tenant's alert by signature suspends only the tenant's queues (an operator's: any tenant's).
     within = None if scope.operator else scope.sees_queue
     suspended = manager.alert(reason, queue=queue, signatures=signatures, within=within, tenant=scope.tenant)

@@ -1,20 +1,54 @@
-"""aiohttp's own error answers as JSON: the one middleware of the gateway app and the queue server app.
+"""The one rendering of errors as HTTP for the internal API, the admin routes, the EmoDB face and search.
 
-An unknown route, a wrong method or a body over the cap is answered by aiohttp itself, in text/plain,
-unless a middleware turns it into JSON. Every error of these apps is JSON: `{"error": {"code", "message"}}`,
-or under /admin/ that API's `{"code", "message"}` (queue_core.admin_http). The faces answer their own errors
-in their own dialects (the SQS face's AWS JSON at `POST /`, the EmoDB face's catch-all), so this only sees
-what no face took.
+Every error strictq answers on purpose is a `protocol.errors.StrictqError` carrying its status, whether it
+is retriable and its snake_case code; `error_response` turns it (or aiohttp's own 404/405/413, or an
+unexpected exception: 500 `internal`) into the one body `{"error": {"code", "message", "retriable"?,
+"details"?}}` (docs/errors.md). Each app's middleware (or the admin routes' wrapper) calls it; no API keeps
+a status table of its own. `json_http_errors` is the middleware of the gateway app and the queue server app
+for what no handler took: an unknown route, a wrong method or a body over the cap, which aiohttp would
+answer in text/plain. The SQS face answers in AWS's dialect instead (gateway/sqs_errors.py).
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import orjson
 from aiohttp import ClientPayloadError, web
 
-HTTP_ERROR_CODES = {404: "no_such_route", 405: "method_not_allowed", 413: "request_too_large"}
+from protocol.errors import HTTP_ERROR, HTTP_ERROR_CODES, INTERNAL, StrictqError, error_body
+
+log = logging.getLogger("strictq.errors")
+
+
+def json_response(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def error_response(
+    exc: BaseException, request: web.BaseRequest | None = None, logger: logging.Logger = log
+) -> web.Response:
+    """The status and body of `exc`, taken from the error itself; anything unexpected is a logged 500."""
+    if isinstance(exc, StrictqError):
+        if exc.public_message is not None:  # the real text may quote data: the log has it, the caller not
+            logger.error("%s: %s", exc.public_message, exc.message)
+        response = json_response({"error": exc.to_dict()}, exc.status)
+        if exc.retry_after is not None:
+            response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+        return response
+    if isinstance(exc, web.HTTPException):
+        reason = exc.reason or "error"
+        if request is not None and exc.status in (404, 405):  # aiohttp's own: name what was asked
+            reason = f"{reason}: {request.method} {request.path}"
+        response = json_response(error_body(HTTP_ERROR_CODES.get(exc.status, HTTP_ERROR), reason), exc.status)
+        if isinstance(exc, web.HTTPMethodNotAllowed):
+            response.headers["Allow"] = ",".join(sorted(exc.allowed_methods))
+        return response
+    logger.error("unexpected error", exc_info=exc)
+    return json_response(error_body(INTERNAL, "internal error; see the server log"), 500)
 
 
 def client_gone(request: web.BaseRequest, exc: BaseException | None) -> bool:
@@ -39,11 +73,4 @@ async def json_http_errors(
     except web.HTTPException as exc:
         if exc.status < 400 or exc.content_type == "application/json":
             raise
-        code = HTTP_ERROR_CODES.get(exc.status, "http_error")
-        message = f"{exc.reason}: {request.method} {request.path}" if exc.status in (404, 405) else exc.reason
-        error = {"code": code, "message": message}
-        body = error if request.path.startswith("/admin/") else {"error": error}
-        response = web.Response(body=orjson.dumps(body), status=exc.status, content_type="application/json")
-        if isinstance(exc, web.HTTPMethodNotAllowed):
-            response.headers["Allow"] = ",".join(sorted(exc.allowed_methods))
-        return response
+        return error_response(exc, request)

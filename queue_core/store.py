@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from protocol.errors import StrictqError
 from wirelog.files import StartupError, create_private, private_dir
 
 from .machine import Snapshot
@@ -121,8 +122,12 @@ LOG_COLUMNS = (
 )
 
 
-class StoreError(Exception):
+class StoreError(StrictqError):
     """The store cannot make effects durable (disk full, corruption): the server must stop accepting."""
+
+    status = 503
+    retriable = True
+    code = "store_unavailable"
 
 
 class StoreDataError(StoreError):
@@ -130,6 +135,11 @@ class StoreDataError(StoreError):
     constraint), not the disk: the transaction was rolled back and the store is as healthy as before.
     The core refuses such input before it gets here; this is the last line (durability.DurableLog fails
     only the submission that carried it)."""
+
+    status = 500
+    retriable = False
+    code = "store_refused"
+    public_message = "the store refused this request's data"  # the text may quote the data: logged only
 
 
 # Errors about the values of one write. Everything else (sqlite3.OperationalError: disk I/O error, disk

@@ -5,8 +5,9 @@ X-BV-API-Key or Authorization: Bearer; never `proxy`: records hold message bodie
 records of its own tenant (their `tenant` field; queue_core.scope), as if the others did not exist; an
 operator gets every record. Query parameters: `message_id`, `group`, `worker`, `status`, `since`, `until`
 (same formats as the CLI), `limit`. The lookup (pyarrow file reads) runs in a thread, never on the event
-loop. Errors are JSON `{code, message}`: 400 bad parameter, 404 no index yet, 409 index of another
-version or bucket count.
+loop. Errors are the one error body `{"error": {"code", "message", "details"?}}` (docs/errors.md): 400
+`invalid_parameter` (`details.field` names it), 404 `no_index` (none built yet), 409 `index_mismatch`
+(an index of another version or bucket count).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from typing import TYPE_CHECKING
 import orjson
 from aiohttp import web
 
-from gateway.keys import KeyRing
-from queue_core.admin_http import ADMIN_KEYS, READ_ROLES, Forbidden, Unauthorized, json_response, scope_of
+from access.keys import KeyRing
+from access.permissions import READ_ROLES
+from protocol.errors import StrictqError
+from queue_core.admin_http import ADMIN_KEYS, error_response, scope_of
 from queue_core.scope import Scope
 
 if TYPE_CHECKING:
@@ -40,11 +43,32 @@ def add_search_route(app: web.Application, index_dir: Path, keys: KeyRing) -> No
     app.router.add_get(PATH, search_handler)
 
 
-def _error(status: int, code: str, message: str, field: str | None = None) -> web.Response:
-    body = {"code": code, "message": message}
-    if field is not None:
-        body["field"] = field
-    return json_response(body, status)
+class SearchError(StrictqError):
+    """A search request the route refuses; `details.field` names the parameter when one is at fault."""
+
+    status = 400
+    code = "invalid_parameter"
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message, **({"field": field} if field is not None else {}))
+
+
+class InvalidParameter(SearchError):
+    pass
+
+
+class NoIndex(SearchError):
+    """No index has been built yet."""
+
+    status = 404
+    code = "no_index"
+
+
+class IndexOutOfDate(SearchError):
+    """The index is of another version or bucket count: it needs a rebuild."""
+
+    status = 409
+    code = "index_mismatch"
 
 
 def _limit(raw: str) -> int:
@@ -66,10 +90,15 @@ def _time_text(raw: str, name: str) -> str:
 
 
 async def search_handler(request: web.Request) -> web.StreamResponse:
+    """Every refusal as the admin routes' one error body, with the status it carries (docs/errors.md)."""
     try:
-        scope = scope_of(request, READ_ROLES)
-    except (Unauthorized, Forbidden) as exc:
-        return _error(401 if isinstance(exc, Unauthorized) else 403, exc.code, str(exc))
+        return await _search(request)
+    except StrictqError as exc:
+        return error_response(exc)
+
+
+async def _search(request: web.Request) -> web.StreamResponse:
+    scope = scope_of(request, READ_ROLES)
     from wirelog.times import TimeParseError, parse_time
 
     from .layout import IndexMismatch, IndexMissing
@@ -79,7 +108,7 @@ async def search_handler(request: web.Request) -> web.StreamResponse:
     params = request.query
     unknown = sorted(set(params) - set(_PARAMS))
     if unknown:
-        return _error(400, "invalid-parameter", f"unknown parameter(s): {', '.join(unknown)}")
+        raise InvalidParameter(f"unknown parameter(s): {', '.join(unknown)}")
     now = time.time()
     times: dict[str, float | None] = {"since": None, "until": None}
     for name in times:
@@ -87,12 +116,12 @@ async def search_handler(request: web.Request) -> web.StreamResponse:
             try:
                 times[name] = parse_time(_time_text(params[name], name), now=now)
             except (TimeParseError, ValueError) as exc:
-                return _error(400, "invalid-parameter", f"{name}: {exc}", name)
+                raise InvalidParameter(f"{name}: {exc}", name) from None
     since, until = times["since"], times["until"]
     try:
         limit = _limit(params["limit"]) if "limit" in params else None
     except ValueError as exc:
-        return _error(400, "invalid-parameter", str(exc), "limit")
+        raise InvalidParameter(str(exc), "limit") from None
     query = Query(
         message_id=params.get("message_id"),
         group=params.get("group"),
@@ -105,12 +134,12 @@ async def search_handler(request: web.Request) -> web.StreamResponse:
     try:
         result = await asyncio.to_thread(_scoped_search, request.app[SEARCH_INDEX], query, scope)
     except QueryError as exc:
-        return _error(400, "invalid-parameter", str(exc))
+        raise InvalidParameter(str(exc)) from None
     except IndexMissing as exc:
-        return _error(404, "no-index", str(exc) if scope.operator else "no search index yet; ask an operator")
+        raise NoIndex(str(exc) if scope.operator else "no search index yet; ask an operator") from None
     except IndexMismatch as exc:
         hidden = "the search index needs a rebuild; ask an operator"
-        return _error(409, "index-mismatch", str(exc) if scope.operator else hidden)
+        raise IndexOutOfDate(str(exc) if scope.operator else hidden) from None
     document = story_json(result)
     if not scope.operator:
         # The lookup counts files and rows read before the tenant filter: they would tell another

@@ -14,6 +14,7 @@ from .errors import (
     StaleClaim,
     TooLarge,
     Unavailable,
+    error_class,
     error_from_dict,
 )
 from .inputs import SendRequest, Snapshot, parse_receipt
@@ -41,6 +42,7 @@ __all__ = [
     "StaleClaim",
     "TooLarge",
     "Unavailable",
+    "error_class",
     "error_from_dict",
     "parse_receipt",
 ]
