@@ -7,12 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import queue
-import signal
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,19 +17,10 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
+from kit.process import LISTENING, ChildProcess, launch, strictq
+from kit.until import until
 
-ROOT = Path(__file__).resolve().parent.parent
 KEY = "proxy-secret-0123456789"  # proxy_support.PROXY_CREDENTIAL's secret
-LISTENING = "strictq: listening on "
-
-
-async def until(predicate: Callable[[], bool], within: float = 10.0, what: str = "condition") -> None:
-    """Poll a condition with a deadline (the only way these tests wait)."""
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def fence(worker: str, mode: str = "block", reason: str = "test") -> dict[str, Any]:
@@ -172,7 +158,7 @@ class QueueServer:
         self.keys = keys
         self.port = port
         self.url = ""
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.child: ChildProcess | None = None
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
 
     @property
@@ -180,56 +166,26 @@ class QueueServer:
         return f"{self.url}/admin/v1/control"
 
     def start(self, timeout: float = 30.0) -> QueueServer:
+        """Start (or restart, on the same port once one was bound) and wait for the 'listening' line."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        args = [
-            *(sys.executable, "-m", "strictq", "queue-server", "--host", "127.0.0.1"),
-            *("--port", str(self.port), "--data-dir", str(self.data_dir), "--keys", str(self.keys)),
-            *("--partitions", "4"),
-        ]
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                args,
-                cwd=ROOT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=log,
-            )
-        lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
-
-        def drain(stream: Any) -> None:
-            for raw in stream:
-                lines.put(raw.decode(errors="replace").rstrip("\n"))
-            lines.put(None)
-
-        threading.Thread(target=drain, args=(self.proc.stdout,), daemon=True).start()
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = lines.get(timeout=max(0.05, deadline - time.monotonic()))
-            except queue.Empty:
-                line = None
-            if line is None:
-                self.kill()
-                raise RuntimeError(f"queue-server did not start: {self.log_path.read_text()[-3000:]}")
-            if line.startswith(LISTENING):
-                self.url = line[len(LISTENING) :].strip().rstrip("/")
-                self.port = int(self.url.rsplit(":", 1)[1])
-                return self
+        args = strictq(
+            *("queue-server", "--host", "127.0.0.1", "--port", str(self.port)),
+            *("--data-dir", str(self.data_dir), "--keys", str(self.keys), "--partitions", "4"),
+        )
+        self.child = launch(args, self.log_path, timeout=timeout)
+        self.url = self.child.startup[LISTENING].rstrip("/")
+        self.port = int(self.url.rsplit(":", 1)[1])
+        return self
 
     def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM and wait; the same port can be reused by `start()` (a core restart)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        """SIGTERM and wait (SIGKILL if it will not stop); `start()` then reuses the port (a core restart)."""
+        if self.child is not None and self.child.running():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.child.terminate(timeout)
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=15)
+        if self.child is not None:
+            self.child.kill()
 
 
 @contextlib.contextmanager
@@ -299,7 +255,7 @@ async def proxy_caught_up(
     observer = ControlClient(server.control_url, KEY, reconnect_min=0.05, reconnect_max=0.3)
     observer.start()
     try:
-        await until(lambda: observer.state.synced and predicate(observer.state), within, "control event")
+        await until(lambda: observer.state.synced and predicate(observer.state), within, what="control event")
         await wait_proxy_saw(admin_url, observer.state.last_event_id, within)
     finally:
         await observer.stop()

@@ -9,7 +9,7 @@ import contextlib
 import json
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,10 +18,11 @@ import aiohttp
 import pytest
 import trustme
 from aiohttp import web
+from kit.until import until as until  # the kit's, re-exported for the failure-management tests
 
+from access.keys import Credential, KeyRing
 from fencing.control_client import ControlClient, ControlState
 from gateway.app import make_gateway_app
-from gateway.keys import Credential, KeyRing
 from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
 from queue_core.machine.health import HealthSettings
@@ -52,14 +53,6 @@ QUEUE = "jobs"
 TIMEOUT = 15.0
 CAPABILITIES_HEADER = "X-Strictq-Capabilities"
 SDK_CAPABILITIES = "results, probes"  # what the SDK declares on every poll
-
-
-async def until(predicate: Callable[[], bool], within: float = TIMEOUT, what: str = "condition") -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 @dataclass

@@ -23,14 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
-import os
-import queue
 import ssl
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,19 +33,17 @@ import aiohttp
 import orjson
 import pytest
 import trustme
-from aiohttp import web
-from conftest import ChildProcess
 from gateway_support import CREDENTIALS as GATEWAY_CREDENTIALS
+from kit.backend import Backend, SeenRequest
+from kit.process import ADMIN, LISTENING, PROXY_CA, ROOT, ChildProcess, launch, running, strictq
+from kit.until import until
 
-from gateway.keys import Credential
-from strictq.sdk.outbound import TAG_HEADERS, Tags, proxy_authorization, tagged_session
+from access.keys import Credential
+from strictq.sdk.outbound import Tags, proxy_authorization, tagged_session
 
-ROOT = Path(__file__).resolve().parent.parent
-START_TIMEOUT = 30.0  # importing mitmproxy and creating its CA take a few seconds on a busy machine
+__all__ = ["ROOT", "Backend", "SeenRequest"]  # re-exported for the proxy tests (kit owns them)
+
 STOP_TIMEOUT = 15.0
-LISTENING = "strictq: listening on "
-PROXY_CA = "strictq: proxy ca "
-ADMIN = "strictq: admin on "
 
 # The gateway fixture's credentials (worker-1, worker-2, admin-1, ...) plus the proxy's own, so one key
 # file serves the gateway, the proxy's Proxy-Authorization and its control-stream connection.
@@ -85,93 +78,6 @@ def proxy_keys(tmp_path: Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------------ backends
-@dataclass
-class SeenRequest:
-    """What a backend received: the proof of what left the proxy."""
-
-    method: str
-    path: str
-    query: str
-    headers: list[tuple[str, str]]
-    body: bytes
-
-    def header(self, name: str) -> str | None:
-        lower = name.lower()
-        return next((v for k, v in self.headers if k.lower() == lower), None)
-
-    @property
-    def tag_headers(self) -> list[str]:
-        tags = {t.lower() for t in TAG_HEADERS}
-        return [k for k, _ in self.headers if k.lower() in tags]
-
-
-@dataclass
-class Backend:
-    """One aiohttp server. Any path answers JSON echoing the request; query `status=N` sets the status,
-    `delay=S` waits first; `respond` (a dict) is merged into every JSON answer (e.g. a secret field)."""
-
-    url: str = ""  # http(s)://127.0.0.1:PORT
-    accepted: int = 0  # sockets accepted (TLS or not), whether or not a request followed
-    seen: list[SeenRequest] = field(default_factory=list)
-    respond: dict[str, Any] = field(default_factory=dict)
-    echo: bool = True  # False: answer without echoing the request (secrets echoed in strings would leak)
-    response_headers: dict[str, str] = field(default_factory=dict)
-    _server: asyncio.Server | None = None
-    _runner: web.ServerRunner | None = None
-
-    @property
-    def host_port(self) -> str:
-        return self.url.split("://", 1)[1]
-
-    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        body = await request.read()
-        headers = list(request.headers.items())
-        self.seen.append(SeenRequest(request.method, request.path, request.query_string, headers, body))
-        delay = float(request.query.get("delay", "0") or 0)
-        if delay:
-            await asyncio.sleep(delay)
-        status = int(request.query.get("status", "200") or 200)
-        answer: dict[str, Any] = {"method": request.method, "path": request.path}
-        if self.echo:
-            answer.update(query=request.query_string, body=body.decode(errors="replace"))
-        answer.update(self.respond)
-        return web.Response(
-            status=status,
-            body=orjson.dumps(answer),
-            content_type="application/json",
-            headers=self.response_headers,
-        )
-
-    async def start(self, ssl_context: ssl.SSLContext | None) -> None:
-        self._runner = web.ServerRunner(web.Server(self._handle, access_log=None), handle_signals=False)
-        await self._runner.setup()
-        protocol_factory = self._runner.server
-        assert protocol_factory is not None
-
-        def counting_factory() -> asyncio.Protocol:
-            self.accepted += 1
-            return protocol_factory()
-
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(counting_factory, "127.0.0.1", 0, ssl=ssl_context)
-        port = self._server.sockets[0].getsockname()[1]
-        self.url = f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}"
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(2):
-                    await self._server.wait_closed()
-
-    def reset(self) -> None:
-        self.accepted = 0
-        self.seen.clear()
-
-
 @dataclass
 class UpstreamCA:
     ca: trustme.CA
@@ -238,17 +144,11 @@ class ProxyProcess(ChildProcess):
 
     LOG_TAIL = 6000
     STOP_TIMEOUT = STOP_TIMEOUT  # SIGTERM closes the wire log first
-
-    def __init__(
-        self, data_dir: Path, wirelog_dir: Path, proc: subprocess.Popen[bytes], log_path: Path
-    ) -> None:
-        self.data_dir = data_dir
-        self.wirelog_dir = wirelog_dir
-        self.urls: list[str] = []  # one per proxy process
-        self.ca_file = Path()
-        self.admin_urls: list[str] = []
-        self.lines: list[str] = []  # stdout so far
-        super().__init__(proc, log_path)
+    data_dir: Path
+    wirelog_dir: Path
+    urls: list[str]  # one per proxy process
+    ca_file: Path
+    admin_urls: list[str]
 
     @property
     def url(self) -> str:
@@ -258,33 +158,12 @@ class ProxyProcess(ChildProcess):
     def admin_url(self) -> str:
         return self.admin_urls[0]
 
-    def read_startup(self, timeout: float = START_TIMEOUT) -> None:
-        """Wait for the start-up contract: listening, proxy ca, admin (in that order)."""
-        deadline = time.monotonic() + timeout
-        while not self.admin_urls:
-            try:
-                line = self.stdout.get(timeout=max(0.05, deadline - time.monotonic()))
-            except queue.Empty:
-                line = None
-            if line is None:
-                self.kill()
-                raise RuntimeError(f"proxy did not start (stdout {self.lines!r}); log:\n{self.log()}")
-            self.lines.append(line)
-            if line.startswith(LISTENING):
-                self.urls = line[len(LISTENING) :].strip().split(",")
-            elif line.startswith(PROXY_CA):
-                self.ca_file = Path(line[len(PROXY_CA) :].strip())
-            elif line.startswith(ADMIN):
-                self.admin_urls = line[len(ADMIN) :].strip().split(",")
-        assert self.lines[0].startswith(LISTENING), self.lines
-        assert self.lines[1].startswith(PROXY_CA), self.lines
-
 
 def proxy_command(
     data_dir: Path, wirelog_dir: Path, keys: Path, upstream_ca: Path | None, *extra_args: str
 ) -> list[str]:
     args = [
-        *(sys.executable, "-m", "strictq", "proxy"),
+        *strictq("proxy"),
         *("--host", "127.0.0.1", "--port", "0", "--admin-port", "0"),
         *("--data-dir", str(data_dir), "--keys", str(keys), "--wirelog", str(wirelog_dir)),
     ]
@@ -306,32 +185,24 @@ def start_proxy(
     data_dir = base / "proxy"
     wirelog_dir = wirelog_dir or base / "wirelog"
     keys = keys or write_keys(base / "proxy-keys.toml")
-    log_path = base / "proxy.log"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            proxy_command(data_dir, wirelog_dir, keys, upstream_ca, *extra_args),
-            cwd=ROOT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=log,
-        )
-    process = ProxyProcess(data_dir, wirelog_dir, proc, log_path)
-    process.read_startup()
+    command = proxy_command(data_dir, wirelog_dir, keys, upstream_ca, *extra_args)
+    process = launch(
+        command, base / "proxy.log", wait_for=[LISTENING, PROXY_CA, ADMIN], env=env, make=ProxyProcess
+    )
+    # The start-up contract: listening, proxy ca, admin (in that order).
+    assert process.lines[0].startswith(LISTENING), process.lines
+    assert process.lines[1].startswith(PROXY_CA), process.lines
+    process.data_dir, process.wirelog_dir = data_dir, wirelog_dir
+    process.urls = process.startup[LISTENING].split(",")
+    process.ca_file = Path(process.startup[PROXY_CA])
+    process.admin_urls = process.startup[ADMIN].split(",")
     return process
 
 
 @contextlib.contextmanager
 def running_proxy(base: Path, *extra_args: str, **kwargs: Any) -> Iterator[ProxyProcess]:
-    process = start_proxy(base, *extra_args, **kwargs)
-    try:
+    with running(start_proxy(base, *extra_args, **kwargs)) as process:
         yield process
-    finally:
-        try:
-            process.terminate()
-        finally:
-            if process.running():
-                process.kill()
 
 
 @pytest.fixture
@@ -357,13 +228,8 @@ def proxy_factory(
 
     yield make
     for process in started:
-        try:
-            process.terminate()
-        except Exception:  # one stuck proxy must not hide the others
-            pass
-        finally:
-            if process.running():
-                process.kill()
+        with contextlib.suppress(Exception):  # one stuck proxy must not hide the others
+            process.stop()
 
 
 # Module-scoped variants: one proxy (and one upstream CA) for a whole test module, since starting
@@ -453,14 +319,18 @@ async def wait_records(
     within: float = 10.0,
 ) -> list[dict[str, Any]]:
     """Poll the wire log until `predicate(http records)` holds (the writer flushes on a short timer)."""
-    deadline = time.monotonic() + within
-    while True:
-        records = await asyncio.to_thread(http_records, directory)
-        if predicate(records):
-            return records
-        if time.monotonic() > deadline:
-            raise AssertionError(f"wire log never matched; last records: {records!r}")
-        await asyncio.sleep(0.1)
+    last: list[dict[str, Any]] = []
+
+    async def matched() -> bool:
+        nonlocal last
+        last = await asyncio.to_thread(http_records, directory)
+        return predicate(last)
+
+    try:
+        await until(matched, within, interval=0.1, what="wire log match")
+    except AssertionError:
+        raise AssertionError(f"wire log never matched; last records: {last!r}") from None
+    return last
 
 
 # -------------------------------------------------------------------------------------------- worker

@@ -13,22 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import os
-import queue
 import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 from aiohttp import web
+from kit.process import CLIENT_ENV, ROOT, ChildProcess, launch, strictq
+from kit.until import until_sync
 
-ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "examples" / "replay_worker.py"
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 20.0
@@ -108,56 +106,29 @@ class CountingBackend:
         await runner.cleanup()
 
 
-class Serve:
-    """`strictq serve --port 0` as a subprocess, with its start-up lines read."""
+class Serve(ChildProcess):
+    """`strictq serve --port 0` (with its egress proxy) as a subprocess; `env`: its client env file."""
 
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
-        self.env: dict[str, str] = {}
-        log = open(data_dir.parent / "serve.log", "ab")  # handed to the process, closed below
-        argv = [sys.executable, "-m", "strictq", "serve", "--host", "127.0.0.1", "--port", "0"]
-        self.proc = subprocess.Popen(
-            [*argv, "--proxy-port", "0", "--data-dir", str(data_dir)],
-            cwd=ROOT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=log,
-        )  # fmt: skip
-        log.close()
-        threading.Thread(target=self._drain, daemon=True).start()
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            try:
-                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                line = None
-            if line is None:
-                self.stop()
-                raise RuntimeError("strictq serve did not start; see serve.log")
-            if line.startswith("strictq: client env "):
-                env_file = Path(line.removeprefix("strictq: client env ").strip())
-                break
-        for raw in env_file.read_text().splitlines():
-            if "=" in raw and not raw.startswith("#"):
-                name, _, value = raw.partition("=")
-                self.env[name] = value
+    STOP_TIMEOUT = STOP_TIMEOUT
+    data_dir: Path
+    env: dict[str, str]
 
-    def _drain(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            self.lines.put(raw.decode(errors="replace").rstrip("\n"))
-        self.lines.put(None)
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(STOP_TIMEOUT)
+def start_serve(data_dir: Path) -> Serve:
+    argv = strictq("serve", "--host", "127.0.0.1", "--port", "0", "--proxy-port", "0")
+    serve = launch(
+        [*argv, "--data-dir", str(data_dir)],
+        data_dir.parent / "serve.log",
+        wait_for=[CLIENT_ENV],
+        timeout=START_TIMEOUT,
+        make=Serve,
+    )
+    serve.data_dir, serve.env = data_dir, {}
+    for raw in Path(serve.startup[CLIENT_ENV]).read_text().splitlines():
+        if "=" in raw and not raw.startswith("#"):
+            name, _, value = raw.partition("=")
+            serve.env[name] = value
+    return serve
 
 
 @dataclass
@@ -179,14 +150,6 @@ def _records(wirelog: Path) -> list[dict[str, Any]]:
     from wirelog.reader import read_records
 
     return list(read_records(wirelog)) if wirelog.exists() else []
-
-
-def _wait(predicate: Callable[[], bool], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def _record_queue(serve: Serve, backend: CountingBackend, entries: list[Any], *worker_args: str) -> None:
@@ -220,7 +183,7 @@ def _record_queue(serve: Serve, backend: CountingBackend, entries: list[Any], *w
             done = {r["message_id"] for r in records if _acked(r)}
             return len(ids) == len(entries) and ids <= done
 
-        _wait(acked, 60, f"the worker to ack every message of {queue_name}")
+        until_sync(acked, 60, interval=0.1, what=f"the worker to ack every message of {queue_name}")
     finally:
         worker.send_signal(signal.SIGTERM)
         try:
@@ -243,7 +206,7 @@ def make_recording(base: Path, backend: CountingBackend) -> Recording:
     """A real production run recorded by `strictq serve` (gateway deliveries + proxy calls)."""
     data_dir = base / "serve"
     data_dir.mkdir(parents=True)
-    serve = Serve(data_dir)
+    serve = start_serve(data_dir)
     try:
         _record_queue(serve, backend, ORDERS)
         _record_queue(serve, backend, STAMPED, "--stamp")

@@ -3,27 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
-import queue
 import ssl
-import subprocess
-import sys
 import tomllib
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from conftest import ROOT, ChildProcess
-
-START_TIMEOUT = 30.0
+from kit.process import CA, CLIENT_ENV, LISTENING, ChildProcess, launch, strictq
 
 
 class Serve(ChildProcess):
-    def __init__(self, data_dir: Path, proc: subprocess.Popen[bytes], log_path: Path) -> None:
-        super().__init__(proc, log_path)
-        self.data_dir = data_dir
-        self.url = ""
-        self.ca: Path | None = None
+    data_dir: Path
+    url: str
+    ca: Path | None
 
     def secret(self, role: str) -> str:
         keys = tomllib.loads((self.data_dir / "keys.toml").read_text())
@@ -32,9 +24,6 @@ class Serve(ChildProcess):
     def address(self) -> tuple[str, int]:
         host, port = self.url.split("//", 1)[1].rsplit(":", 1)
         return host, int(port)
-
-    def full_log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
     def ssl_context(self) -> ssl.SSLContext | None:
         return ssl.create_default_context(cafile=str(self.ca)) if self.ca is not None else None
@@ -55,40 +44,17 @@ class Serve(ChildProcess):
 def start_serve(data_dir: Path, *extra: str, tls: bool = False) -> Serve:
     """`strictq serve` on a free loopback port without the egress proxy; waits for its start-up lines."""
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    log_path = data_dir.parent / f"{data_dir.name}.serve.log"
-    command = [sys.executable, "-m", "strictq", "serve", "--port", "0", "--data-dir", str(data_dir)]
-    command.append("--no-proxy")
+    command = strictq("serve", "--port", "0", "--data-dir", str(data_dir), "--no-proxy")
     if not tls:
         command.append("--insecure-http")
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [*command, *extra],
-            cwd=ROOT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=log,
-        )
-    serve = Serve(data_dir, proc, log_path)
-    while True:
-        try:
-            line = serve.stdout.get(timeout=START_TIMEOUT)
-        except queue.Empty:
-            line = None
-        if line is None:
-            serve.kill()
-            raise RuntimeError(f"strictq serve did not start; log:\n{serve.log()}")
-        if line.startswith("strictq: listening on "):
-            serve.url = line.split()[-1]
-        elif line.startswith("strictq: ca "):
-            serve.ca = Path(line[len("strictq: ca ") :].strip())
-        elif line.startswith("strictq: client env "):
-            return serve
+    log_path = data_dir.parent / f"{data_dir.name}.serve.log"
+    serve = launch([*command, *extra], log_path, wait_for=[LISTENING, CLIENT_ENV], make=Serve)
+    serve.data_dir = data_dir
+    serve.url = serve.startup[LISTENING].split()[-1]
+    ca = serve.value(CA)
+    serve.ca = Path(ca) if ca is not None else None
+    return serve
 
 
 def stop(serve: Serve) -> None:
-    try:
-        serve.terminate()
-    finally:
-        if serve.running():
-            serve.kill()
+    serve.stop()

@@ -41,9 +41,9 @@ from proxy_support import (
 from serve_support import Serve, start_serve
 from serve_support import stop as stop_serve
 
+from access.keys import Credential
 from fencing.context import BadQueueReference, CallContext, parse_queue_ref
 from fencing.control_client import ControlClient, ControlState
-from gateway.keys import Credential
 from strictq.sdk.outbound import H_QUEUE, CallFenced, Tags
 
 # proxy_support's module-scoped CA and per-test backends (conftest does not load them).
@@ -149,7 +149,7 @@ async def floor_reached(
         observer = ControlClient(system.control_url, key, reconnect_min=0.05)
         observer.start()
         try:
-            await until(partial(has_floor, observer.state, queue, group, token), 15, f"floor of {queue}")
+            await until(partial(has_floor, observer.state, queue, group, token), 15, what=f"floor of {queue}")
             await wait_proxy_saw(proxy.admin_url, observer.state.last_event_id, within=15)
         finally:
             await observer.stop()
@@ -181,7 +181,7 @@ async def assert_refused_stale(proxy: ProxyProcess, worker: str, tags: Tags, bac
                 await session.call("POST", f"{backend.url}/charge", json={"order": 7})
         assert (fenced.value.action, fenced.value.code, fenced.value.status) == (
             "stale-lease",
-            "stale-lease",
+            "stale_lease",
             409,
         )
         assert backend.accepted == 0 and backend.seen == [], backend.url  # never reached the backend
@@ -338,7 +338,7 @@ async def test_an_unknown_face_in_the_reference_is_a_400_that_reaches_nobody(
             reply = await session.call("POST", f"{backend.url}/charge", json={}, headers=headers)
         assert reply.status == 400, reply
         body = reply.json()
-        assert body["code"] == "malformed-tags" and "X-Strictq-Queue" in body["message"], body
+        assert body["code"] == "malformed_tags" and "X-Strictq-Queue" in body["message"], body
         assert "unknown face 'sqs'" in body["message"], body
         assert backend.accepted == 0 and backend.seen == []
 
@@ -360,7 +360,7 @@ async def test_a_worker_of_another_tenant_cannot_reach_a_tenants_floors(
         shared_backends.reset()
         async with client(system.proxy, WORKER_T2.id, tags) as session:
             reply = await session.call("POST", f"{shared_backends.http.url}/charge", json={})
-        assert reply.status == 407 and reply.json()["code"] == "tenant-not-served", reply
+        assert reply.status == 407 and reply.json()["code"] == "tenant_not_served", reply
         assert shared_backends.http.accepted == 0 and shared_backends.http.seen == []
     # t2 with its own dedup queue of the same name: its own floor applies, t1's does not.
     t2_worker = WORKER_T2.secret

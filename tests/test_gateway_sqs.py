@@ -19,6 +19,7 @@ import boto3
 import pytest
 from botocore.config import Config
 from gateway_support import Gateway
+from kit.until import until
 
 REGION = "us-east-1"
 NO_RETRIES = Config(retries={"mode": "standard", "max_attempts": 1}, connect_timeout=5, read_timeout=30)
@@ -58,13 +59,6 @@ async def delete_all(sqs: Any, url: str, receipts: list[str]) -> None:
         entries = [{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts[start : start + 10])]
         result = await call(sqs.delete_message_batch, QueueUrl=url, Entries=entries)
         assert not result.get("Failed"), result
-
-
-async def until(predicate: Callable[[], Any], what: str, limit: float = 5.0) -> None:
-    deadline = time.monotonic() + limit
-    while not await predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 def expected_md5_of_attributes(attributes: dict[str, dict[str, Any]]) -> str:
@@ -203,7 +197,7 @@ async def test_message_attributes_round_trip_with_sqs_md5s(gateway: Gateway) -> 
     assert sent["MD5OfMessageSystemAttributes"] == expected_md5_of_attributes(
         {"AWSTraceHeader": {"DataType": "String", "StringValue": "Root=1-5759e988-bd862e3f"}}
     )
-    await until(lambda: _visible(admin, url, 3), "three visible messages")
+    await until(lambda: _visible(admin, url, 3), what="three visible messages")
     messages = []
     while len(messages) < 3:
         result = await call(
@@ -264,7 +258,7 @@ async def test_long_poll_returns_within_half_a_second_of_a_send(gateway: Gateway
     await call(worker.get_queue_url, QueueName="poll.fifo")  # warm the worker's TLS connection
     started = time.monotonic()
     poll = asyncio.create_task(call(worker.receive_message, QueueUrl=url))  # waits by the queue's default
-    await until(lambda: _waiting(gateway, "t1.poll.fifo"), "the long poll to wait")
+    await until(lambda: _waiting(gateway, "t1.poll.fifo"), what="the long poll to wait")
     assert not poll.done()
     sending = time.monotonic()
     await call(
@@ -341,7 +335,7 @@ async def test_dead_letter_queue_and_redrive_restore_group_order(gateway: Gatewa
     # Received once and let go at once (visibility 0): at maxReceiveCount 1 every message is dead-lettered.
     got, _ = await bodies_of(worker, url, MaxNumberOfMessages=10, VisibilityTimeout=0)
     assert got == order
-    await until(lambda: _visible(admin, dlq_url, 5), "five dead-lettered messages")
+    await until(lambda: _visible(admin, dlq_url, 5), what="five dead-lettered messages")
     dead = (
         await call(
             worker.receive_message,
@@ -360,7 +354,7 @@ async def test_dead_letter_queue_and_redrive_restore_group_order(gateway: Gatewa
         tasks = (await call(admin.list_message_move_tasks, SourceArn=dlq_arn))["Results"]
         return tasks[0]["Status"] == "COMPLETED"
 
-    await until(completed, "the move task to complete")
+    await until(completed, what="the move task to complete")
     (task,) = (await call(admin.list_message_move_tasks, SourceArn=dlq_arn, MaxResults=10))["Results"]
     assert task["ApproximateNumberOfMessagesMoved"] == 5 and task["DestinationArn"] == source_arn
     with pytest.raises(admin.exceptions.ResourceNotFoundException, match="RUNNING"):
@@ -386,7 +380,7 @@ async def test_cancel_message_move_task_stops_a_running_redrive(gateway: Gateway
             MessageDeduplicationId=body,
         )
     await bodies_of(worker, url, MaxNumberOfMessages=10, VisibilityTimeout=0)
-    await until(lambda: _visible(admin, dlq_url, 3), "three dead-lettered messages")
+    await until(lambda: _visible(admin, dlq_url, 3), what="three dead-lettered messages")
     # Group a is in flight in the DLQ: the redrive moves b1 and then waits for group a's claim to end.
     held = await call(worker.receive_message, QueueUrl=dlq_url, MaxNumberOfMessages=1, VisibilityTimeout=60)
     assert [m["Body"] for m in held["Messages"]] == ["a1"]
@@ -396,7 +390,7 @@ async def test_cancel_message_move_task_stops_a_running_redrive(gateway: Gateway
         (task,) = (await call(admin.list_message_move_tasks, SourceArn=dlq_arn))["Results"]
         return task["Status"] == "RUNNING" and task["ApproximateNumberOfMessagesMoved"] == 1
 
-    await until(moved_one, "the redrive to move b1 and wait for group a")
+    await until(moved_one, what="the redrive to move b1 and wait for group a")
     cancelled = await call(admin.cancel_message_move_task, TaskHandle=handle)
     assert cancelled["ApproximateNumberOfMessagesMoved"] == 1
     (task,) = (await call(admin.list_message_move_tasks, SourceArn=dlq_arn))["Results"]

@@ -1,5 +1,6 @@
 """The queue server's internal HTTP API over real sockets: `QueueClient` and raw aiohttp against the real
-`strictq queue-server` process (see conftest.start_server).
+app factory served in process (kit.inprocess: the `server` fixture here), and against the real
+`strictq queue-server` process (conftest.start_server) where the process is the point: SIGTERM and restarts.
 
 Semantics pinned here: SQS FIFO delivery (oldest available group first, as many of its messages as fit,
 one claim per group), fencing tokens in receipts, stale claims as per-item `stale_claim` statuses, the JSON
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ import aiohttp
 import orjson
 import pytest
 from conftest import ServerProcess, running_server, start_server
+from kit.inprocess import InProcessServer, serve_in_process
+from kit.until import until
 
 from queue_core.client import QueueClient, QueueClientError
 
@@ -27,7 +30,11 @@ MiB = 1024 * 1024
 
 # ------------------------------------------------------------------------------------------ helpers
 async def raw(
-    server: ServerProcess, method: str, path: str, body: bytes | None = None, **kwargs: Any
+    server: ServerProcess | InProcessServer,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    **kwargs: Any,
 ) -> tuple[int, Any]:
     """One request with a fresh connection; returns (status, decoded JSON body)."""
     async with (
@@ -47,14 +54,18 @@ def assert_error(status: int, payload: Any, want_status: int, want_code: str) ->
     assert isinstance(error["message"], str) and error["message"], payload
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], within: float = 5.0, step: float = 0.05) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        if await check():
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {within}s")
-        await asyncio.sleep(step)
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[InProcessServer]:
+    """The internal API in process (overrides conftest's subprocess; conftest's `client` follows it)."""
+    async with serve_in_process(tmp_path / "data") as served:
+        yield served
+
+
+@pytest.fixture
+def process(tmp_path: Path) -> Iterator[ServerProcess]:
+    """A real `strictq queue-server` process, for the tests about the process (SIGTERM)."""
+    with running_server(tmp_path / "data") as proc:
+        yield proc
 
 
 def bodies(messages: list[dict[str, Any]]) -> list[str]:
@@ -71,12 +82,12 @@ async def restart(server: ServerProcess) -> ServerProcess:
 
 
 # ------------------------------------------------------------------------------------ health, queues
-async def test_health_and_ready(server: ServerProcess) -> None:
+async def test_health_and_ready(server: InProcessServer) -> None:
     assert await raw(server, "GET", "/healthz") == (200, {"status": "ok"})
     assert await raw(server, "GET", "/readyz") == (200, {"ready": True})
 
 
-async def test_queue_lifecycle(client: QueueClient, server: ServerProcess) -> None:
+async def test_queue_lifecycle(client: QueueClient, server: InProcessServer) -> None:
     created = await client.create_queue("orders", visibility_timeout=12, dedup_window=60)
     assert created["queue"] == "orders"
     assert created["attributes"]["visibility_timeout"] == 12.0
@@ -200,7 +211,7 @@ async def test_ack_renew_release_and_stale_receipts(client: QueueClient) -> None
     async def expired() -> bool:
         return (await client.group("s", "g"))["in_flight"] == 0
 
-    await eventually(expired)
+    await until(expired, 5.0)
     new = await client.receive("s", limit=1, ttl=30)  # a newer claim supersedes the old receipts
     assert bodies(new) == ["m1"] and new[0]["receive_count"] == 2
     assert new[0]["token"] > old[0]["token"]
@@ -260,13 +271,13 @@ async def test_renew_extend_and_set(client: QueueClient) -> None:
         got.extend(await client.receive("r", ttl=0.2))
         return bool(got)
 
-    await eventually(redelivered)
+    await until(redelivered, 5.0)
     assert got[0]["id"] == claim["id"] and got[0]["receive_count"] == 2
 
     async def idle() -> bool:
         return await client.claim_count("r") == 0
 
-    await eventually(idle)
+    await until(idle, 5.0)
     # extend recreates an expired claim nobody superseded; set refuses (not in flight).
     assert [o["status"] for o in await client.renew("r", [got[0]["receipt"]], 5, mode="set")] == [
         "not_in_flight"
@@ -303,7 +314,7 @@ async def test_release_unclaimall_claimcount(client: QueueClient) -> None:
     assert await client.unclaim_all("u") == 0
 
 
-async def test_peek_size_purge(client: QueueClient, server: ServerProcess) -> None:
+async def test_peek_size_purge(client: QueueClient, server: InProcessServer) -> None:
     await client.send("p", [{"body": f"{g}{i}", "group": g} for i in range(3) for g in "ab"])
     await client.receive("p", limit=1, ttl=30)
     peeked = await client.peek("p", limit=100)
@@ -370,7 +381,7 @@ async def test_move_keeps_group_order(client: QueueClient) -> None:
         status = await client.move_status(move["id"])
         return status["moved"] >= 8
 
-    await eventually(others_moved)
+    await until(others_moved, 5.0)
     status = await client.move_status(move["id"])
     assert status["state"] == "running" and status["remaining"] == 4  # waits for the claim on a
     await client.release("src", [m["receipt"] for m in held])
@@ -378,7 +389,7 @@ async def test_move_keeps_group_order(client: QueueClient) -> None:
     async def done() -> bool:
         return (await client.move_status(move["id"]))["state"] == "done"
 
-    await eventually(done)
+    await until(done, 5.0)
     final = await client.move_status(move["id"])
     assert final["moved"] == 12 and final["remaining"] == 0 and final["finished_at"] >= final["started_at"]
     assert await client.size("src") == 0
@@ -399,7 +410,7 @@ async def test_move_keeps_group_order(client: QueueClient) -> None:
     assert (missing.value.status, missing.value.code) == (404, "queue_not_found")
 
 
-async def test_long_poll_returns_when_another_task_sends(server: ServerProcess) -> None:
+async def test_long_poll_returns_when_another_task_sends(server: InProcessServer) -> None:
     async with QueueClient(server.url) as consumer, QueueClient(server.url) as producer:
         await producer.create_queue("lp")
         started = time.monotonic()
@@ -531,7 +542,7 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
 
 @pytest.mark.parametrize("method,path,body,status,code", BAD_REQUESTS)
 async def test_bad_request_gets_json_error(
-    shared_server: ServerProcess, method: str, path: str, body: bytes | None, status: int, code: str
+    shared_server: InProcessServer, method: str, path: str, body: bytes | None, status: int, code: str
 ) -> None:
     await raw(shared_server, "PUT", "/v1/queues/keep", b"{}")
     got_status, payload = await raw(shared_server, method, path, body)
@@ -540,7 +551,7 @@ async def test_bad_request_gets_json_error(
 
 
 async def test_bad_input_loses_nothing_and_server_keeps_going(
-    client: QueueClient, server: ServerProcess
+    client: QueueClient, server: InProcessServer
 ) -> None:
     kept = await client.send_one("keep", "precious", group="g")
     await client.send("keep", [{"body": "claimed", "group": "h"}])
@@ -559,7 +570,7 @@ async def test_bad_input_loses_nothing_and_server_keeps_going(
     assert server.running()
 
 
-async def test_request_over_8_mib_gets_413_json(server: ServerProcess, client: QueueClient) -> None:
+async def test_request_over_8_mib_gets_413_json(server: InProcessServer, client: QueueClient) -> None:
     sent = await client.send_one("big", "before", group="g")
     body = orjson.dumps({"messages": [{"body": "x" * (9 * MiB), "group": "g"}]})
     status, payload = await raw(server, "POST", "/v1/queues/big/send", body)
@@ -609,7 +620,7 @@ async def test_per_entry_errors_do_not_sink_good_entries(client: QueueClient) ->
     assert over[0]["error"]["code"] == "too_large"
 
 
-async def test_batch_status_contract(server: ServerProcess, client: QueueClient) -> None:
+async def test_batch_status_contract(server: InProcessServer, client: QueueClient) -> None:
     """Batches answer 200 with per-item results when any item succeeded; when every item failed, the status
     of the first failure with the same `error` body plus the per-item `results`. `gone` counts as done."""
 
@@ -622,7 +633,7 @@ async def test_batch_status_contract(server: ServerProcess, client: QueueClient)
     async def expired() -> bool:
         return await client.claim_count("bs") == 0
 
-    await eventually(expired)
+    await until(expired, 5.0)
     new = await client.receive("bs", limit=1, ttl=30)
 
     status, payload = await post("/ack", {"receipts": [old[0]["receipt"]]})
@@ -646,10 +657,10 @@ async def test_batch_status_contract(server: ServerProcess, client: QueueClient)
 
 
 # ----------------------------------------------------------------------------------------- restarts
-async def test_sigterm_exits_zero(server: ServerProcess) -> None:
-    async with QueueClient(server.url) as client:
+async def test_sigterm_exits_zero(process: ServerProcess) -> None:
+    async with QueueClient(process.url) as client:
         await client.send_one("t", "x", group="g")
-    assert await stop(server) == 0
+    assert await stop(process) == 0
 
 
 async def test_restart_keeps_messages_claims_dedup_and_raises_tokens(tmp_path: Path) -> None:
@@ -699,7 +710,7 @@ async def test_restart_keeps_messages_claims_dedup_and_raises_tokens(tmp_path: P
                 got.extend(await client.receive("keep", limit=10, ttl=60))
                 return bool(got)
 
-            await eventually(b_back, within=5)
+            await until(b_back, 5)
             assert bodies(got) == ["b0", "b1", "b2"]
             assert got[0]["receive_count"] == 2
             assert [o["status"] for o in await client.ack("keep", [short[0]["receipt"]])] == ["stale_claim"]
@@ -720,7 +731,7 @@ async def test_superseded_receipt_stays_stale_after_restart(tmp_path: Path) -> N
             async def expired() -> bool:
                 return await client.claim_count("f") == 0
 
-            await eventually(expired)
+            await until(expired, 5.0)
             new = await client.receive("f", limit=1, ttl=60)
             assert bodies(new) == ["m1"]
             assert [o["status"] for o in await client.ack("f", [new[0]["receipt"]])] == ["ok"]
@@ -755,27 +766,27 @@ async def test_claims_with_different_expiries_all_expire_after_restart(tmp_path:
                 got.extend(await client.receive("x", limit=10, ttl=30))
                 return bool(got)
 
-            await eventually(back, within=6, step=0.1)
+            await until(back, 6, interval=0.1)
             assert bodies(got) == ["m1", "m2"]
     finally:
         await stop(server)
 
 
-async def test_long_poll_wait_nan_is_a_client_error(server: ServerProcess) -> None:
+async def test_long_poll_wait_nan_is_a_client_error(server: InProcessServer) -> None:
     await raw(server, "PUT", "/v1/queues/n", b"{}")
     status, payload = await raw(server, "POST", "/v1/queues/n/receive", b'{"wait": "nan"}')
     assert status == 400, payload
     assert payload["error"]["code"] == "invalid_argument"
 
 
-async def test_sigterm_during_long_poll_stops_promptly(server: ServerProcess) -> None:
-    async with QueueClient(server.url) as client:
+async def test_sigterm_during_long_poll_stops_promptly(process: ServerProcess) -> None:
+    async with QueueClient(process.url) as client:
         await client.create_queue("lp")
         waiting = asyncio.create_task(client.receive("lp", wait=20))
         await asyncio.sleep(0.3)
         started = time.monotonic()
         try:
-            code = await asyncio.to_thread(server.terminate, 5.0)
+            code = await asyncio.to_thread(process.terminate, 5.0)
         finally:
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)

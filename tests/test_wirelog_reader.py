@@ -8,6 +8,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from kit.clock import FakeClock
 
 from wirelog import reader as reader_module
 from wirelog.errors import SegmentError
@@ -23,13 +24,7 @@ from wirelog.reader import (
 from wirelog.record import encode, http_record, http_request, http_response
 from wirelog.writer import WireLogWriter, compress_segment
 
-
-class FakeClock:
-    def __init__(self, now: float = 1_795_330_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+WALL = 1_795_330_000.0  # where the fake clock starts: a realistic epoch second for segment names
 
 
 def seg(writer: str, stamp_second: int, seq: int, state: str) -> str:
@@ -196,7 +191,7 @@ def test_read_records_applies_the_filter_and_counts_matches(tmp_path: Path) -> N
 
 # ------------------------------------------------------------------------------------- tail/follow
 def test_tail_and_follow_across_rotation_and_compression(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(WALL)
     writer = WireLogWriter(tmp_path, "proxy", max_segment_bytes=400, clock=clock)
 
     def put(n: int) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from kit.clock import FakeClock
 
 from wirelog import writer as writer_module
 from wirelog.errors import RecordError, SegmentError
@@ -24,14 +25,7 @@ from wirelog.writer import WireLogWriter, compress_segment
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class FakeClock:
-    """Injected clock: age rotation and fsync intervals without sleeping."""
-
-    def __init__(self, now: float = 1_795_330_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+WALL = 1_795_330_000.0  # where the fake clock starts: a realistic epoch second for segment names
 
 
 def files(directory: Path) -> list[str]:
@@ -44,7 +38,7 @@ def read_all(directory: Path) -> tuple[list[dict[str, object]], ReadStats]:
 
 
 def test_write_fills_schema_fields_and_returns_unique_ids(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(WALL)
     with WireLogWriter(tmp_path, "gateway", clock=clock) as writer:
         first = writer.write(event_record(event="started"))
         second = writer.write({"kind": "log", "outcome": "ok", "ts": 5.0})
@@ -113,7 +107,7 @@ def test_a_record_larger_than_a_segment_gets_its_own(tmp_path: Path) -> None:
 
 
 def test_rotation_by_age_on_tick_and_on_write(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(WALL)
     writer = WireLogWriter(tmp_path, "w", max_segment_age=300.0, compress=False, clock=clock)
     writer.tick()  # nothing written: no empty segments
     assert files(tmp_path) == []
@@ -141,7 +135,7 @@ def test_fsync_always_syncs_every_record(tmp_path: Path) -> None:
 
 
 def test_fsync_interval_syncs_at_most_once_per_interval(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(WALL)
     writer = WireLogWriter(tmp_path, "w", fsync="interval", fsync_interval=1.0, compress=False, clock=clock)
     for _ in range(10):
         writer.write({"kind": "log"})
@@ -181,7 +175,7 @@ def test_counters_for_metrics(tmp_path: Path) -> None:
 
 
 def test_ids_stay_unique_across_restarts_even_with_a_stuck_clock(tmp_path: Path) -> None:
-    clock = FakeClock()
+    clock = FakeClock(WALL)
     ids: list[str] = []
     instances = set()
     for _ in range(3):

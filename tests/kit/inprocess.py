@@ -1,0 +1,52 @@
+"""The queue server's internal API in the test's own process: the real app factory
+(`queue_core.server.make_app`) over a real `QueueService`, served by aiohttp's `TestServer` on a loopback
+port. Service-level tests use it instead of a `strictq queue-server` subprocess per test; tests about the
+process itself (SIGTERM, SIGKILL, restarts, start-up faults) keep the subprocess (kit.process).
+
+`clock`: the service's clock (a kit.clock.FakeClock to move time by hand); the wall clock by default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp.test_utils import TestServer
+
+from queue_core.server import make_app
+from queue_core.service import QueueService
+
+
+@dataclass
+class InProcessServer:
+    """What a test needs of a server: its URL, its data dir and (in process) the service itself."""
+
+    url: str  # http://127.0.0.1:PORT, no trailing slash
+    data_dir: Path
+    service: QueueService
+    _server: TestServer
+
+    def running(self) -> bool:
+        """Still serving (the in-process twin of ChildProcess.running)."""
+        return not self._server.closed
+
+
+@contextlib.asynccontextmanager
+async def serve_in_process(
+    data_dir: Path, *, clock: Callable[[], float] = time.time
+) -> AsyncIterator[InProcessServer]:
+    await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True, mode=0o700)
+    service = QueueService(data_dir, clock=clock)
+    await service.start()
+    server = TestServer(make_app(service), host="127.0.0.1")
+    try:
+        await server.start_server()
+        yield InProcessServer(str(server.make_url("")).rstrip("/"), data_dir, service, server)
+    finally:
+        service.stop_waiting()  # long polls answer now, as the process does on SIGTERM
+        await server.close()
+        await service.close()
