@@ -100,10 +100,10 @@ async def start_proxy_child(
         preexec_fn=die_with_parent,
     )
     startup = asyncio.create_task(read_startup(proc))
-    waits: set[asyncio.Task[object]] = {startup}  # type: ignore[arg-type]
+    waits: set[asyncio.Task[object]] = {startup}
     stopped = asyncio.create_task(stop.wait()) if stop is not None else None
     if stopped is not None:
-        waits.add(stopped)  # type: ignore[arg-type]
+        waits.add(stopped)
     try:
         done, _ = await asyncio.wait(waits, timeout=START_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fencing.ca import ensure_ca, write_upstream_trust
 from wirelog import logsafe
@@ -244,9 +244,8 @@ async def _run_parent(command: ProxyCommand) -> int:
             )
         startup = asyncio.gather(*(read_startup(c) for c in children))
         stopped = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait(
-            {startup, stopped}, timeout=CHILD_START_TIMEOUT, return_when=asyncio.FIRST_COMPLETED
-        )
+        waits: set[asyncio.Future[Any]] = {startup, stopped}
+        done, _ = await asyncio.wait(waits, timeout=CHILD_START_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
         if startup not in done:
             startup.cancel()
             with contextlib.suppress(BaseException):
@@ -267,7 +266,7 @@ async def _run_parent(command: ProxyCommand) -> int:
         # Children's later stdout is drained so a chatty child never blocks on a full pipe.
         drains = [asyncio.create_task(_drain(c)) for c in children]
         exits = [asyncio.create_task(c.wait()) for c in children]
-        done, _ = await asyncio.wait({stopped, *exits}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({stopped, *exits}, return_when=asyncio.FIRST_COMPLETED)
         if not stop.is_set():
             print("strictq: a proxy process exited; stopping the others", file=sys.stderr, flush=True)
             code = 1

@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from access.permissions import visible_names
 from queue_core.machine import NotFound, NotInFlight, QueueError, QueueNotFound
 
 from .sqs_call import PURGE_INTERVAL, Call, MoveRecord, Queue
@@ -30,7 +31,6 @@ from .sqs_queues import (
     tags_of,
     to_core,
 )
-from .tenancy import visible_names
 
 Result = dict[str, Any]
 MOVE_STATUS = {"running": "RUNNING", "done": "COMPLETED", "failed": "FAILED", "cancelled": "CANCELLED"}
@@ -83,7 +83,8 @@ async def create_queue(call: Call) -> Result:
         return {"QueueUrl": call.url(name)}
     core.setdefault("max_message_size", DEFAULT_MAX_MESSAGE_SIZE)
     new_labels = merged_labels({FIFO_LABEL: "true"} if fifo else {}, labels)
-    new_labels.update(tag_changes(tags, {}) if tags else {})
+    if tags:  # every tag is set (None, a removal, only comes from UntagQueue)
+        new_labels = merged_labels(new_labels, tag_changes(tags, {}))
     try:
         await service.create_queue(internal, {**core, "labels": new_labels})
     except QueueError as exc:

@@ -338,11 +338,11 @@ async def delete_message_batch(call: Call) -> Result:
     _log_ended(call, queue, "ack", items, outcomes)
     successful: list[Result] = []
     for entry_id, outcome in zip(ids, outcomes, strict=True):
-        error = _ack_error(outcome, gone_ok=True)
-        if error is None:
+        problem = _ack_error(outcome, gone_ok=True)
+        if problem is None:
             successful.append({"Id": entry_id})
         else:
-            failed.append(error.batch_entry(entry_id))
+            failed.append(problem.batch_entry(entry_id))
     return {"Successful": successful, "Failed": failed}
 
 
@@ -369,9 +369,9 @@ async def change_message_visibility_batch(call: Call) -> Result:
         if ttl == 0:
             _log_ended(call, queue, "release", items, outcomes)
         for (entry_id, _), outcome in zip(group, outcomes, strict=True):
-            error = _ack_error(outcome, gone_ok=False)
-            if error is None:
+            problem = _ack_error(outcome, gone_ok=False)
+            if problem is None:
                 successful.append({"Id": entry_id})
             else:
-                failed.append(error.batch_entry(entry_id))
+                failed.append(problem.batch_entry(entry_id))
     return {"Successful": successful, "Failed": failed}

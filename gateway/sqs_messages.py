@@ -65,7 +65,9 @@ def check_text(text: str, what: str = "message body") -> None:
         )
 
 
-def parse_attributes(raw: Any, field: str = "MessageAttributes", system: bool = False) -> tuple[dict, int]:
+def parse_attributes(
+    raw: Any, field: str = "MessageAttributes", system: bool = False
+) -> tuple[dict[str, dict[str, str]], int]:
     """Validated attributes as stored (binary base64), and their size as SQS counts it."""
     if raw is None:
         return {}, 0
@@ -157,8 +159,8 @@ def _attribute_value(name: str, value: Any, field: str) -> tuple[dict[str, str],
 
 
 def encode_extra(
-    attributes: dict,
-    system: dict,
+    attributes: dict[str, dict[str, str]],
+    system: dict[str, dict[str, str]],
     sender: str,
     dedup_id: str | None,
     group: str | None,
@@ -187,7 +189,9 @@ def decode_extra(extra: bytes) -> dict[str, Any]:
     return sqs if isinstance(sqs, dict) else {}
 
 
-def select_attributes(attributes: dict[str, dict[str, str]], wanted: Collection[str]) -> dict:
+def select_attributes(
+    attributes: dict[str, dict[str, str]], wanted: Collection[str]
+) -> dict[str, dict[str, str]]:
     """MessageAttributeNames: exact names, `All` / `.*` for everything, `prefix.*` for a prefix."""
     if not attributes or not wanted:
         return {}

@@ -435,10 +435,10 @@ def repair_inputs(segments: list[Segment], salvage_dir: Path, report: BatchRepor
         directory = segment.path.parent
         if directory not in by_dir:
             current = {}
-            for path in list_segments(directory, include_open=False):
-                name = parse_segment_name(path.name)
+            for listed in list_segments(directory, include_open=False):
+                name = parse_segment_name(listed.name)
                 if name is not None:
-                    current[name.base] = path
+                    current[name.base] = listed
             by_dir[directory] = current
         path = by_dir[directory].get(segment.name)
         if path is None:

@@ -206,7 +206,8 @@ def _scan(files: list[Path], query: Query, columns: list[str], stats: SearchStat
     dataset = ds.dataset([str(p) for p in files], format="parquet", schema=arrow_schema())
     table = dataset.to_table(columns=columns, filter=expression)
     stats.rows_read = table.num_rows
-    return table.to_pylist()
+    found: list[dict[str, Any]] = table.to_pylist()
+    return found
 
 
 def _matches(row: dict[str, Any], query: Query) -> bool:
@@ -226,5 +227,5 @@ def _matches(row: dict[str, Any], query: Query) -> bool:
             return False
         if isinstance(query.status, int):
             return bool(status == query.status)
-        return status // 100 == int(str(query.status)[0])
+        return bool(status // 100 == int(str(query.status)[0]))
     return True

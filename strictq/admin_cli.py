@@ -148,9 +148,11 @@ def _run(
         )
         return 1
     if status >= 400:
-        code = result.get("code", "error") if isinstance(result, dict) else "error"
-        message = result.get("message", "") if isinstance(result, dict) else str(result)
-        print(f"strictq: {status} {code}: {message}", file=sys.stderr)
+        from protocol.errors import parse_error  # `{"error": {...}}`, or an older server's flat body
+
+        error = parse_error(result, default_code="error")
+        message = error.message or ("" if isinstance(result, dict) else str(result))
+        print(f"strictq: {status} {error.code}: {message}", file=sys.stderr)
         return 1
     show(result)
     return 0
@@ -165,7 +167,9 @@ async def _request(method: str, url: str, key: str, ca_file: str | None, data: A
     context: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca_file) if ca_file else True
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(ssl=context)) as session:
-        headers = {"X-BV-API-Key": key}
+        from protocol.headers import API_KEY
+
+        headers = {API_KEY: key}
         payload = None
         if data is not None:
             payload = orjson.dumps(data)
@@ -175,10 +179,9 @@ async def _request(method: str, url: str, key: str, ca_file: str | None, data: A
             try:
                 return response.status, orjson.loads(raw) if raw else {}
             except orjson.JSONDecodeError:
-                return response.status, {
-                    "code": "bad-response",
-                    "message": raw[:200].decode(errors="replace"),
-                }
+                from protocol.errors import BAD_RESPONSE, error_body
+
+                return response.status, error_body(BAD_RESPONSE, raw[:200].decode(errors="replace"))
 
 
 def _print_json(obj: Any) -> None:
@@ -205,9 +208,9 @@ def _print_table(fences: Sequence[dict[str, Any]]) -> None:
         )
     from wirelog.logsafe import escape_controls  # reasons are client text: no terminal escapes
 
-    rows = [tuple(escape_controls(cell) for cell in row) for row in rows]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    for row in rows:
+    escaped = [tuple(escape_controls(cell) for cell in row) for row in rows]
+    widths = [max(len(row[i]) for row in escaped) for i in range(4)]
+    for row in escaped:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[4])
 
 

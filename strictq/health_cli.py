@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from .admin_cli import ENV_HELP, UsageError, _common, _print_json, _quote, _run, parse_ttl
@@ -192,7 +193,7 @@ def format_status(status: dict[str, Any]) -> str:
     if not workers:
         lines.append("  (none with failures, fences or probes)")
     else:
-        rows = [("WORKER", "STATE", "FAILURES", "QUEUE", "UNTIL", "REASON")]
+        rows: list[tuple[str, ...]] = [("WORKER", "STATE", "FAILURES", "QUEUE", "UNTIL", "REASON")]
         for w in workers:
             if w.get("blacklisted_until") is not None:
                 when = f"{max(w['blacklisted_until'] - now, 0):.1f}s left"
@@ -248,7 +249,7 @@ def format_status(status: dict[str, Any]) -> str:
     return "\n".join(escape_controls(line) for line in lines) + "\n"
 
 
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
+def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return [
         "  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1]

@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 from mitmproxy import exceptions
+from mitmproxy.addonmanager import Loader
 
 from fencing.runtime import ProxyRuntime
 
@@ -32,8 +33,8 @@ class Admin:
         self.port = 0
         self._runner: web.AppRunner | None = None
 
-    def load(self, loader: object) -> None:
-        add = loader.add_option  # type: ignore[attr-defined]
+    def load(self, loader: Loader) -> None:
+        add = loader.add_option
         add(
             "strictq_admin_host",
             str,

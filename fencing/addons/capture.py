@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mitmproxy import exceptions, http
+from mitmproxy.addonmanager import Loader
 
 from fencing.context import CallContext, ensure_context
 from fencing.runtime import ProxyRuntime
@@ -38,8 +39,8 @@ class Capture:
         self._ticker: asyncio.Task[None] | None = None
         self._redact: Any = None  # the Redact addon, for calls that never reached its hooks
 
-    def load(self, loader: object) -> None:
-        add = loader.add_option  # type: ignore[attr-defined]
+    def load(self, loader: Loader) -> None:
+        add = loader.add_option
         add("strictq_wirelog", str, "", "Wire-log directory; empty: capture off.")
         add("strictq_wirelog_fsync", str, "interval", "fsync policy: always | interval | never.")
         add("strictq_wirelog_fsync_interval", float, 1.0, "Seconds between fsyncs (policy interval).")

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mitmproxy import connection, ctx, exceptions, http
+from mitmproxy.addonmanager import Loader
 from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.layers import TCPLayer, UDPLayer
 
@@ -84,7 +85,7 @@ class Fence:
         state.add_listener(self._on_fence_change)
 
     # -- options ------------------------------------------------------------------------------------------
-    def load(self, loader: Any) -> None:
+    def load(self, loader: Loader) -> None:
         self._master = loader.master
         add = loader.add_option
         add("strictq_mimic_wirelog", str, "", "Wire-log directory to mimic from; empty: strictq_wirelog.")
@@ -321,7 +322,11 @@ class Fence:
                 self.index = RecordingIndex(self._max_records, self._max_bytes)
             self.index.loaded_at = time.monotonic()
             return
-        index = self.index or RecordingIndex(self._max_records, self._max_bytes)
+        current = self.index  # None or (the mode having been reset to None on a switch) a RecordingIndex
+        if isinstance(current, RecordingIndex) and current:
+            index = current
+        else:
+            index = RecordingIndex(self._max_records, self._max_bytes)
         try:
             result = await asyncio.to_thread(scan, directory, dict(index.files), set(index.ids))
         except Exception:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mitmproxy import exceptions, http
+from mitmproxy.addonmanager import Loader
 
 from fencing.context import CallContext, ensure_context
 from fencing.mimic import identity_from_url
@@ -35,8 +36,8 @@ class Redact:
         self.redactor: Redactor | None = None
         self.max_body_bytes: int | None = None
 
-    def load(self, loader: object) -> None:
-        add = loader.add_option  # type: ignore[attr-defined]
+    def load(self, loader: Loader) -> None:
+        add = loader.add_option
         add("strictq_redaction", str, "", "Redaction config file (TOML); empty: built-in defaults.")
         add(
             "strictq_redaction_key_dir",

@@ -322,10 +322,11 @@ class StoryBuilder:
     def _apply_events(self, story: MessageStory, events: list[dict[str, Any]]) -> None:
         attempts = story.attempts
         for event in events:
+            outcome = event.get("outcome")
             name = (
                 event.get("event")
                 if event.get("kind") == "event"
-                else RESULT_EVENTS.get(event.get("outcome"))
+                else RESULT_EVENTS.get(outcome) if isinstance(outcome, str) else None
             )
             if name not in ("ack", "release", "fail", "not-attempted", TIMEOUT_EVENT):
                 continue

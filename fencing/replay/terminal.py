@@ -14,11 +14,12 @@ from rich.table import Table
 from rich.text import Text
 
 from fencing.replay.report import ReplayReport
+from fencing.replay.session import Progress as SessionProgress
 
 STYLE = {"same": "green", "diverged": "bold red", "skipped": "yellow"}
 
 
-class ProgressBar:
+class ProgressBar(SessionProgress):
     """One task per run: advanced as its messages are done (ack, fail, timeout)."""
 
     def __init__(self, enabled: bool = True) -> None:
