@@ -24,7 +24,7 @@ help:
 	@echo "make test   set up .venv and run the whole test suite"
 	@echo "make demo   set up .venv and run strictq demo: the whole system on this machine, narrated"
 	@echo "make bench  run the benchmarks and write docs/benchmarks.md"
-	@echo "make lint   ruff on everything, mypy on queue_core"
+	@echo "make lint   ruff on everything, mypy --strict on every package, the layer contracts (lint-imports)"
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found (neither python3.12 on PATH nor pyenv versions/3.12*)" >&2; exit 1; }
@@ -39,8 +39,11 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/strictq serve --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR)
 
+# Two workers (this machine and CI have 2 cores); the 25 slowest tests are listed at the end.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(VENV)/bin/strictq demo $(DEMO_ARGS)
@@ -48,6 +51,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 bench: $(STAMP)
 	@command -v redis-server >/dev/null || { echo "installing Debian's redis-server (the benchmark's peer)"; \

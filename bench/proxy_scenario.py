@@ -107,7 +107,7 @@ def _load(st: Any, target: str, proxies: list[str], cas: list[str], auth: str | 
 def scenario_proxy(st: Any, progress: Progress) -> None:
     import trustme
 
-    from gateway.keys import write_development_keys
+    from access.keys import write_development_keys
 
     work = st.work_dir / "proxy"
     work.mkdir(parents=True, exist_ok=True)

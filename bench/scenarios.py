@@ -268,7 +268,7 @@ def sigv4_verify_us(rounds: int = 2000) -> dict[str, float]:
     from botocore.awsrequest import AWSRequest
     from botocore.credentials import Credentials
 
-    from gateway.keys import Credential
+    from access.keys import Credential
     from gateway.sqs_auth import parse_authorization, verify
 
     host = "127.0.0.1:8443"

@@ -238,7 +238,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
 def _check_files(args: argparse.Namespace) -> str | None:
     """Start-up faults of the files, as one line naming the file (None: fine). The data dir is created
     0700 here, before the CA and the redaction key are written into it."""
-    from gateway.keys import KeyFileError, KeyRing
+    from access.keys import KeyFileError, KeyRing
     from wirelog.files import StartupError, check_writable, private_dir
 
     try:

@@ -15,17 +15,21 @@ from typing import Any
 import orjson
 from mitmproxy import http
 
-METADATA_KEY = "strictq"
-PROXY_ACTION_HEADER = "X-Strictq-Proxy-Action"
+from access.tenancy import DEFAULT_FACE, FACES, core_name
+from protocol import headers
 
-# The actions of the design note's wire-log schema (`action` field) and of X-Strictq-Proxy-Action.
+METADATA_KEY = "strictq"
+PROXY_ACTION_HEADER = headers.PROXY_ACTION
+
+# The actions of the design note's wire-log schema (`action` field) and of X-Strictq-Proxy-Action. They are
+# not error codes: their spelling is a contract with SDKs and stored wire logs, so `stale-lease` stays; the
+# `code` of a refusal's body (and of its wire-log record) is snake_case like every error code (protocol).
 ACTIONS = ("pass", "block", "mimic", "stale-lease", "unsynced", "unmatched")
 
-# The faces a queue reference (`X-Strictq-Queue`, the poll item's `queue_ref`) may name, and the suffix each
-# one's namespace adds to the tenant inside the core: `t1.orders` is the queue face's (shared by `/queue/1`
-# and SQS), `t1_dedupq.orders` EmoDB's dedup queue (gateway.emodb.Face, queue_core.scope.FACES).
-FACE_NAMESPACES = {"queue": "", "dedupq": "_dedupq"}
-DEFAULT_FACE = "queue"  # a reference without a face: the plain queue face, as tags were before faces
+# The faces a queue reference (`X-Strictq-Queue`, the poll item's `queue_ref`) may name: the tenant's
+# namespaces in the core (access.tenancy): `t1.orders` is the queue face's (shared by `/queue/1` and SQS),
+# `t1_dedupq.orders` EmoDB's dedup queue. A reference without a face: the plain queue face, as tags were
+# before faces.
 
 
 class BadQueueReference(ValueError):
@@ -41,10 +45,10 @@ def parse_queue_ref(text: str) -> tuple[str, str]:
     face, slash, name = text.partition("/")
     if not slash:
         return DEFAULT_FACE, text
-    if face not in FACE_NAMESPACES:
+    if face not in FACES:
         raise BadQueueReference(
             f"unknown face {face[:40]!r} (a queue reference is NAME or FACE/NAME, FACE one of "
-            f"{', '.join(FACE_NAMESPACES)})"
+            f"{', '.join(FACES)})"
         )
     if not name or "/" in name:
         raise BadQueueReference("a queue reference is NAME or FACE/NAME, with one non-empty NAME")
@@ -90,7 +94,7 @@ class CallContext:
         fencing tokens. The tenant is always the worker credential's, never the tag's."""
         if self.queue is None or self.tenant is None:
             return None
-        return f"{self.tenant}{FACE_NAMESPACES[self.face or DEFAULT_FACE]}.{self.queue}"
+        return core_name(self.tenant, self.queue, self.face or DEFAULT_FACE)
 
     @property
     def queue_ref(self) -> str | None:

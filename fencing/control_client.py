@@ -24,6 +24,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from protocol.headers import API_KEY as API_KEY_HEADER
+
 logger = logging.getLogger(__name__)
 
 MODES = ("block", "mimic")
@@ -281,7 +283,7 @@ class ControlClient:
     # -- one connection --------------------------------------------------------------------------------
     async def _consume(self, session: aiohttp.ClientSession) -> bool:
         """One connection's life; True when it reached `synced` before it ended."""
-        headers = {"X-BV-API-Key": self.api_key, "Accept": "text/event-stream", "Cache-Control": "no-cache"}
+        headers = {API_KEY_HEADER: self.api_key, "Accept": "text/event-stream", "Cache-Control": "no-cache"}
         if self.state.last_event_id:
             headers["Last-Event-ID"] = self.state.last_event_id
         reached_sync = False

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from protocol.headers import PROXY_ACTION
 from wirelog.record import body_bytes_of
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ Identity = tuple[str, str, str, str, str]  # method, host, path, query, body sha
 # Not replayed: they describe the recorded connection/encoding, not the answer (the body is stored decoded).
 HOP_HEADERS = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "upgrade",
-     "proxy-connection", "te", "trailer", "x-strictq-proxy-action"}
+     "proxy-connection", "te", "trailer", PROXY_ACTION.lower()}
 )  # fmt: skip
 
 

@@ -1,5 +1,6 @@
 """The edge application: one aiohttp app with the SQS JSON face at `POST /` and the EmoDB face under
-`/queue/1` and `/dedupq/1`, in front of the queue core (in-process by default)."""
+`/queue/1` and `/dedupq/1`, in front of the queue core (in-process by default). The search route over the
+wire-log index is spark's: the composition root (strictq.serve) mounts it beside these."""
 
 from __future__ import annotations
 
@@ -7,24 +8,18 @@ from pathlib import Path
 
 from aiohttp import web
 
-from queue_core.admin_http import add_admin_routes
+from access.keys import KeyRing
+from queue_core.admin_routes import add_admin_routes
 from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
 from queue_core.http_errors import json_http_errors
 from queue_core.service import QueueService
 
+from . import emodb, sqs
+from .app_keys import KEYS, MAX_EDGE_BODY, ROUTER, SERVICE
 from .deliveries import DELIVERIES, DeliveryLog
-from .keys import KeyRing
 from .routing import PartitionRouter
-
-# Bodies above this are refused while being read (aiohttp stops at client_max_size), before they are
-# read whole; each face answers in its own dialect (413 on EmoDB, an SQS error on the SQS face).
-MAX_EDGE_BODY = 4 * 1024 * 1024
-
-SERVICE = web.AppKey("service", QueueBackend)
-KEYS = web.AppKey("keys", KeyRing)
-ROUTER = web.AppKey("router", PartitionRouter)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -38,7 +33,7 @@ async def readyz(request: web.Request) -> web.Response:
     if request.app[SERVICE].healthy:
         return web.json_response({"ready": True})
     error = {"code": "not_ready", "message": "the queue store is not open, has failed, or is unreachable"}
-    return web.json_response({"ready": False, "error": error}, status=503)
+    return web.json_response({"ready": False, "error": {**error, "retriable": True}}, status=503)
 
 
 def make_gateway_app(
@@ -46,15 +41,12 @@ def make_gateway_app(
     keys: KeyRing,
     *,
     control: ControlHub | None = None,
-    index: Path | None = None,
     deliveries: DeliveryLog | None = None,
     failures: FailureManager | None = None,
     receipt_key: Path | None = None,
 ) -> web.Application:
     """`deliveries`: write a wire-log record per message handed to a worker (gateway.deliveries).
     `receipt_key`: the file of the SQS receipt-handle key (gateway.sqs_receipts); None: in memory."""
-    from . import emodb, sqs  # the faces register their own routes
-
     app = web.Application(client_max_size=MAX_EDGE_BODY, middlewares=[json_http_errors])
     app[SERVICE] = service
     app[KEYS] = keys
@@ -63,13 +55,9 @@ def make_gateway_app(
     app[ROUTER] = PartitionRouter(service, service.partitions)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    sqs.add_routes(app, receipt_key)
+    sqs.add_routes(app, receipt_key)  # the faces register their own routes
     emodb.add_routes(app)
     if isinstance(service, QueueService):  # the core is in this process: its control stream and fences too
         hub = control or (failures.hub if failures is not None else ControlHub(service))
         add_admin_routes(app, hub, keys, failures)  # failures: failure management's routes and hooks
-    if index is not None:  # GET /admin/v1/search over the wire-log index (strictq index builds it)
-        from spark.admin_endpoint import add_search_route
-
-        add_search_route(app, index, keys)
     return app

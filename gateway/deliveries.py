@@ -29,13 +29,12 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from access.keys import Credential
 from queue_core.machine import AckOutcome
 from queue_core.service import Received
 from wirelog.record import delivery_record, event_record
 from wirelog.redaction import RedactionConfig, Redactor, load_or_create_key
 from wirelog.writer import FsyncPolicy, WireLogWriter
-
-from .keys import Credential
 
 log = logging.getLogger("strictq.gateway.deliveries")
 

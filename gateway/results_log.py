@@ -16,13 +16,13 @@ from typing import Any
 
 from aiohttp import web
 
+from access.keys import Credential
 from queue_core.machine import AckOutcome
 from queue_core.machine.inputs import AttemptResult
 from queue_core.machine.records import ReportOutcome
 from wirelog.record import log_record
 
 from .deliveries import deliveries_of
-from .keys import Credential
 
 
 def log_results(

@@ -12,19 +12,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 from aiohttp import web
 
+from access.permissions import Permission, allowed
 from queue_core.http_errors import client_gone
 from queue_core.machine import QueueError
 from queue_core.machine.text import check_json
 
 from . import sqs_admin as admin
 from . import sqs_data as data
-from .app import KEYS, MAX_EDGE_BODY
-from .keys import Credential
+from .app_keys import KEYS, MAX_EDGE_BODY
 from .sqs_auth import identify, parse_authorization, verify
 from .sqs_call import SQS_STATE, Call, SqsState
 from .sqs_errors import SqsError, error_response, from_core, json_response, new_request_id
@@ -33,7 +33,6 @@ from .sqs_receipts import RECEIPTS, ReceiptSigner
 log = logging.getLogger("strictq.gateway.sqs")
 TARGET_PREFIX = "AmazonSQS."
 
-Permission = Literal["read", "create", "send", "consume", "admin"]
 Action = Callable[[Call], Awaitable[dict[str, Any]]]
 
 ACTIONS: dict[str, tuple[Action, Permission]] = {
@@ -61,16 +60,6 @@ ACTIONS: dict[str, tuple[Action, Permission]] = {
 }
 # Real SQS actions this face does not offer (queue policies): UnsupportedOperation, not InvalidAction.
 UNSUPPORTED = frozenset(["AddPermission", "RemovePermission"])
-
-
-def allowed(credential: Credential, permission: Permission) -> bool:
-    if permission == "read":
-        return credential.role in ("producer", "worker", "admin")
-    if permission in ("send", "create"):  # producers create queues, as the EmoDB face does on first send
-        return credential.can_send
-    if permission == "consume":
-        return credential.can_consume
-    return credential.role == "admin"
 
 
 def add_routes(app: web.Application, receipt_key: Path | None = None) -> None:

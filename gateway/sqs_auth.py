@@ -18,7 +18,8 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from .keys import Credential, KeyRing
+from access.keys import Credential, KeyRing
+
 from .sqs_errors import SqsError
 
 ALGORITHM = "AWS4-HMAC-SHA256"

@@ -10,15 +10,16 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from access.keys import Credential
+from access.permissions import visible_name
 from queue_core.backend import QueueBackend
 from queue_core.machine import QueueAttributes, QueueNotFound
 from queue_core.machine.text import CONTROL_RE
+from queue_core.scope import internal_name
 
-from .app import ROUTER
-from .keys import Credential
+from .app_keys import ROUTER
 from .sqs_errors import NO_QUEUE, SqsError
 from .sqs_queues import is_fifo
-from .tenancy import internal_name, visible_name
 
 ATTEMPT_WINDOW = 300.0  # ReceiveRequestAttemptId is honoured for 5 minutes, as in SQS
 MAX_ATTEMPTS = 10_000

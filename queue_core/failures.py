@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from access.tenancy import split, tenant_of
 from wirelog.files import StartupError
 
 from .control import ControlHub
@@ -50,7 +51,6 @@ from .machine.supervisor import (
     UnfenceRequested,
     WorkerBlacklisted,
 )
-from .scope import tenant_of
 from .service import FailureEffect, QueueService
 
 log = logging.getLogger("strictq.health")
@@ -525,11 +525,11 @@ def _reason(text: str) -> str:
 
 
 def _split(queue: Any) -> tuple[str | None, str | None]:
-    """`t1.orders` -> ("t1", "orders"): wire-log records name queues as their tenant sees them."""
+    """`t1.orders` and `t1_dedupq.orders` -> ("t1", "orders"): wire-log records name queues as their
+    tenant sees them (access.tenancy)."""
     if not isinstance(queue, str):
         return None, None
-    tenant, dot, name = queue.partition(".")
-    return (tenant, name) if dot else (None, queue)
+    return tenant_of(queue), split(queue)[1]
 
 
 def _iso(at: float | None) -> str:

@@ -10,7 +10,7 @@ the next pipelined request is handled. What it lacks (issue 11, item 8):
   first byte arrived; `GuardedSite` also bounds the TLS handshake by the same limit.
 - memory that returns: a slow reader's response bodies end up in reference cycles (the connection-reset
   exception's traceback holds the handler's frames) which the raised collector thresholds of the servers
-  (see `gc.set_threshold` in queue_core.server) leave uncollected on an idle server, and glibc keeps freed
+  (see `gc.set_threshold` in strictq.queue_server) leave uncollected on an idle server, and glibc keeps freed
   large blocks in its heaps. `MemoryRelief` collects once after slow readers leave and hands free pages
   back to the kernel (`malloc_trim`); `tune_malloc` keeps large buffers in their own mappings, which are
   returned as soon as they are freed.
@@ -36,6 +36,8 @@ import orjson
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
+
+from protocol.errors import HTTP_ERROR, HTTP_ERROR_CODES, INTERNAL, error_body
 
 from .http_errors import client_gone
 
@@ -220,14 +222,12 @@ class GuardedHandler(RequestHandler):
             return gone
         super().handle_error(request, status, exc, message)  # logs (one line for a malformed request)
         if status == 500:
-            error = {"code": "internal", "message": "internal error; see the server log"}
+            body = error_body(INTERNAL, "internal error; see the server log")
         else:
-            code = "bad_request" if status == 400 else _ERROR_CODES.get(status, "http_error")
+            code = _ERROR_CODES.get(status) or HTTP_ERROR_CODES.get(status, HTTP_ERROR)
             text = message or (HTTPStatus(status).phrase if status in _STATUSES else "error")
-            error = {"code": code, "message": str(text)[:MAX_ERROR_MESSAGE]}
-        response = web.Response(
-            body=orjson.dumps({"error": error}), status=status, content_type="application/json"
-        )
+            body = error_body(code, str(text)[:MAX_ERROR_MESSAGE])
+        response = web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
         response.force_close()
         return response
 

@@ -23,7 +23,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from .admin_http import READ_ROLES, WRITE_ROLES, errors_as_json, json_response, scope_of
+from access.permissions import READ_ROLES, WRITE_ROLES
+
+from .admin_http import errors_as_json, scope_of
+from .http_errors import json_response
 from .machine import InvalidArgument, TooLarge
 from .machine.text import INTEGER_RE
 from .service import QueueService
@@ -126,7 +129,7 @@ async def parked(request: web.Request) -> web.StreamResponse:
 
 
 def add_retry_routes(app: web.Application, service: QueueService) -> None:
-    """Mounted by `admin_http.add_admin_routes` (its key ring authenticates these routes too)."""
+    """Mounted by `admin_routes.add_admin_routes` (its key ring authenticates these routes too)."""
     app[RETRY_SERVICE] = service
     base = "/admin/v1/queues/{queue}"
     app.router.add_post(base + "/groups/release", release_group)

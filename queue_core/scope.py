@@ -21,19 +21,20 @@ from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.keys import Credential, KeyRing
+from access import permissions, tenancy
+from access.keys import Credential, KeyRing
+from access.tenancy import FACES, tenant_of  # `?face=` of the admin routes: `queue` or EmoDB's `dedupq`
 
 from .machine import InvalidArgument, QueueNotFound
-from .machine.health import namespace_of
-
-OPERATOR = "operator"
-FACES = ("queue", "dedupq")  # `?face=` of the admin routes: the shared namespace, or EmoDB's dedup queues
 
 
-# `t1.orders` and `t1_dedupq.orders` -> "t1"; a name without '.' belongs to no tenant (None). Tenants never
-# hold '.' or '_' (gateway.keys.TENANT_RE), so the split is unambiguous. The rule lives in the machine, whose
-# health monitor keys shared failure signatures by tenant too.
-tenant_of = namespace_of
+def internal_name(credential: Credential, name: str, face: str = tenancy.DEFAULT_FACE) -> str:
+    """The core's name for a queue the credential names on `face` (access.permissions.queue_name);
+    QueueNotFound (404) when it may not use the name: unknown to it means 'does not exist'."""
+    internal = permissions.queue_name(credential, name, face)
+    if internal is None:
+        raise QueueNotFound(f"queue {name!r} does not exist", queue=name)
+    return internal
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -44,7 +45,7 @@ class Scope:
 
     @property
     def operator(self) -> bool:
-        return self.credential.role == OPERATOR
+        return permissions.spans_tenants(self.credential)
 
     @property
     def tenant(self) -> str | None:
@@ -75,7 +76,7 @@ class Scope:
             return self.untenanted
         if tenant != self.credential.tenant:
             return False
-        return not prefixes or self.credential.may_use(queue.partition(".")[2])
+        return not prefixes or self.credential.may_use(tenancy.split(queue)[1])
 
     def queue_name(self, queue: str) -> str | None:
         """The caller's name for a core queue, or None when it may not see it."""
@@ -83,7 +84,7 @@ class Scope:
             return None
         if self.operator or tenant_of(queue) is None:
             return queue
-        return queue.partition(".")[2]
+        return tenancy.split(queue)[1]
 
     def internal_queue(self, name: str, queues: Container[str], face: str = "queue") -> str:
         """The core's name of an existing queue the caller names; QueueNotFound (404) for anything else,
@@ -99,11 +100,7 @@ class Scope:
             if name not in queues:
                 raise QueueNotFound(f"queue {name!r} does not exist", queue=name)
             return name
-        from gateway.tenancy import internal_name
-
-        internal = internal_name(self.credential, name)  # the name rules and the prefixes
-        if face == "dedupq":
-            internal = f"{self.credential.tenant}_dedupq.{name}"
+        internal = internal_name(self.credential, name, face)  # the name rules and the prefixes
         plain = self.untenanted and face == "queue" and "." not in name
         if internal not in queues and plain and name in queues:
             internal = name  # a queue of the queue server's internal API (no tenant's name lacks '.')

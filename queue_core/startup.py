@@ -16,7 +16,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from gateway.keys import KeyFileError, KeyRing
+from access.keys import KeyFileError, KeyRing
 from wirelog.files import StartupError, check_modes, check_writable, private_dir, write_private
 from wirelog.layout import parse_segment_name
 from wirelog.writer import DIR_MODE as WIRELOG_DIR_MODE

@@ -220,8 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_wirelog(commands)
     from fencing.replay.cli import register as register_replay  # strictq replay (heavy imports when run)
+    from strictq.replay_stack import run_isolated  # the isolated stack each replay run composes
 
-    register_replay(commands)
+    register_replay(commands, run_isolated)
     from spark.cli import register as register_spark  # strictq index / search / errors (stdlib imports only)
 
     register_spark(commands)
@@ -254,7 +255,7 @@ def _connection_limits(args: argparse.Namespace) -> Any:
 def run_server(start: Callable[[], None]) -> int:
     """Run a server; the one place start-up faults are rendered: one line on stderr naming the file and
     what to do, exit code 2, no traceback (wirelog.files.StartupError; the key file's KeyFileError)."""
-    from gateway.keys import KeyFileError
+    from access.keys import KeyFileError
     from wirelog.files import StartupError
 
     try:
@@ -267,7 +268,7 @@ def run_server(start: Callable[[], None]) -> int:
 
 
 def cmd_queue_server(args: argparse.Namespace) -> int:
-    from queue_core.server import run
+    from strictq.queue_server import run
 
     if not 0 <= args.port <= 65535:
         print("strictq: --port must be 0-65535", file=sys.stderr)
@@ -287,7 +288,7 @@ def cmd_queue_server(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from gateway.serve import ServeOptions, run
+    from strictq.serve import ServeOptions, run
 
     if not 0 <= args.port <= 65535:
         print("strictq: --port must be 0-65535", file=sys.stderr)

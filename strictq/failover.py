@@ -42,7 +42,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from gateway.keys import new_secret
+from access.keys import new_secret
+from protocol.headers import API_KEY, PROXY_ACTION
 from strictq.sdk import ClientConfig, Entry, Message, Producer, Worker
 from strictq.sdk.outbound import proxy_authorization, tagged_session
 
@@ -253,7 +254,7 @@ class Admin:
         self.base = system.url + "/admin/v1"
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=context),
-            headers={"X-BV-API-Key": system.creds.admin},
+            headers={API_KEY: system.creds.admin},
             timeout=aiohttp.ClientTimeout(total=15),
         )
 
@@ -597,7 +598,7 @@ class ScenarioWorker:
                 ) as resp:
                     await resp.read()
                     self.canary_status[resp.status] += 1
-                    if resp.headers.get("X-Strictq-Proxy-Action") == "block":
+                    if resp.headers.get(PROXY_ACTION) == "block":
                         self.canary_blocked_at.append(time.time())
             except (aiohttp.ClientError, TimeoutError):
                 self.canary_status[0] += 1

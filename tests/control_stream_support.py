@@ -19,8 +19,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from gateway.keys import Credential, KeyRing
-from queue_core.admin_http import add_admin_routes
+from access.keys import Credential, KeyRing
+from queue_core.admin_routes import add_admin_routes
 from queue_core.control import ControlHub
 from queue_core.machine import SendRequest
 from queue_core.service import QueueService

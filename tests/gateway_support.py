@@ -16,9 +16,9 @@ import pytest
 import trustme
 from aiohttp import web
 
+from access.keys import Credential, KeyRing
 from gateway.app import make_gateway_app
 from gateway.deliveries import DeliveryLog
-from gateway.keys import Credential, KeyRing
 from queue_core.service import QueueService
 
 CREDENTIALS = [

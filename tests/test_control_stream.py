@@ -192,17 +192,17 @@ async def test_sigterm_with_open_stream_exits_promptly(tmp_path: Path) -> None:
 async def test_auth_on_the_queue_server(server: ServerProcess) -> None:
     keys = server_keys(server.data_dir)
     status, body = await _call(server.url, None, "GET", "/admin/v1/fences")
-    assert status == 401 and body["code"] == "unauthorized" and body["message"]
+    assert status == 401 and body["error"]["code"] == "unauthorized" and body["error"]["message"]
     for role_id in ("producer", "worker-1"):
         status, body = await _call(server.url, keys, "GET", "/admin/v1/fences", as_id=role_id)
-        assert (status, body["code"]) == (403, "forbidden")
+        assert (status, body["error"]["code"]) == (403, "forbidden")
     # The proxy key reads the control stream only (docs/control-stream.md, "Scope"): not the fence API.
     status, body = await _call(server.url, keys, "GET", "/admin/v1/fences", as_id="proxy")
-    assert (status, body["code"]) == (403, "forbidden")
+    assert (status, body["error"]["code"]) == (403, "forbidden")
     status, body = await _call(
         server.url, keys, "PUT", "/admin/v1/fences/worker-1", {"mode": "block", "reason": "x"}, as_id="proxy"
     )
-    assert (status, body["code"]) == (403, "forbidden")
+    assert (status, body["error"]["code"]) == (403, "forbidden")
 
 
 # ---------------------------------------------------------------------------------- in-process gateway
@@ -223,14 +223,14 @@ async def test_gateway_serves_the_stream_with_coalesced_floors(gateway: Gateway)
 async def test_gateway_stream_auth(gateway: Gateway) -> None:
     url, ca = gateway.url, gateway.ca_file
     status, body = await admin_call(url, "GET", "/admin/v1/control", None, ca_file=ca)
-    assert (status, body["code"]) == (401, "unauthorized")
+    assert (status, body["error"]["code"]) == (401, "unauthorized")
     status, body = await admin_call(url, "GET", "/admin/v1/control", "not-a-key-at-all", ca_file=ca)
-    assert (status, body["code"]) == (401, "unauthorized")
+    assert (status, body["error"]["code"]) == (401, "unauthorized")
     for key_id in ("producer-1", "worker-1"):
         status, body = await admin_call(
             url, "GET", "/admin/v1/control", gateway.credential(key_id).secret, ca_file=ca
         )
-        assert (status, body["code"]) == (403, "forbidden")
+        assert (status, body["error"]["code"]) == (403, "forbidden")
     # Authorization: Bearer works as well as X-BV-API-Key.
     status, body = await admin_call(
         url, "GET", "/admin/v1/fences", gateway.credential("admin-1").secret, ca_file=ca, bearer=True

@@ -173,7 +173,7 @@ async def test_failed_probes_blacklist_the_worker_until_lifted(health: Health) -
         "lifted": True,
     }
     status, body = await h.call("DELETE", "/admin/v1/blacklist/worker-1", "admin-1")
-    assert (status, body["code"]) == (404, "not-blacklisted")
+    assert (status, body["error"]["code"]) == (404, "not_blacklisted")
     probe = await h.probe("worker-1")  # probed again; a pass restores it
     await h.succeed("worker-1", probe)
     await until(lambda: "worker-1" not in h.control.fences, what="the unfence")
@@ -275,15 +275,15 @@ async def test_alerts_and_operator_suspension_through_the_api(health: Health) ->
     }
     assert [i["payload"]["name"] for i in await h.poll("worker-1")] == ["kept"]
     status, body = await h.call("POST", f"/admin/v1/queues/{QUEUE}/resume", "admin-1", {})
-    assert (status, body["code"]) == (404, "not-suspended")
+    assert (status, body["error"]["code"]) == (404, "not_suspended")
     for path, data, code in [
-        (f"/admin/v1/queues/{QUEUE}/suspend", {}, "bad-reason"),
-        ("/admin/v1/queues/nope/suspend", {"reason": "x"}, "unknown-queue"),
-        ("/admin/v1/alerts", {"reason": "x"}, "bad-alert"),
-        ("/admin/v1/alerts", {"reason": "x", "signatures": [1]}, "bad-signatures"),
+        (f"/admin/v1/queues/{QUEUE}/suspend", {}, "bad_reason"),
+        ("/admin/v1/queues/nope/suspend", {"reason": "x"}, "queue_not_found"),
+        ("/admin/v1/alerts", {"reason": "x"}, "bad_alert"),
+        ("/admin/v1/alerts", {"reason": "x", "signatures": [1]}, "bad_signatures"),
     ]:
         status, body = await h.call("POST", path, "admin-1", data)
-        assert status in (400, 404) and body["code"] == code, (path, status, body)
+        assert status in (400, 404) and body["error"]["code"] == code, (path, status, body)
 
 
 # ------------------------------------------------------------------------------------ API and events
@@ -303,7 +303,7 @@ async def test_events_since_tenancy_and_roles(health: Health) -> None:
     status, _ = await h.call("POST", f"/admin/v1/queues/{QUEUE}/resume", "other-1", {})
     assert status == 404
     status, body = await h.call("POST", f"/admin/v1/queues/{QUEUE}/resume", "worker-1", {})
-    assert (status, body["code"]) == (403, "forbidden")
+    assert (status, body["error"]["code"]) == (403, "forbidden")
     async with h.session.get(h.url + "/admin/v1/status") as response:
         assert response.status == 401
 
@@ -371,9 +371,9 @@ async def test_cli_status_suspend_resume_unblacklist(health: Health) -> None:
     code, out, err = await strictq(h, "resume", QUEUE)
     assert (code, json.loads(out)) == (0, {"queue": QUEUE, "resumed": True}), err
     code, _, err = await strictq(h, "resume", QUEUE)
-    assert code == 1 and "404 not-suspended" in err
+    assert code == 1 and "404 not_suspended" in err
     code, _, err = await strictq(h, "unblacklist", "worker-2")
-    assert code == 1 and "not-blacklisted" in err
+    assert code == 1 and "not_blacklisted" in err
     code, _, err = await strictq(h, "suspend", QUEUE)
     assert code == 2 and "--reason" in err
 

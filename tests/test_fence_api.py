@@ -56,38 +56,38 @@ async def test_fence_list_replace_unfence(gateway: Gateway) -> None:
     )
     assert stored_fences(store) == []
     status, body = await call(gateway, "DELETE", "/admin/v1/fences/worker-1")
-    assert (status, body["code"]) == (404, "not-fenced")
+    assert (status, body["error"]["code"]) == (404, "not_fenced")
 
 
 @pytest.mark.parametrize(
     ("body", "code"),
     [
-        ({"mode": "silence", "reason": "x"}, "bad-mode"),
-        ({"reason": "x"}, "bad-mode"),
-        ({"mode": "block"}, "bad-reason"),
-        ({"mode": "block", "reason": ""}, "bad-reason"),
-        ({"mode": "block", "reason": "   "}, "bad-reason"),
-        ({"mode": "block", "reason": 7}, "bad-reason"),
-        ({"mode": "block", "reason": "x" * 501}, "bad-reason"),
-        ({"mode": "block", "reason": "x", "ttl": 0}, "bad-ttl"),
-        ({"mode": "block", "reason": "x", "ttl": -5}, "bad-ttl"),
-        ({"mode": "block", "reason": "x", "ttl": "10m"}, "bad-ttl"),
-        ({"mode": "block", "reason": "x", "ttl": True}, "bad-ttl"),
-        (["block"], "bad-request"),
-        (None, "bad-request"),
+        ({"mode": "silence", "reason": "x"}, "bad_mode"),
+        ({"reason": "x"}, "bad_mode"),
+        ({"mode": "block"}, "bad_reason"),
+        ({"mode": "block", "reason": ""}, "bad_reason"),
+        ({"mode": "block", "reason": "   "}, "bad_reason"),
+        ({"mode": "block", "reason": 7}, "bad_reason"),
+        ({"mode": "block", "reason": "x" * 501}, "bad_reason"),
+        ({"mode": "block", "reason": "x", "ttl": 0}, "bad_ttl"),
+        ({"mode": "block", "reason": "x", "ttl": -5}, "bad_ttl"),
+        ({"mode": "block", "reason": "x", "ttl": "10m"}, "bad_ttl"),
+        ({"mode": "block", "reason": "x", "ttl": True}, "bad_ttl"),
+        (["block"], "bad_request"),
+        (None, "bad_request"),
     ],
 )
 async def test_bad_fence_input_is_400(gateway: Gateway, body: Any, code: str) -> None:
     raw = b"" if body is None else None
     status, answer = await call(gateway, "PUT", "/admin/v1/fences/worker-1", body, raw=raw)
     assert status == 400, answer
-    assert answer["code"] == code and answer["message"]
+    assert answer["error"]["code"] == code and answer["error"]["message"]
     assert await call(gateway, "GET", "/admin/v1/fences") == (200, {"fences": []})
 
 
 async def test_invalid_json_and_boundary_reason(gateway: Gateway) -> None:
     status, answer = await call(gateway, "PUT", "/admin/v1/fences/worker-1", raw=b"{mode: block")
-    assert (status, answer["code"]) == (400, "bad-request")
+    assert (status, answer["error"]["code"]) == (400, "bad_request")
     status, _ = await call(
         gateway, "PUT", "/admin/v1/fences/worker-1", {"mode": "block", "reason": "x" * 500}
     )
@@ -97,13 +97,13 @@ async def test_invalid_json_and_boundary_reason(gateway: Gateway) -> None:
 async def test_unknown_worker_is_404(gateway: Gateway) -> None:
     for worker in ("nobody", "producer-1", "admin-1"):  # not a credential, or not of role worker
         status, body = await call(gateway, "PUT", f"/admin/v1/fences/{worker}", FENCE)
-        assert (status, body["code"]) == (404, "unknown-worker"), worker
+        assert (status, body["error"]["code"]) == (404, "unknown_worker"), worker
     # Another tenant's admin cannot fence (or unfence) this tenant's worker.
     status, body = await call(gateway, "PUT", "/admin/v1/fences/worker-1", FENCE, key_id="other-1")
-    assert (status, body["code"]) == (404, "unknown-worker")
+    assert (status, body["error"]["code"]) == (404, "unknown_worker")
     await call(gateway, "PUT", "/admin/v1/fences/worker-1", FENCE)
     status, body = await call(gateway, "DELETE", "/admin/v1/fences/worker-1", key_id="other-1")
-    assert (status, body["code"]) == (404, "unknown-worker")
+    assert (status, body["error"]["code"]) == (404, "unknown_worker")
 
 
 async def test_fence_api_auth(gateway: Gateway) -> None:
@@ -111,7 +111,7 @@ async def test_fence_api_auth(gateway: Gateway) -> None:
     for key in (None, "no-such-secret-0123456789"):
         for method, path in (("GET", "/admin/v1/fences"), ("PUT", "/admin/v1/fences/worker-1")):
             status, body = await admin_call(url, method, path, key, FENCE, ca_file=ca)
-            assert (status, body["code"]) == (401, "unauthorized")
+            assert (status, body["error"]["code"]) == (401, "unauthorized")
     for key_id in ("producer-1", "worker-1"):
         for method, path in (
             ("GET", "/admin/v1/fences"),
@@ -119,7 +119,7 @@ async def test_fence_api_auth(gateway: Gateway) -> None:
             ("DELETE", "/admin/v1/fences/worker-2"),
         ):
             status, body = await call(gateway, method, path, FENCE, key_id=key_id)
-            assert (status, body["code"]) == (403, "forbidden"), (key_id, method)
+            assert (status, body["error"]["code"]) == (403, "forbidden"), (key_id, method)
 
 
 async def test_refence_is_a_new_event(gateway: Gateway) -> None:
@@ -166,7 +166,7 @@ async def test_python_api_validates_like_the_http_api(tmp_path: Path) -> None:
     async with core_with_admin(tmp_path / "core") as core:
         with pytest.raises(InvalidFence) as info:
             await core.hub.fence("worker-1", "bogus", "r")  # type: ignore[arg-type]
-        assert info.value.code == "bad-mode"
+        assert info.value.code == "bad_mode"
         with pytest.raises(InvalidFence):
             await core.hub.fence("worker-1", "block", "r", ttl=float("inf"))
         with pytest.raises(NotFenced):
@@ -220,11 +220,11 @@ def test_cli_fence_fences_unfence(server: ServerProcess) -> None:
     assert strictq(server, "fences", key=admin).stdout.strip() == "no fenced workers"
 
     again = strictq(server, "unfence", "worker-1", key=admin)
-    assert again.returncode == 1 and "404 not-fenced" in again.stderr
+    assert again.returncode == 1 and "404 not_fenced" in again.stderr
     wrong = strictq(server, "fences", key="wrong-key-0123456789")
     assert wrong.returncode == 1 and "401 unauthorized" in wrong.stderr
     unknown = strictq(server, "fence", "ghost", "--mode", "block", "--reason", "x", key=admin)
-    assert unknown.returncode == 1 and "404 unknown-worker" in unknown.stderr
+    assert unknown.returncode == 1 and "404 unknown_worker" in unknown.stderr
 
 
 def test_cli_usage_errors_exit_2(server: ServerProcess) -> None:

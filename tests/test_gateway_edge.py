@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from gateway.keys import Credential, KeyFileError, KeyRing, write_development_keys
-from gateway.tenancy import internal_name, visible_names
+from access.keys import Credential, KeyFileError, KeyRing, write_development_keys
+from access.permissions import visible_names
 from gateway.tls import ensure_local_certificates, server_context
 from queue_core.machine import QueueNotFound
+from queue_core.scope import internal_name
 
 
 # ------------------------------------------------------------------------------------------ key file

@@ -40,8 +40,8 @@ from test_gateway_sqs import (
 from test_gateway_sqs_errors import test_every_error_is_the_one_sqs_returns as test_remote_sqs_errors
 from test_gateway_sqs_errors import test_tenants_never_see_each_others_queues as test_remote_tenants
 
+from access.keys import KeyRing
 from gateway.app import make_gateway_app
-from gateway.keys import KeyRing
 from queue_core.remote import RemoteQueueService
 
 __all__ = [

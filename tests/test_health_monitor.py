@@ -13,14 +13,15 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from kit.clock import FakeClock as Clock
 
+from access.tenancy import tenant_of as namespace_of
 from queue_core.machine.effects import AttemptRecorded
 from queue_core.machine.health import (
     Decision,
     HealthMonitor,
     HealthSettings,
     HealthSettingsError,
-    namespace_of,
 )
 
 T0 = 1_000_000.0
@@ -36,15 +37,6 @@ SETTINGS = HealthSettings(
     large_scale_fraction=0.5,
     probe_timeout=5.0,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def advance(self, seconds: float) -> float:
-        self.now += seconds
-        return self.now
 
 
 def failed(
@@ -63,7 +55,7 @@ def kinds(decisions: list[Decision]) -> list[str]:
 
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(T0)
 
 
 @pytest.fixture
@@ -637,7 +629,7 @@ class MonitorMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.clock = Clock()
+        self.clock = Clock(T0)
         self.monitor = HealthMonitor(SETTINGS)
         self.fenced: set[str] = set()  # from the decisions alone
         self.blacklisted: set[str] = set()

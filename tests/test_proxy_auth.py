@@ -67,12 +67,12 @@ async def test_valid_worker_is_attributed_and_header_removed(auth: Auth, tmp_pat
 @pytest.mark.parametrize(
     ("header", "code"),
     [
-        (None, "proxy-auth-required"),
-        ("Bearer xyz", "bad-proxy-authorization"),
-        (basic("nobody-0", "whatever-secret-123"), "bad-credentials"),
-        (basic("worker-1", "wrong-secret-0123456789"), "bad-credentials"),
-        (basic("producer-1", credential("producer-1").secret), "role-not-allowed"),
-        (basic("proxy-1", credential("proxy-1").secret), "role-not-allowed"),
+        (None, "proxy_auth_required"),
+        ("Bearer xyz", "bad_proxy_authorization"),
+        (basic("nobody-0", "whatever-secret-123"), "bad_credentials"),
+        (basic("worker-1", "wrong-secret-0123456789"), "bad_credentials"),
+        (basic("producer-1", credential("producer-1").secret), "role_not_allowed"),
+        (basic("proxy-1", credential("proxy-1").secret), "role_not_allowed"),
     ],
 )
 async def test_refused_with_407(auth: Auth, tmp_path: Path, header: str | None, code: str) -> None:
@@ -133,9 +133,9 @@ async def test_no_key_file_refuses_everyone(auth: Auth) -> None:
 @pytest.mark.parametrize(
     ("worker", "secret", "code"),
     [
-        (None, None, "proxy-auth-required"),
-        ("nobody-0", "whatever-secret-123", "bad-credentials"),
-        ("worker-1", "wrong-secret-0123456789", "bad-credentials"),
+        (None, None, "proxy_auth_required"),
+        ("nobody-0", "whatever-secret-123", "bad_credentials"),
+        ("worker-1", "wrong-secret-0123456789", "bad_credentials"),
     ],
 )
 async def test_bad_credentials_get_407_and_are_recorded(

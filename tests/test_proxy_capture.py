@@ -109,7 +109,7 @@ async def test_metrics_count_calls(shared_proxy: ProxyProcess, shared_backends) 
         return int(after.get(key, 0)) - int(before.get(key, 0))
 
     assert grew("requests") == 2 and grew("records") == 2
-    assert grew("action.pass") == 1 and grew("code.proxy-auth-required") == 1
+    assert grew("action.pass") == 1 and grew("code.proxy_auth_required") == 1
     assert metrics["wirelog"]["records"] >= 2 and metrics["process"] == "proxy"
 
 

@@ -76,10 +76,10 @@ def test_lease_below_the_floor_is_refused_409() -> None:
     assert flow.response is not None and flow.response.status_code == 409
     assert flow.response.headers[PROXY_ACTION_HEADER] == "stale-lease"
     body = orjson.loads(flow.response.content or b"")
-    assert body["code"] == "stale-lease" and body["action"] == "stale-lease"
+    assert body["code"] == "stale_lease" and body["action"] == "stale-lease"
     assert "floor 10" in body["message"] and "lease 9" in body["message"]
     ctx = flow.metadata[METADATA_KEY]
-    assert (ctx.action, ctx.code) == ("stale-lease", "stale-lease")
+    assert (ctx.action, ctx.code) == ("stale-lease", "stale_lease")
     assert guard.refused_stale == 1
 
 
@@ -178,7 +178,7 @@ async def test_worker_a_with_its_expired_claim_is_refused_while_b_passes(
                         await worker_a.call("POST", f"{backend.url}/charge", json={"order": 7})
                 assert (fenced.value.action, fenced.value.code, fenced.value.status) == (
                     "stale-lease",
-                    "stale-lease",
+                    "stale_lease",
                     409,
                 )
                 # ...and on the wire it is a 409 whose JSON body names the floor.
@@ -190,7 +190,7 @@ async def test_worker_a_with_its_expired_claim_is_refused_while_b_passes(
                 assert refused.status == 409, (backend.url, refused)
                 assert refused.headers.get(PROXY_ACTION_HEADER) == "stale-lease"
                 body = refused.json()
-                assert body["code"] == "stale-lease" and f"floor {b['token']}" in body["message"]
+                assert body["code"] == "stale_lease" and f"floor {b['token']}" in body["message"]
                 assert backend.accepted == 0 and backend.seen == []  # never reached the backend
                 passed = await worker_b.call("POST", f"{backend.url}/charge", json={"order": 7})
                 assert passed.status == 200 and PROXY_ACTION_HEADER not in passed.headers

@@ -95,7 +95,7 @@ async def test_addon_strips_tags_and_refuses_malformed() -> None:
         bad.request.headers["x-strictq-lease"] = "nope"
         tagging.requestheaders(bad)
         assert bad.response is not None and bad.response.status_code == 400
-        assert bad.response.json()["code"] == "malformed-tags"
+        assert bad.response.json()["code"] == "malformed_tags"
         assert "X-Strictq-Proxy-Action" not in bad.response.headers
 
         tctx.configure(tagging, strictq_keep_tags=True)
@@ -173,7 +173,7 @@ async def test_malformed_tags_get_400_recorded_and_proxy_keeps_running(
             reply = await client.call("POST", f"{backend.url}/{marker}", headers=headers, data=b"x")
             assert reply.status == 400
             body = reply.json()
-            assert body["code"] == "malformed-tags" and "X-Strictq" in body["message"]
+            assert body["code"] == "malformed_tags" and "X-Strictq" in body["message"]
             assert "X-Strictq-Proxy-Action" not in reply.headers
         assert backend.seen == []  # refused calls never reach the backend
         ok = await client.call("GET", f"{backend.url}/{marker}")  # the proxy is fine
@@ -181,6 +181,6 @@ async def test_malformed_tags_get_400_recorded_and_proxy_keeps_running(
     assert shared_proxy.running()
     records = await wait_marked(shared_proxy, marker, 4)
     assert [r["response"]["status"] for r in records] == [400, 400, 400, 200]
-    assert [r["code"] for r in records] == ["malformed-tags"] * 3 + [None]
+    assert [r["code"] for r in records] == ["malformed_tags"] * 3 + [None]
     assert all(r["action"] == ("block" if r["code"] else "pass") for r in records)
     assert records[0]["message_id"] == marker and records[0]["lease"] is None

@@ -17,7 +17,7 @@ import pytest
 from conftest import ServerProcess, running_server, start_server
 from gateway_support import Gateway, delivery_gateway  # noqa: F401  (fixture)
 
-from gateway.keys import KeyRing
+from access.keys import KeyRing
 from queue_core.machine.inputs import AttemptResult
 from queue_core.machine.records import ReportOutcome
 from queue_core.remote import RemoteQueueService
@@ -384,7 +384,7 @@ async def test_admin_routes_release_redrive_policy_log_and_parked(
 
     # Auth, tenants and bad input.
     status, answer = await call(tls, "POST", adm + "/groups/release", params={"group": "A"}, headers=worker)
-    assert status == 403 and answer["code"] == "forbidden"
+    assert status == 403 and answer["error"]["code"] == "forbidden"
     status, answer = await call(tls, "POST", adm + "/groups/release", params={"group": "A"})
     assert status == 401
     status, answer = await call(
@@ -392,13 +392,13 @@ async def test_admin_routes_release_redrive_policy_log_and_parked(
     )
     assert status == 404  # another tenant's queue does not exist for it
     status, answer = await call(tls, "POST", adm + "/groups/release", params={"group": "nope"}, headers=admin)
-    assert status == 404 and answer["code"] == "not_found"
+    assert status == 404 and answer["error"]["code"] == "not_found"
     status, answer = await call(tls, "POST", adm + "/groups/release", headers=admin)
-    assert status == 400 and answer["code"] == "invalid_argument"
+    assert status == 400 and answer["error"]["code"] == "invalid_argument"
     status, answer = await call(
         tls, "PUT", adm + "/groups/policy", {"on_exhausted": "shrug"}, params={"group": "A"}, headers=admin
     )
-    assert status == 400 and answer["code"] == "invalid_argument"
+    assert status == 400 and answer["error"]["code"] == "invalid_argument"
     status, answer = await call(
         tls, "PUT", adm + "/groups/policy", {"visibility_timeout": 1}, params={"group": "A"}, headers=admin
     )

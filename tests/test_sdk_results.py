@@ -20,8 +20,8 @@ from aiohttp import web
 from gateway_support import CREDENTIALS, Gateway, delivery_gateway  # noqa: F401  (fixture)
 from test_sdk import config, running, send, serve, size, wait_until
 
+from access.keys import KeyRing
 from gateway.app import make_gateway_app
-from gateway.keys import KeyRing
 from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
 from queue_core.fences import FenceRegistry

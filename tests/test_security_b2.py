@@ -28,13 +28,13 @@ from mitmproxy import exceptions
 from mitmproxy.test import taddons, tflow
 from proxy_support import Backends, ProxyProcess, WorkerClient, proxy_command, wait_records, write_keys
 
+from access.keys import Credential, KeyRing
 from fencing.addons.auth import Auth
 from fencing.addons.control import Control
 from fencing.context import PROXY_ACTION_HEADER, context_of
 from fencing.runtime import ProxyRuntime
-from gateway.app import make_gateway_app
-from gateway.keys import Credential, KeyRing
 from queue_core.service import QueueService
+from strictq.serve import make_edge_app
 
 pytest_plugins = ["proxy_support"]  # backends, upstream CA, proxy factory
 
@@ -85,7 +85,7 @@ def refused_for_tenant(flow: Any, worker: str, tenant: str) -> bool:
     ctx = context_of(flow)
     assert flow.response is not None and flow.response.status_code == 407, flow.response
     body = flow.response.json()
-    assert body["code"] == "tenant-not-served" and f"tenant {tenant!r} is not served" in body["message"]
+    assert body["code"] == "tenant_not_served" and f"tenant {tenant!r} is not served" in body["message"]
     assert flow.response.headers["Proxy-Authenticate"].startswith("Basic realm=")
     assert PROXY_ACTION_HEADER not in flow.response.headers  # not a verdict on a claim
     assert "Proxy-Authorization" not in flow.request.headers
@@ -109,7 +109,7 @@ async def test_the_default_control_key_serves_its_tenant_only(keys: Path) -> Non
             assert refused_for_tenant(flow, "tb-worker", "tb")
             assert "'ta'" not in flow.response.json()["message"]  # the served tenant is not named
         assert not passed(call(auth, "tb-admin"), "tb-admin")  # admins of another tenant too
-        assert auth.runtime.metrics["auth.tenant-not-served"] == 3
+        assert auth.runtime.metrics["auth.tenant_not_served"] == 3
 
 
 async def test_a_refused_connect_opens_no_tunnel(keys: Path) -> None:
@@ -204,7 +204,7 @@ def test_cli_control_key_id_needs_control_and_a_known_credential(tmp_path: Path,
 def test_strictq_serve_gives_its_proxy_the_operator_key_when_it_serves_several_tenants(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from gateway.serve import proxy_control_args
+    from strictq.serve import proxy_control_args
 
     assert proxy_control_args(KeyRing(list(CREDENTIALS))) == ["--control-key-id", "ops-1"]
     one_tenant = [c for c in CREDENTIALS if c.tenant == "ta"]
@@ -244,7 +244,7 @@ async def test_a_tenants_proxy_refuses_another_tenants_fenced_worker(
                 reply = await worker.call("GET", f"{backend.url}/b-through-a")
             assert reply.status == 407
             if backend is backends.http:  # an HTTPS refusal happens at CONNECT: only the status is kept
-                assert reply.json()["code"] == "tenant-not-served"
+                assert reply.json()["code"] == "tenant_not_served"
             async with WorkerClient(proxy_ops, "tb-worker", secret=secret("tb-worker")) as worker:
                 reply = await worker.call("GET", f"{backend.url}/b-through-ops")
             assert reply.status == 403 and reply.headers.get(PROXY_ACTION_HEADER) == "block"
@@ -256,9 +256,9 @@ async def test_a_tenants_proxy_refuses_another_tenants_fenced_worker(
             assert sorted(s.path for s in backend.seen) == ["/a-through-a", "/a-through-ops"]
         # A's proxy recorded the refusals as tenant B's (so B's admin finds them in search), never passed.
         records = await wait_records(
-            proxy_a.wirelog_dir, lambda rs: sum(r["code"] == "tenant-not-served" for r in rs) >= 2
+            proxy_a.wirelog_dir, lambda rs: sum(r["code"] == "tenant_not_served" for r in rs) >= 2
         )
-        refused = [r for r in records if r["code"] == "tenant-not-served"]
+        refused = [r for r in records if r["code"] == "tenant_not_served"]
         assert {(r["worker"], r["tenant"], r["action"]) for r in refused} == {("tb-worker", "tb", "block")}
         assert all(r["response"]["status"] == 407 for r in refused)
         assert not [r for r in records if r["worker"] == "tb-worker" and r["action"] == "pass"]
@@ -268,10 +268,10 @@ async def test_a_tenants_proxy_refuses_another_tenants_fenced_worker(
 @pytest.fixture
 async def search_url(tmp_path: Path) -> AsyncIterator[str]:
     """The gateway app with search mounted on an index directory that does not exist yet: parameters
-    are checked first (400), a valid query then answers 404 no-index."""
+    are checked first (400), a valid query then answers 404 no_index."""
     service = QueueService(tmp_path / "queue")
     await service.start()
-    app = make_gateway_app(service, KeyRing(list(CREDENTIALS)), index=tmp_path / "index")
+    app = make_edge_app(service, KeyRing(list(CREDENTIALS)), index=tmp_path / "index")
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -308,8 +308,9 @@ async def test_search_numbers_are_plain_ascii_digits(search_url: str, name: str,
         async with http.get(search_url, params=params, headers={"X-BV-API-Key": secret("ta-admin")}) as r:
             assert r.status == 400 and r.content_type == "application/json"
             body = await r.json()
-    assert (body["code"], body["field"]) == ("invalid-parameter", name)
-    assert name in body["message"]
+    error = body["error"]
+    assert (error["code"], error["details"]["field"]) == ("invalid_parameter", name)
+    assert name in error["message"]
 
 
 @pytest.mark.parametrize("params", [{"limit": "5"}, {"limit": "10", "since": "15m", "until": "1m ago"}])
@@ -318,4 +319,5 @@ async def test_valid_search_numbers_pass(search_url: str, params: dict[str, str]
         async with http.get(
             search_url, params={"message_id": "m-1", **params}, headers={"X-BV-API-Key": secret("ta-admin")}
         ) as r:
-            assert r.status == 404 and (await r.json())["code"] == "no-index"  # past the parameter checks
+            # past the parameter checks
+            assert r.status == 404 and (await r.json())["error"]["code"] == "no_index"

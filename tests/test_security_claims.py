@@ -24,7 +24,7 @@ from test_gateway_emodb import Emo, assert_error
 from test_gateway_remote import _serve_gateway
 from test_gateway_sqs import call, fifo_queue, sqs_client
 
-from gateway.keys import KeyRing
+from access.keys import KeyRing
 from gateway.sqs_receipts import ReceiptKeyError, ReceiptSigner
 from queue_core.client import QueueClient, QueueClientError
 from queue_core.machine import InvalidArgument

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from conftest import ROOT, ChildProcess
 
-from gateway.keys import write_development_keys
+from access.keys import write_development_keys
 from gateway.tls import ensure_local_certificates
 from queue_core.fences import Fence, FenceRegistry
 from queue_core.machine import SendRequest

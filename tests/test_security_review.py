@@ -16,7 +16,6 @@ import socket
 import sqlite3
 import ssl
 import stat
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -28,7 +27,8 @@ import pytest
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
-from conftest import ROOT, ChildProcess, ServerProcess, start_server
+from conftest import ChildProcess, ServerProcess, start_server
+from kit.process import CA, LISTENING, launch, strictq
 from test_security_files import (
     _drop_root,
     assert_one_line_fault,
@@ -123,37 +123,15 @@ def _start_serve(tmp: Path, *extra: str) -> Server:
     keys = tmp / "keys.toml"
     keys.write_text(KEYS_TOML)
     keys.chmod(0o600)
-    log_path = tmp / "serve.log"
-    command = [sys.executable, "-m", "strictq", "serve", "--host", "127.0.0.1", "--port", "0"]
-    command += ["--data-dir", str(data_dir), "--keys", str(keys), "--no-proxy", *extra]
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log
-        )
-    process = ChildProcess(proc, log_path)
-    url = ca = None
-    deadline = time.monotonic() + START_TIMEOUT
-    while (url is None or ca is None) and time.monotonic() < deadline:
-        line = process.stdout.get(timeout=max(0.1, deadline - time.monotonic()))
-        if line is None:
-            break
-        if line.startswith("strictq: listening on "):
-            url = line.removeprefix("strictq: listening on ").strip()
-        elif line.startswith("strictq: ca "):
-            ca = Path(line.removeprefix("strictq: ca ").strip())
-    if url is None or ca is None:
-        process.terminate()
-        pytest.fail(f"strictq serve did not start:\n{process.log()}")
-    host, port = url.split("//", 1)[1].rsplit(":", 1)
-    return Server(process, host, int(port), ca, data_dir)
+    command = strictq("serve", "--host", "127.0.0.1", "--port", "0", "--data-dir", str(data_dir))
+    command += ["--keys", str(keys), "--no-proxy", *extra]
+    process = launch(command, tmp / "serve.log", wait_for=[LISTENING, CA])
+    host, port = process.startup[LISTENING].split("//", 1)[1].rsplit(":", 1)
+    return Server(process, host, int(port), Path(process.startup[CA]), data_dir)
 
 
 def _stop(process: ChildProcess) -> None:
-    try:
-        process.terminate()
-    finally:
-        if process.running():
-            process.kill()
+    process.stop()
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +225,8 @@ def test_admin_query_numbers_are_ascii_digits(serve: Server) -> None:
     base = "/admin/v1/queues/vq/groups/log?group=g1&limit="
     for raw in ("%C2%B2", "%D9%A3", "1_0", "%205", "+5"):
         status, body = serve.json("GET", base + raw, "a-admin")
-        assert status == 400 and body["code"] == "invalid_argument" and "limit" in body["message"], (
+        error = body["error"]
+        assert status == 400 and error["code"] == "invalid_argument" and "limit" in error["message"], (
             raw,
             body,
         )
@@ -260,7 +239,7 @@ def test_admin_query_numbers_are_ascii_digits(serve: Server) -> None:
         "/admin/v1/status?events=%EF%BC%95",
     ):
         status, body = serve.json("GET", path, "a-admin")
-        assert status == 400 and body["code"].startswith("bad-"), (path, body)
+        assert status == 400 and body["error"]["code"].startswith("bad_"), (path, body)
     assert serve.json("GET", "/admin/v1/events?since=0&limit=10", "a-admin")[0] == 200
     assert serve.json("GET", "/admin/v1/status?events=5", "a-admin")[0] == 200
     clean_log(serve, since)
@@ -354,11 +333,11 @@ def test_result_numbers_beyond_64_bits_are_refused_naming_the_field(
 # ------------------------------------------------------------------- 3, 10: search hides other tenants
 def test_search_of_a_tenant_admin_shows_no_path_and_refuses_a_huge_duration(serve: Server) -> None:
     status, body = serve.json("GET", "/admin/v1/search?group=g1", "a-admin")  # no index was built here
-    assert status == 404 and body["code"] == "no-index", body
-    assert str(serve.data_dir) not in json.dumps(body) and "/" not in body["message"], body
+    assert status == 404 and body["error"]["code"] == "no_index", body
+    assert str(serve.data_dir) not in json.dumps(body) and "/" not in body["error"]["message"], body
     for since in ("9" * 400 + "d", "9" * 400, "1e999d"):
         status, body = serve.json("GET", f"/admin/v1/search?group=g1&since={since}", "a-admin")
-        assert status == 400 and body["field"] == "since", (since[-8:], body)
+        assert status == 400 and body["error"]["details"]["field"] == "since", (since[-8:], body)
 
 
 # -------------------------------------------------------------- 4: a client that drops its request body

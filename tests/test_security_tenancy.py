@@ -25,14 +25,14 @@ from aiohttp import web
 from control_stream_support import Event, open_stream
 from health_support import SETTINGS, TIMEOUT, Health, until
 
+from access.keys import Credential, KeyFileError, KeyRing
 from fencing.control_client import ControlClient
-from gateway.app import make_gateway_app
 from gateway.deliveries import DeliveryLog
-from gateway.keys import Credential, KeyFileError, KeyRing
 from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
 from queue_core.machine import SendRequest
 from queue_core.service import QueueService
+from strictq.serve import make_edge_app
 from wirelog.record import event_record
 from wirelog.writer import WireLogWriter
 
@@ -71,7 +71,7 @@ async def tenancy_gateway(
     hub = ControlHub(service)
     manager = FailureManager(service, hub, SETTINGS, wirelog=tmp_path / "events", alert_poll=alert_poll)
     keys = KeyRing(list(CREDENTIALS))
-    app = make_gateway_app(service, keys, failures=manager, deliveries=deliveries, index=index)
+    app = make_edge_app(service, keys, failures=manager, deliveries=deliveries, index=index)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
@@ -132,9 +132,14 @@ async def fence(h: Health, key_id: str, worker: str, reason: str = SECRET_REASON
 
 
 def not_found(answer: tuple[int, Any]) -> bool:
-    """404 with a JSON {code, message}: what a name that exists nowhere gets (never 403, which would tell)."""
+    """404 with the JSON error {code, message, details?}: what a name that exists nowhere gets (never 403;
+    `details` only echo the name the caller gave)."""
     status, body = answer
-    return status == 404 and set(body) == {"code", "message"}
+    return status == 404 and set(body) == {"error"} and {"code", "message"} <= set(body["error"]) <= {
+        "code",
+        "message",
+        "details",
+    }
 
 
 # ------------------------------------------------------------------------------------------- fences
@@ -150,7 +155,7 @@ async def test_fences_of_another_tenant_are_invisible_and_untouchable(gw: Health
         await gw.call("DELETE", "/admin/v1/fences/nobody-at-all", "b-admin"),
         await fence(gw, "b-admin", "nobody-at-all"),
     ):
-        assert not_found(answer) and answer[1]["code"] == "unknown-worker", answer
+        assert not_found(answer) and answer[1]["error"]["code"] == "unknown_worker", answer
     assert [f.worker for f in gw.hub.fences()] == ["a-worker"]  # still fenced
     # A blacklist of another tenant's worker does not exist either.
     assert not_found(await gw.call("DELETE", "/admin/v1/blacklist/a-worker", "b-admin"))
@@ -168,7 +173,7 @@ async def test_proxy_key_reads_the_control_stream_only(gw: Health) -> None:
         ("PUT", "/admin/v1/fences/b-worker", None),
     ):
         status, body = await gw.call(method, path, "b-proxy", {"reason": "x"}, params=params)
-        assert (status, body["code"]) == (403, "forbidden"), (method, path)
+        assert (status, body["error"]["code"]) == (403, "forbidden"), (method, path)
     async with open_stream(gw.url, secret("b-proxy"), ca_file=gw.ca_file) as stream:
         (snapshot,), _ = await stream.catch_up()
     assert [f["worker"] for f in snapshot.data["fences"]] == ["b-worker"]
@@ -238,7 +243,7 @@ async def test_status_events_suspend_and_resume_stay_within_the_tenant(gw: Healt
     assert await gw.events(key_id="b-admin") == []
     # B cannot resume (or suspend) A's queue: its `jobs` is its own, and `ta.jobs` does not exist for it.
     status, body = await gw.call("POST", f"/admin/v1/queues/{QUEUE}/resume", "b-admin", {})
-    assert (status, body["code"]) == (404, "not-suspended")
+    assert (status, body["error"]["code"]) == (404, "not_suspended")
     assert gw.manager.monitor.suspended("ta.jobs")
     for path in ("/admin/v1/queues/ta.jobs/resume", "/admin/v1/queues/ta.jobs/suspend"):
         assert not_found(await gw.call("POST", path, "b-admin", {"reason": "x"})), path
@@ -289,7 +294,7 @@ async def test_retry_routes_of_another_tenant_are_404(gw: Health) -> None:
     status, body = await gw.call(
         "GET", "/admin/v1/queues/ta.private/parked", "ops-1", params={"face": "dedupq"}
     )
-    assert status == 400 and body["code"] and "face" in body["message"]
+    assert status == 400 and body["error"]["code"] and "face" in body["error"]["message"]
 
 
 # --------------------------------------------------------------------------------------- control stream
@@ -407,7 +412,7 @@ async def test_search_returns_only_the_callers_records(spark: Any, tmp_path: Pat
         status, body = await search("ops-1", group="shared-group", limit="1")
         assert status == 200 and len(body["records"]) == 1 and body["truncated"] is True
         status, body = await search("b-proxy", message_id=a_item["id"])
-        assert (status, body["code"]) == (403, "forbidden")
+        assert (status, body["error"]["code"]) == (403, "forbidden")
 
 
 # --------------------------------------------------------------------------------------- the operator

@@ -17,9 +17,9 @@ import pytest
 from aiohttp import web
 from spark_support import SampleIndex, brute_force
 
-from gateway.app import make_gateway_app
-from gateway.keys import Credential, KeyRing
+from access.keys import Credential, KeyRing
 from queue_core.service import QueueService
+from strictq.serve import make_edge_app
 
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN = Credential("admin-1", "admin-secret-0123456789", "admin", "t1")
@@ -127,7 +127,7 @@ def test_index_and_errors_refuse_bad_input_before_starting_spark(
 async def admin_url(spark_sample: SampleIndex, tmp_path: Path) -> AsyncIterator[str]:
     service = QueueService(tmp_path / "queue")
     await service.start()
-    app = make_gateway_app(service, KeyRing([ADMIN, PRODUCER, OPERATOR]), index=spark_sample.index)
+    app = make_edge_app(service, KeyRing([ADMIN, PRODUCER, OPERATOR]), index=spark_sample.index)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -165,7 +165,7 @@ async def test_admin_endpoint_returns_the_cli_story(spark_sample: SampleIndex, a
             assert r.status == 200 and filtered["records"]
             assert all(rec["response"]["status"] >= 500 for rec in filtered["records"])
         async with http.get(url, params={"message_id": message_id}) as r:
-            assert r.status == 401 and (await r.json())["code"] == "unauthorized"
+            assert r.status == 401 and (await r.json())["error"]["code"] == "unauthorized"
         async with http.get(
             url, params={"message_id": message_id}, headers={"X-BV-API-Key": PRODUCER.secret}
         ) as r:
@@ -177,7 +177,7 @@ async def test_admin_endpoint_returns_the_cli_story(spark_sample: SampleIndex, a
             {},
         ):
             async with http.get(url, params=params, headers=bearer) as r:
-                assert r.status == 400 and (await r.json())["code"] == "invalid-parameter", params
+                assert r.status == 400 and (await r.json())["error"]["code"] == "invalid_parameter", params
         async with http.get(url, params={"message_id": "absent"}, headers=bearer) as r:
             assert r.status == 200 and (await r.json())["records"] == []
 
@@ -186,7 +186,7 @@ async def test_admin_endpoint_without_an_index_is_404(tmp_path: Path) -> None:
     service = QueueService(tmp_path / "queue")
     await service.start()
     runner = web.AppRunner(
-        make_gateway_app(service, KeyRing([ADMIN]), index=tmp_path / "index"), access_log=None
+        make_edge_app(service, KeyRing([ADMIN]), index=tmp_path / "index"), access_log=None
     )
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -197,7 +197,7 @@ async def test_admin_endpoint_without_an_index_is_404(tmp_path: Path) -> None:
             async with http.get(
                 url, params={"message_id": "m-1"}, headers={"X-BV-API-Key": ADMIN.secret}
             ) as r:
-                assert r.status == 404 and (await r.json())["code"] == "no-index"
+                assert r.status == 404 and (await r.json())["error"]["code"] == "no_index"
     finally:
         service.stop_waiting()
         await runner.cleanup()

@@ -7,7 +7,7 @@ own credential from the gateway's key file (design note, "Worker identity").
 - Missing, unknown or wrong credentials (or a role other than worker/admin) get 407 with
   `Proxy-Authenticate` and a JSON body; the call is still recorded by capture.
 - One tenant per proxy: the control stream tells a proxy only the fences and token floors of its control
-  key's tenant (queue_core.scope), so a credential of another tenant gets 407 `tenant-not-served` (recorded
+  key's tenant (queue_core.scope), so a credential of another tenant gets 407 `tenant_not_served` (recorded
   with its worker id and tenant): letting it through would let a fenced worker or a stale lease pass. An
   `operator` control key serves every tenant; a proxy without a control stream (standalone: nothing is
   fenced) serves every tenant of its key file.
@@ -22,20 +22,21 @@ import logging
 from pathlib import Path
 
 from mitmproxy import connection, exceptions, http
+from mitmproxy.addonmanager import Loader
 
-from fencing.addons.control import CONTROL_ROLES, control_credential
+from access.keys import Credential, KeyFileError, KeyRing
+from access.permissions import CONTROL_ROLES, PROXY_CALL_ROLES, spans_tenants
+from fencing.addons.control import control_credential
 from fencing.context import CallContext, ensure_context, refuse
 from fencing.runtime import ProxyRuntime
-from gateway.keys import Credential, KeyFileError, KeyRing
+from protocol import errors
 
 log = logging.getLogger("strictq.proxy.auth")
 
-ALLOWED_ROLES = frozenset({"worker", "admin"})
 REALM = "strictq egress proxy"
 SERVED_OPTIONS = frozenset(
     {"strictq_keys", "strictq_control", "strictq_control_key", "strictq_control_key_id"}
 )  # what decides the tenant served (the control options are the control addon's)
-OPERATOR = "operator"  # a control key of this role spans tenants
 CACHE_LIMIT = 4096  # validated header values remembered (a worker sends the same value every time)
 
 
@@ -53,8 +54,8 @@ class Auth:
         self.tenant: str | None = None
         self._warned: set[str] = set()  # credentials already logged as refused for their tenant
 
-    def load(self, loader: object) -> None:
-        loader.add_option(  # type: ignore[attr-defined]
+    def load(self, loader: Loader) -> None:
+        loader.add_option(
             "strictq_keys",
             str,
             "",
@@ -139,7 +140,7 @@ class Auth:
         that tenant's fences and floors. Recorded with the worker and its tenant (that tenant's record)."""
         ctx.worker = credential.id
         ctx.tenant = credential.tenant
-        self.runtime.count("auth.tenant-not-served")
+        self.runtime.count(f"auth.{errors.TENANT_NOT_SERVED}")
         if credential.id not in self._warned and len(self._warned) < CACHE_LIMIT:
             self._warned.add(credential.id)
             log.warning(
@@ -153,7 +154,7 @@ class Auth:
             ctx,
             status=407,
             action="block",
-            code="tenant-not-served",
+            code=errors.TENANT_NOT_SERVED,
             message=f"tenant {credential.tenant!r} is not served by this proxy (its control key is another "
             "tenant's): use a proxy of your tenant",
             extra_headers={"Proxy-Authenticate": f'Basic realm="{REALM}"'},
@@ -163,18 +164,18 @@ class Auth:
     def _check(self, value: str | None) -> tuple[Credential | None, str]:
         """The credential for a header value, or None and the refusal code."""
         if not value:
-            return None, "proxy-auth-required"
+            return None, "proxy_auth_required"
         parsed = parse_basic(value)
         if parsed is None:
-            return None, "bad-proxy-authorization"
+            return None, "bad_proxy_authorization"
         key_id, secret = parsed
         credential = self.keys.by_id(key_id) if self.keys is not None else None
         # compare even for unknown ids, so timing does not tell known ids apart
         expected = credential.secret if credential is not None else "\0" * 24
         if not hmac.compare_digest(expected.encode(), secret.encode()) or credential is None:
-            return None, "bad-credentials"
-        if credential.role not in ALLOWED_ROLES:
-            return None, "role-not-allowed"
+            return None, "bad_credentials"
+        if credential.role not in PROXY_CALL_ROLES:
+            return None, "role_not_allowed"
         return credential, ""
 
 
@@ -196,7 +197,7 @@ def served_tenant(keys: KeyRing | None, path: str, control: tuple[str, str, str]
             )
     else:
         credential = control_credential(keys, path, key_id)
-    return None if credential.role == OPERATOR else credential.tenant
+    return None if spans_tenants(credential) else credential.tenant
 
 
 def _option(name: str) -> str:

@@ -25,12 +25,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mitmproxy import ctx, exceptions
+from mitmproxy.addonmanager import Loader
 from mitmproxy.utils import asyncio_utils
 
+from access.permissions import CONTROL_ROLES
 from fencing.control_client import ControlClient, ControlState
 
 if TYPE_CHECKING:
-    from gateway.keys import Credential, KeyRing
+    from access.keys import Credential, KeyRing
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +41,6 @@ KEY_FILE_OPTION = "strictq_keys"  # declared by the auth addon
 CONTROL_PATH = "/admin/v1/control"
 
 
-CONTROL_ROLES = ("proxy", "admin", "operator")  # roles the core accepts on the control stream
 
 
 def control_credential(ring: KeyRing, path: str, key_id: str = "") -> Credential:
@@ -63,7 +64,7 @@ def control_credential(ring: KeyRing, path: str, key_id: str = "") -> Credential
 
 def proxy_key_from_file(path: str, key_id: str = "") -> str:
     """The secret of the control-stream credential of the key file (`control_credential`)."""
-    from gateway.keys import KeyFileError, KeyRing  # the gateway's parser is the key file's schema
+    from access.keys import KeyFileError, KeyRing  # the key file's one parser
 
     try:
         ring = KeyRing.load(Path(path))
@@ -93,7 +94,7 @@ class Control:
         """Whether a control stream is configured (False: standalone, synced with no fences)."""
         return self._settings is not None
 
-    def load(self, loader) -> None:  # type: ignore[no-untyped-def]
+    def load(self, loader: Loader) -> None:
         loader.add_option(
             "strictq_control", str, "", "Control stream URL of the core; empty: standalone (no fences)."
         )

@@ -4,10 +4,10 @@ A tagged call carries the fencing token of the worker's claim (`X-Strictq-Lease`
 token of a (queue, group) is valid: its floor, published by the core on the control stream. The queue is
 the core's name built from the worker credential's tenant and the tag's queue reference (`orders` ->
 `<tenant>.orders`, `dedupq/orders` -> `<tenant>_dedupq.orders`; `CallContext.internal_queue`). A call
-tagged below the floor is refused with 409 `stale-lease` (the SDK cancels the handler); while the
-control stream is not synchronised the proxy cannot know the floors, so every tagged call gets 503
-`unsynced` (fail closed). Untagged calls are not the guard's business (the fence addon handles those
-of fenced workers). Either way the call never reaches the backend.
+tagged below the floor is refused with 409 (action `stale-lease`, code `stale_lease`; the SDK cancels
+the handler); while the control stream is not synchronised the proxy cannot know the floors, so every
+tagged call gets 503 `unsynced` (fail closed). Untagged calls are not the guard's business (the fence
+addon handles those of fenced workers). Either way the call never reaches the backend.
 
 The check runs at `requestheaders` (before any body is read or any upstream connection considered)
 and again at `request` for contexts completed later; both are two dict lookups.
@@ -19,10 +19,11 @@ from mitmproxy import http
 
 from fencing.context import context_of, refuse
 from fencing.control_client import ControlState
+from protocol import errors
 
 
 class LeaseGuard:
-    """409 `stale-lease` below the floor, 503 `unsynced` while the control stream is not synchronised."""
+    """409 `stale_lease` below the floor, 503 `unsynced` while the control stream is not synchronised."""
 
     def __init__(self, state: ControlState) -> None:
         self.state = state
@@ -67,7 +68,7 @@ class LeaseGuard:
                 ctx,
                 status=409,
                 action="stale-lease",
-                code="stale-lease",
+                code=errors.STALE_LEASE,
                 message=f"lease {lease} of group {group!r} in queue {ctx.queue_ref!r} is below the group's "
                 f"floor {floor}: a newer claim holds the group, this worker's claim is gone",
             )

@@ -18,27 +18,22 @@ credential's tenant (`CallContext.internal_queue`). An unknown face is a malform
 from __future__ import annotations
 
 from mitmproxy import http
+from mitmproxy.addonmanager import Loader
 
 from fencing.context import BadQueueReference, CallContext, ensure_context, parse_queue_ref, refuse
 from fencing.runtime import ProxyRuntime
+from protocol import errors, headers
 
-PREFIX = b"x-strictq-"
-TAGS: dict[bytes, str] = {
-    b"x-strictq-queue": "queue",
-    b"x-strictq-message-id": "message_id",
-    b"x-strictq-group": "group",
-    b"x-strictq-lease": "lease",
-    b"x-strictq-attempt": "attempt",
-    b"x-strictq-call": "call",
-}
+PREFIX = headers.TAG_PREFIX.lower().encode()
 HEADER_NAMES = {
-    "queue": "X-Strictq-Queue",
-    "message_id": "X-Strictq-Message-Id",
-    "group": "X-Strictq-Group",
-    "lease": "X-Strictq-Lease",
-    "attempt": "X-Strictq-Attempt",
-    "call": "X-Strictq-Call",
+    "queue": headers.QUEUE,
+    "message_id": headers.MESSAGE_ID,
+    "group": headers.GROUP,
+    "lease": headers.LEASE,
+    "attempt": headers.ATTEMPT,
+    "call": headers.CALL,
 }
+TAGS: dict[bytes, str] = {name.lower().encode(): field for field, name in HEADER_NAMES.items()}
 NUMERIC = frozenset({"lease", "attempt", "call"})
 MAX_LEASE = 2**64 - 1  # fencing tokens are 64-bit
 MAX_COUNT = 2**31 - 1  # attempts and call ordinals
@@ -54,8 +49,8 @@ class Tagging:
         self.keep_tags = False
         self.max_bytes = 256
 
-    def load(self, loader: object) -> None:
-        add = loader.add_option  # type: ignore[attr-defined]
+    def load(self, loader: Loader) -> None:
+        add = loader.add_option
         add(
             "strictq_keep_tags",
             bool,
@@ -99,7 +94,7 @@ class Tagging:
                     ctx,
                     status=400,
                     action="block",
-                    code="malformed-tags",
+                    code=errors.MALFORMED_TAGS,
                     message=str(exc),
                     announce=False,
                 )

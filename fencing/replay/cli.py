@@ -11,7 +11,10 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fencing.replay.run import Runner
 
 DESCRIPTION = """\
 Replay recorded traffic against a worker and diff it (the patent's client-software testing with I/O
@@ -40,8 +43,8 @@ example:
 """
 
 
-def register(commands: Any) -> None:
-    """Add `replay` to the strictq subparsers."""
+def register(commands: Any, runner: Runner) -> None:
+    """Add `replay` to the strictq subparsers; `runner` carries out each run (strictq.replay_stack)."""
     parser = commands.add_parser(
         "replay",
         help="run a worker version against recorded traffic (no backend is called) and diff it",
@@ -138,7 +141,7 @@ def register(commands: Any) -> None:
         "--report", type=Path, default=Path("replay-report"), metavar="DIR", help="(default: %(default)s)"
     )
     output.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.set_defaults(handler=cmd_replay)
+    parser.set_defaults(handler=cmd_replay, replay_runner=runner)
 
 
 def usage(message: str) -> int:
@@ -218,7 +221,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         with ProgressBar(enabled=not args.no_progress) as bar:
-            report = asyncio.run(run(options, bar))
+            report = asyncio.run(run(options, args.replay_runner, bar))
     except UsageError as exc:
         return usage(str(exc))
     except KeyboardInterrupt:

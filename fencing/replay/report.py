@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from fencing.replay.compare import MessageComparison
-from fencing.replay.isolated import RunResult
+from fencing.replay.run import RunResult
 from fencing.replay.stories import Selection
 from wirelog.times import format_time
 

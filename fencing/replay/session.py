@@ -19,9 +19,9 @@ from pathlib import Path
 import orjson
 
 from fencing.replay.compare import MessageComparison, compare_message
-from fencing.replay.isolated import IsolatedRun, RunError, RunSettings
 from fencing.replay.masking import MaskConfig, Masker
 from fencing.replay.report import ReplayReport, Skipped
+from fencing.replay.run import RunError, Runner, RunSettings
 from fencing.replay.stories import MessageStory, Selection, read_stories
 
 KEY_FILE = "redaction.key"
@@ -94,8 +94,9 @@ def load(options: ReplayOptions) -> tuple[list[MessageStory], list[Skipped], lis
     return replayable, skipped, notes, masker
 
 
-async def run(options: ReplayOptions, progress: Progress | None = None) -> ReplayReport:
-    """The whole replay; raises UsageError for bad input (nothing was run)."""
+async def run(options: ReplayOptions, runner: Runner, progress: Progress | None = None) -> ReplayReport:
+    """The whole replay, each run carried out by `runner` (strictq.replay_stack composes the isolated
+    stack); raises UsageError for bad input (nothing was run)."""
     progress = progress or Progress()
     messages, skipped, notes, masker = await asyncio.to_thread(load, options)
     report = ReplayReport(
@@ -138,7 +139,7 @@ async def run(options: ReplayOptions, progress: Progress | None = None) -> Repla
             )
             progress.start_run(name, len(messages))
             try:
-                result = await IsolatedRun(settings, messages, progress.advance).run()
+                result = await runner(settings, messages, progress.advance)
             except RunError as exc:
                 raise UsageError(str(exc)) from None
             report.runs.append(result)

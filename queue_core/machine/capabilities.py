@@ -16,9 +16,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from protocol import headers
+
 from .errors import InvalidArgument
 
-HEADER = "X-Strictq-Capabilities"
+HEADER = headers.CAPABILITIES
 FIELD = "capabilities"  # the internal API's receive body
 RESULTS = "results"
 PROBES = "probes"

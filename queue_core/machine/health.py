@@ -10,8 +10,8 @@ The rules, in the order they are applied:
 - Precedence: a failure signature seen on at least `shared_failure_workers` distinct workers within
   `window` is a backend problem, not a worker's. Such failures never count toward fencing (a worker fenced
   earlier for them is unfenced), and the queues where it shows are checked with probes instead. Workers
-  are counted per tenant (`namespace_of` the queue): one tenant's failures never excuse another tenant's
-  worker, nor show as shared on another tenant's queue.
+  are counted per tenant (`access.tenancy.tenant_of` the queue): one tenant's failures never excuse another
+  tenant's worker, nor show as shared on another tenant's queue.
 - A worker with `worker_failures` other failed attempts within `window` is fenced: no more messages,
   probed every `probe_interval` (doubling up to `probe_backoff_max`). A passing probe restores it;
   `probe_failures_to_blacklist` failed probes in a row blacklist it for `blacklist_for` (no messages, no
@@ -35,7 +35,9 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
+
+from access.tenancy import tenant_of
 
 from .effects import AttemptRecorded
 
@@ -51,18 +53,8 @@ WorkerInput = Literal[
     "restore",
     "adopt_blacklist",
 ]
-WORKER_STATES: tuple[WorkerState, ...] = ("healthy", "suspect", "fenced", "probing", "blacklisted")
-WORKER_INPUTS: tuple[WorkerInput, ...] = (
-    "failure",
-    "recover",
-    "fence",
-    "probe_due",
-    "probe_failed",
-    "blacklist",
-    "unblacklist",
-    "restore",
-    "adopt_blacklist",
-)
+WORKER_STATES: tuple[WorkerState, ...] = get_args(WorkerState)  # the Literals are the one list
+WORKER_INPUTS: tuple[WorkerInput, ...] = get_args(WorkerInput)
 # The worker lifecycle, the one place a worker's state changes (`next_state`); anything else raises.
 # failure: an own failed attempt below the threshold; recover: no failure left in the window; fence: the
 # threshold reached (or a fence adopted after a restart); probe_due: its probe goes out; probe_failed /
@@ -106,15 +98,7 @@ EXPIRED_SIGNATURE = "claim expired"  # what a claim that ran out counts as when 
 MAX_FAILURES_KEPT = 10_000  # per worker: a window holding more than this counts only the newest
 
 
-SignatureKey = tuple[str | None, str]  # (namespace_of the queue, signature)
-
-
-def namespace_of(queue: str) -> str | None:
-    """The tenant a core queue belongs to: `t1.orders` and `t1_dedupq.orders` -> "t1" (the one copy of
-    the rule: queue_core.scope uses it as `tenant_of`). Names without
-    '.' (the queue server's internal API, which has no tenants) form one tenant-less namespace: None."""
-    namespace, dot, _ = queue.partition(".")
-    return namespace.partition("_")[0] if dot else None
+SignatureKey = tuple[str | None, str]  # (tenant_of the queue, signature)
 
 
 class HealthSettingsError(ValueError):
@@ -322,7 +306,7 @@ class HealthMonitor:
         worker.queue = queue.name
         if signature:
             queue.signatures[signature] = now
-            key = (namespace_of(queue.name), signature)
+            key = (tenant_of(queue.name), signature)
             self._signatures.setdefault(key, {})[worker.name] = now
             self._check_shared(key, queue, now)
         if worker.state in ("healthy", "suspect"):
@@ -348,7 +332,7 @@ class HealthMonitor:
         for _, queue, signature, _ in worker.failures:
             judged = shared.get((queue, signature))
             if judged is None:
-                judged = shared[queue, signature] = self._is_shared((namespace_of(queue), signature), now)
+                judged = shared[queue, signature] = self._is_shared((tenant_of(queue), signature), now)
             own += not judged
         return own
 
@@ -837,7 +821,7 @@ class HealthMonitor:
         horizon = now - self.settings.window
         for name in sorted(self.queues):
             q = self.queues[name]
-            namespace = namespace_of(name)
+            namespace = tenant_of(name)
             queues.append(
                 {
                     "queue": name,

@@ -52,24 +52,19 @@ def check_text(value: Any, field: str, **details: Any) -> Any:
 
 def check_name(value: Any, field: str, **details: Any) -> Any:
     """Like `check_text`, and no control characters: for names, ids, signatures and header values."""
-    check_text(value, field, **details)
-    if isinstance(value, str):
-        bad = CONTROL_RE.search(value)
-        if bad is not None:
-            raise InvalidArgument(
-                f"{field} must not contain control characters (found U+{ord(bad.group()):04X})",
-                field=field,
-                **details,
-            )
-    return value
+    return _check_controls(value, field, CONTROL_RE, details)
 
 
 def check_value(value: Any, field: str, **details: Any) -> Any:
     """Like `check_text`, and no control characters other than TAB, LF and CR (`VALUE_CONTROL_RE`): for
     stored values that may span lines, such as queue labels (an SQS policy is JSON text)."""
+    return _check_controls(value, field, VALUE_CONTROL_RE, details)
+
+
+def _check_controls(value: Any, field: str, controls: re.Pattern[str], details: dict[str, Any]) -> Any:
     check_text(value, field, **details)
     if isinstance(value, str):
-        bad = VALUE_CONTROL_RE.search(value)
+        bad = controls.search(value)
         if bad is not None:
             raise InvalidArgument(
                 f"{field} must not contain control characters (found U+{ord(bad.group()):04X})",

@@ -15,12 +15,14 @@ from typing import Any
 import aiohttp
 import orjson
 
+from protocol import headers
+
 from .config import ClientConfig
 
-API_KEY_HEADER = "X-BV-API-Key"
-LEASE_HEADER = "X-Strictq-Lease"
-GROUP_HEADER = "X-Strictq-Group"
-CAPABILITIES_HEADER = "X-Strictq-Capabilities"
+API_KEY_HEADER = headers.API_KEY
+LEASE_HEADER = headers.LEASE
+GROUP_HEADER = headers.GROUP
+CAPABILITIES_HEADER = headers.CAPABILITIES
 
 
 class GatewayError(Exception):

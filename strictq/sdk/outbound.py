@@ -25,16 +25,19 @@ import orjson
 from aiohttp import ClientHandlerType, ClientRequest, ClientResponse
 from yarl import URL
 
+from protocol import headers
+from protocol.errors import parse_error
+
 log = logging.getLogger("strictq.sdk")
 
-H_QUEUE = "X-Strictq-Queue"
-H_MESSAGE_ID = "X-Strictq-Message-Id"
-H_GROUP = "X-Strictq-Group"
-H_LEASE = "X-Strictq-Lease"
-H_ATTEMPT = "X-Strictq-Attempt"
-H_CALL = "X-Strictq-Call"
-H_PROXY_ACTION = "X-Strictq-Proxy-Action"
-TAG_HEADERS = (H_QUEUE, H_MESSAGE_ID, H_GROUP, H_LEASE, H_ATTEMPT, H_CALL)
+H_QUEUE = headers.QUEUE
+H_MESSAGE_ID = headers.MESSAGE_ID
+H_GROUP = headers.GROUP
+H_LEASE = headers.LEASE
+H_ATTEMPT = headers.ATTEMPT
+H_CALL = headers.CALL
+H_PROXY_ACTION = headers.PROXY_ACTION
+TAG_HEADERS = headers.TAGS
 CANCELLING_ACTIONS = frozenset({"stale-lease", "block"})
 
 
@@ -154,8 +157,8 @@ class TaggingMiddleware:
             code = None
             try:
                 body = orjson.loads(await resp.read())
-                if isinstance(body, dict) and isinstance(body.get("code"), str):
-                    code = body["code"]
+                if isinstance(body, dict):  # snake case, whichever casing the proxy (old or new) sent
+                    code = parse_error(body, default_code="").code or None
             except (orjson.JSONDecodeError, aiohttp.ClientError, UnicodeDecodeError):
                 pass
             finally:

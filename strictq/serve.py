@@ -1,4 +1,7 @@
-"""`strictq serve`: the embedded default — the gateway with the queue core in-process, over HTTPS.
+"""`strictq serve`: the embedded default — the gateway with the queue core in-process, over HTTPS. The one
+composition root of the edge: gateway (gateway.app), core (in-process or a `--queue-server`), search over the
+wire-log index (spark.admin_endpoint) and the egress proxy child (fencing.child); none of those packages
+imports another.
 
 Follows the start-up contract of shared/design.md: prints `strictq: listening on <url>`, then
 `strictq: ca <path>`, `strictq: keys <path>`, `strictq: proxy on <url>`, `strictq: proxy ca <path>`
@@ -20,7 +23,13 @@ from pathlib import Path
 
 from aiohttp import web
 
+from access.keys import Credential, KeyRing, write_development_keys
 from fencing.child import ProxyChild, ProxyStartError, start_proxy_child
+from gateway.app import make_gateway_app
+from gateway.deliveries import DeliveryLog
+from gateway.sqs_receipts import ReceiptSigner
+from gateway.tls import TlsFiles, ensure_local_certificates, server_context
+from protocol import headers
 from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub, store_registry
 from queue_core.failures import FailureManager
@@ -39,17 +48,32 @@ from queue_core.startup import (
     start_service,
     warn_loose_modes,
 )
+from spark.admin_endpoint import add_search_route
 from wirelog import logsafe
 from wirelog.files import file_faults, write_private
 from wirelog.redaction import load_or_create_key
 
-from .app import make_gateway_app
-from .deliveries import DeliveryLog
-from .keys import Credential, KeyRing, write_development_keys
-from .sqs_receipts import ReceiptSigner
-from .tls import TlsFiles, ensure_local_certificates, server_context
-
 log = logging.getLogger("strictq.gateway")
+
+
+def make_edge_app(
+    service: QueueBackend,
+    keys: KeyRing,
+    *,
+    index: Path | None = None,
+    control: ControlHub | None = None,
+    deliveries: DeliveryLog | None = None,
+    failures: FailureManager | None = None,
+    receipt_key: Path | None = None,
+) -> web.Application:
+    """The gateway's app (gateway.app) with, given `index`, GET /admin/v1/search over the wire-log index
+    (spark.admin_endpoint; `strictq index` builds it) mounted beside its faces."""
+    app = make_gateway_app(
+        service, keys, control=control, deliveries=deliveries, failures=failures, receipt_key=receipt_key
+    )
+    if index is not None:
+        add_search_route(app, index, keys)
+    return app
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +175,7 @@ async def serve(options: ServeOptions) -> None:
     else:
         service = RemoteQueueService(options.queue_server, partitions=options.partitions)
         await service.start()
-    gc.freeze()  # see queue_core.server: the restored backlog stays out of collections
+    gc.freeze()  # see strictq.queue_server: the restored backlog stays out of collections
     gc.set_threshold(50_000, 20, 100)
     # With the core in-process, this process serves the control stream and fences (in the store; a legacy
     # <data-dir>/fences.json is migrated into it).
@@ -165,7 +189,7 @@ async def serve(options: ServeOptions) -> None:
     deliveries = DeliveryLog(data_dir / "wirelog", key_dir=data_dir)
     deliveries.start()
     runner = web.AppRunner(
-        make_gateway_app(
+        make_edge_app(
             service,
             keys,
             control=control,
@@ -215,7 +239,8 @@ async def serve(options: ServeOptions) -> None:
     print(f"strictq: client env {env_path.resolve()}", flush=True)
     cacert = f"--cacert {tls.ca.resolve()} " if tls is not None and tls.ca is not None else ""
     print(
-        f'strictq: try  set -a; . {env_path}; set +a; curl -s {cacert}-H "X-BV-API-Key: $STRICTQ_API_KEY"'
+        f"strictq: try  set -a; . {env_path}; set +a; curl -s {cacert}"
+        f'-H "{headers.API_KEY}: $STRICTQ_API_KEY"'
         f" -H 'Content-Type: application/json' {url}/queue/1/orders/send --data-binary '{{\"order\": 1}}'",
         flush=True,
     )

@@ -1,4 +1,5 @@
-"""One isolated replay run: an embedded queue, gateway and egress proxy that exist only for this run.
+"""One isolated replay run: an embedded queue, gateway and egress proxy that exist only for this run
+(`run_isolated`, the `strictq replay` runner: fencing.replay.run.Runner).
 
 - The queue core runs in this process (`QueueService` in a temporary directory) behind the real gateway
   app over TLS on 127.0.0.1 (a throw-away CA), with its control stream, and a `DeliveryLog` writing the
@@ -29,63 +30,18 @@ import signal
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from access.tenancy import core_name
+from fencing.replay.run import Progress, RunError, RunResult, RunSettings
 
 log = logging.getLogger("strictq.replay")
 
 READY_TIMEOUT = 30.0
 POLL_INTERVAL = 0.05
 DLQ_SUFFIX = "-replay-dlq"
-
-
-class RunError(Exception):
-    """The run could not be set up (worker command cannot start, proxy did not start); the message says
-    why."""
-
-
-@dataclass(slots=True)
-class RunSettings:
-    name: str  # "candidate" | "baseline": names the run directory and logs
-    command: list[str]
-    recording: Path  # wire-log directory the proxy answers from
-    work_dir: Path  # kept: wirelog/, worker.log, proxy.log
-    key_dir: Path  # directory of the recording's redaction.key
-    redaction: Path | None = None
-    mask_file: Path | None = None
-    attempts: int = 1
-    message_timeout: float = 30.0
-    timeout: float = 300.0
-    grace: float = 5.0
-
-
-@dataclass(slots=True)
-class RunResult:
-    name: str
-    command: list[str]
-    wirelog: Path
-    worker_log: Path
-    proxy_log: Path
-    started_at: float
-    finished_at: float = 0.0
-    worker_exit: int | None = None
-    # message id -> ack | fail | timeout | not-replayed
-    outcomes: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "command": shlex.join(self.command),
-            "wirelog": str(self.wirelog),
-            "worker_log": str(self.worker_log),
-            "proxy_log": str(self.proxy_log),
-            "seconds": round(self.finished_at - self.started_at, 3),
-            "worker_exit": self.worker_exit,
-            "notes": self.notes,
-        }
 
 
 @dataclass(slots=True)
@@ -104,9 +60,6 @@ class _Track:
     since: float = 0.0  # monotonic: when it became due (queued, delivered, released)
     deliveries: int = 0
     outcome: str | None = None
-
-
-Progress = Callable[[str, str], None]  # (message id, outcome) when a message is done
 
 
 class IsolatedRun:
@@ -152,28 +105,19 @@ class IsolatedRun:
     async def _start_gateway(self, tmp: Path, stack: contextlib.AsyncExitStack) -> tuple[str, Path, Any]:
         from aiohttp import web
 
+        from access.keys import Credential, KeyRing, new_secret, write_keys
         from gateway.app import make_gateway_app
         from gateway.deliveries import DeliveryLog
-        from gateway.keys import Credential, KeyRing, new_secret
         from gateway.tls import ensure_local_certificates, server_context
         from queue_core.control import ControlHub
         from queue_core.service import QueueService
-        from wirelog.files import write_private
-
         tenant = self._tenant
         credentials = [
-            Credential(f"replay-{role}", new_secret(), role, tenant)  # type: ignore[arg-type]
+            Credential(f"replay-{role}", new_secret(), role, tenant)
             for role in ("admin", "producer", "worker", "proxy")
         ]
         keys_path = tmp / "keys.toml"
-        write_private(  # 0600 from its creation, never chmod after the secrets are in
-            keys_path,
-            "".join(
-                f'[[credential]]\nid = "{c.id}"\nsecret = "{c.secret}"\nrole = "{c.role}"\n'
-                f'tenant = "{c.tenant}"\nprefixes = [""]\n\n'
-                for c in credentials
-            ),
-        )
+        write_keys(keys_path, credentials)
         tls = ensure_local_certificates(tmp / "tls")
         assert tls.ca is not None
         service = QueueService(tmp / "queue", partitions=8)
@@ -245,8 +189,7 @@ class IsolatedRun:
         for story in self.messages:
             queue = story.queue or "replay"
             face = story.face or "emodb"
-            namespace = f"{self._tenant}_dedupq" if face == "dedupq" else self._tenant
-            internal = f"{namespace}.{queue}"
+            internal = core_name(self._tenant, queue, "dedupq" if face == "dedupq" else "queue")
             if internal not in created:
                 attributes: dict[str, Any] = {"kind": "dedup"} if face == "dedupq" else {}
                 if face == "sqs" and queue.endswith(".fifo"):
@@ -474,3 +417,10 @@ async def _wait_ready(url: str) -> None:
             if loop.time() >= deadline:
                 raise RunError(f"the replay proxy did not synchronise with its control stream ({url})")
             await asyncio.sleep(0.1)
+
+
+async def run_isolated(
+    settings: RunSettings, messages: list[Any], progress: Progress | None = None
+) -> RunResult:
+    """fencing.replay.run.Runner: one run on a stack of its own."""
+    return await IsolatedRun(settings, messages, progress).run()

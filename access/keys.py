@@ -7,7 +7,7 @@ The key file is TOML (schema in the README)::
     secret = "..."                # SQS secret key; the EmoDB face takes it as X-BV-API-Key
     role = "producer"             # producer | worker | proxy | admin | operator
     tenant = "acme"               # a credential only ever sees its tenant's queues (operator: admin routes
-                                  # of every tenant, no data access; queue_core.scope)
+                                  # of every tenant, no data access; access.permissions)
     prefixes = ["orders", "app-"] # queue names it may use ("" = any of the tenant's)
 """
 
@@ -23,10 +23,11 @@ from typing import Any, Literal
 
 from wirelog.files import private_dir, write_private
 
+from .tenancy import TENANT_RE
+
 Role = Literal["producer", "worker", "proxy", "admin", "operator"]
 # `operator` is the one role that spans tenants, on the admin routes only (never the data faces).
 ROLES: tuple[Role, ...] = ("producer", "worker", "proxy", "admin", "operator")
-TENANT_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
 ID_RE = re.compile(r"^[A-Za-z0-9_-]{4,64}$")
 
 
@@ -126,12 +127,18 @@ def write_development_keys(path: Path, tenant: str = "dev") -> KeyRing:
         ("proxy", "proxy"),
     ]
     credentials = [Credential(name, new_secret(), role, tenant) for name, role in names]
-    lines = ["# strictq development credentials (written by `strictq serve`); schema in the README\n"]
+    private_dir(path.parent)
+    write_keys(path, credentials, "strictq development credentials (written by `strictq serve`)")
+    return KeyRing(credentials)
+
+
+def write_keys(path: Path, credentials: list[Credential], comment: str = "strictq credentials") -> None:
+    """A key file holding `credentials` (every prefix: ""), 0600 from its creation: never a moment
+    readable by others, never a chmod after the secrets are in."""
+    lines = [f"# {comment}; schema in the README\n"]
     for c in credentials:
         lines.append(
             f'[[credential]]\nid = "{c.id}"\nsecret = "{c.secret}"\nrole = "{c.role}"\n'
             f'tenant = "{c.tenant}"\nprefixes = [""]\n\n'
         )
-    private_dir(path.parent)
-    write_private(path, "".join(lines))  # 0600 from its creation: never a moment readable by others
-    return KeyRing(credentials)
+    write_private(path, "".join(lines))

@@ -1,0 +1,22 @@
+"""HTTP header names of strictq's APIs: one spelling, imported by every side that reads or writes them.
+
+aiohttp's and mitmproxy's header maps are case-insensitive, so these canonical spellings also match the
+lowercase forms on the wire; `lower()` gives the byte form mitmproxy's raw header lists use.
+"""
+
+API_KEY = "X-BV-API-Key"  # the credential's secret (EmoDB's header; admin and internal API too)
+
+# The EmoDB face's strict-queue extensions.
+GROUP = "X-Strictq-Group"  # the strict order group of a send
+LEASE = "X-Strictq-Lease"  # a claim's fencing token (ack, renew; a tagged outbound call)
+CAPABILITIES = "X-Strictq-Capabilities"  # what a worker's poll takes part in (`results, probes`)
+
+# The worker's tags on outbound calls (the SDK adds them, the egress proxy reads and strips them).
+QUEUE = "X-Strictq-Queue"  # the poll item's `queue_ref`
+MESSAGE_ID = "X-Strictq-Message-Id"
+ATTEMPT = "X-Strictq-Attempt"
+CALL = "X-Strictq-Call"  # the ordinal of the call within the attempt, 1, 2, ...
+TAG_PREFIX = "X-Strictq-"
+TAGS = (QUEUE, MESSAGE_ID, GROUP, LEASE, ATTEMPT, CALL)
+
+PROXY_ACTION = "X-Strictq-Proxy-Action"  # on a response the egress proxy made itself

@@ -1,0 +1,60 @@
+"""Mounting the admin routes: the control stream and fences (queue_core.admin_http), the retry workflow
+(queue_core.retry_http) and failure management (queue_core.health_http), on any aiohttp app (the queue
+server's, the gateway's).
+
+`add_admin_routes` ties the hub's life to the app's: started on start-up, streams ended on shutdown (an open
+SSE response must not hold a SIGTERM up), closed on cleanup. The route modules import `admin_http` for
+what they share; only this module imports them all, so none imports another's routes back.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from access.keys import KeyRing
+
+from .admin_http import ADMIN_KEYS, CONTROL, UNTENANTED, control_stream, delete_fence, list_fences, put_fence
+from .control import ControlHub
+from .failures import FailureManager
+from .health_http import add_health_routes
+from .retry_http import add_retry_routes
+
+
+def add_admin_routes(
+    app: web.Application,
+    hub: ControlHub,
+    keys: KeyRing,
+    failures: FailureManager | None = None,
+    *,
+    untenanted: bool = False,
+) -> None:
+    """Serve /admin/v1/control and /admin/v1/fences from `app`, with the hub living as long as it; with
+    `failures` (its hub must be `hub`), failure management's routes too (queue_core.health_http).
+    `untenanted`: the core has no tenants (the queue server), see UNTENANTED."""
+    app[CONTROL] = hub
+    app[ADMIN_KEYS] = keys
+    app[UNTENANTED] = untenanted
+    app.router.add_get("/admin/v1/control", control_stream)
+    app.router.add_get("/admin/v1/fences", list_fences)
+    app.router.add_put("/admin/v1/fences/{worker}", put_fence)
+    app.router.add_delete("/admin/v1/fences/{worker}", delete_fence)
+    add_retry_routes(app, hub.service)  # release, redrive and policies of groups (the retry workflow)
+    if failures is not None:
+        add_health_routes(app, failures)
+
+    async def start(app: web.Application) -> None:
+        await hub.start()
+        if failures is not None:
+            await failures.start()
+
+    async def end_streams(app: web.Application) -> None:
+        await hub.shutdown_streams()
+
+    async def close(app: web.Application) -> None:
+        if failures is not None:
+            await failures.close()
+        await hub.close()
+
+    app.on_startup.append(start)
+    app.on_shutdown.append(end_streams)
+    app.on_cleanup.append(close)
