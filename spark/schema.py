@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from wirelog.record import REQUEST_FIELDS, RESPONSE_FIELDS, SCHEMA_VERSION, field_types
+
 INDEX_FORMAT = "strictq-wirelog-index"
 INDEX_VERSION = 1  # bump when columns, bucketing or layout change: older indexes are then refused
-RECORD_SCHEMA_VERSION = 1  # the wire-log schema the parse schema follows (wirelog.record.SCHEMA_VERSION)
+RECORD_SCHEMA_VERSION = SCHEMA_VERSION  # the wire-log schema the parse schema follows (wirelog.record)
 
 # Rows of these pseudo-buckets never reach the index: they count what was skipped in a batch.
 BAD_LINE_BUCKET = -1  # not JSON, not an object, no integer `v`, torn, fields of the wrong type
@@ -50,29 +52,16 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
 SUMMARY_COLUMNS = tuple(name for name in COLUMN_NAMES if name != "record")
 
-# Top-level record fields read as-is; nested ones are flattened from request/response below.
-_TOP_LEVEL = (
-    ("v", "long"),
-    ("kind", "string"),
-    ("id", "string"),
-    ("ts", "double"),
-    ("writer", "string"),
-    ("worker", "string"),
-    ("queue", "string"),
-    ("message_id", "string"),
-    ("group", "string"),
-    ("lease", "long"),
-    ("attempt", "long"),
-    ("call", "long"),
-    ("error", "string"),
-    ("latency_ms", "double"),
-    ("action", "string"),
-    ("event", "string"),
-    ("outcome", "string"),
-    ("reason", "string"),
-    ("seq", "long"),
-    ("receive_count", "long"),
-)
+# Record fields the index reads: the names are spark's choice, their types wirelog.record's (one definition).
+_KEPT = (
+    "v", "kind", "id", "ts", "writer", "worker", "queue", "message_id", "group", "lease", "attempt", "call",
+    "error", "latency_ms", "action", "event", "outcome", "reason", "seq", "receive_count",
+)  # fmt: skip
+_KEPT_REQUEST = ("method", "url")
+_KEPT_RESPONSE = ("status",)
+_TOP_LEVEL = tuple((name, field_types()[name]) for name in _KEPT)
+_REQUEST = tuple((name, dict(REQUEST_FIELDS)[name]) for name in _KEPT_REQUEST)
+_RESPONSE = tuple((name, dict(RESPONSE_FIELDS)[name]) for name in _KEPT_RESPONSE)
 CORRUPT_COLUMN = "_corrupt_record"
 
 
@@ -82,13 +71,8 @@ def spark_parse_schema() -> Any:
 
     kinds = {"string": T.StringType(), "double": T.DoubleType(), "long": T.LongType()}
     fields = [T.StructField(name, kinds[kind]) for name, kind in _TOP_LEVEL]
-    fields.append(
-        T.StructField(
-            "request",
-            T.StructType([T.StructField("method", T.StringType()), T.StructField("url", T.StringType())]),
-        )
-    )
-    fields.append(T.StructField("response", T.StructType([T.StructField("status", T.LongType())])))
+    for part, kept in (("request", _REQUEST), ("response", _RESPONSE)):
+        fields.append(T.StructField(part, T.StructType([T.StructField(n, kinds[k]) for n, k in kept])))
     fields.append(T.StructField(CORRUPT_COLUMN, T.StringType()))
     return T.StructType(fields)
 

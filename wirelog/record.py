@@ -24,6 +24,68 @@ SCHEMA_VERSION = 1
 KINDS = ("http", "delivery", "log", "event")
 ACTIONS = ("pass", "block", "mimic", "stale-lease", "unsynced", "unmatched")
 
+# The schema's fields and their JSON types: the one definition the builders below follow and Spark's parse
+# schema (spark/schema.py) is derived from, so the two cannot disagree (tests/test_record_schema.py).
+# Types: string, double, long, bool, object, array, any. Every field may be null. Writers may add fields of
+# their own after a builder (`tenant`, `face`, `code`, ...); readers ignore what they do not know.
+BODY_FIELDS: tuple[tuple[str, str], ...] = (
+    ("body", "string"),  # UTF-8 text, or null
+    ("body_b64", "string"),  # base64 when the body is not UTF-8
+    ("body_sha256", "string"),
+    ("body_bytes", "long"),
+)
+REQUEST_FIELDS: tuple[tuple[str, str], ...] = (
+    ("method", "string"),
+    ("url", "string"),
+    ("headers", "array"),  # [[name, value], ...]
+    ("headers_omitted", "object"),  # {bytes, sha256} when headers are not kept
+    *BODY_FIELDS,
+)
+RESPONSE_FIELDS: tuple[tuple[str, str], ...] = (
+    ("status", "long"),
+    ("headers", "array"),
+    ("headers_omitted", "object"),
+    *BODY_FIELDS,
+)
+COMMON_FIELDS: tuple[tuple[str, str], ...] = (
+    ("v", "long"),
+    ("kind", "string"),
+    ("id", "string"),  # assigned by the writer
+    ("ts", "double"),
+    ("writer", "string"),  # assigned by the writer
+    ("worker", "string"),
+    ("queue", "string"),
+    ("message_id", "string"),
+    ("group", "string"),
+    ("lease", "long"),
+    ("attempt", "long"),
+    ("call", "long"),
+)
+KIND_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "http": (
+        ("request", "object"),  # REQUEST_FIELDS
+        ("response", "object"),  # RESPONSE_FIELDS
+        ("error", "string"),
+        ("latency_ms", "double"),
+        ("action", "string"),  # one of ACTIONS
+        ("replayed_from", "string"),
+    ),
+    "delivery": (*BODY_FIELDS, ("attributes", "object"), ("seq", "long"), ("receive_count", "long")),
+    "log": (("outcome", "string"), ("reason", "string"), ("steps", "array"), ("partial", "any")),
+    "event": (("event", "string"), ("reason", "string")),
+}
+
+
+def field_types() -> dict[str, str]:
+    """Every top-level field of any kind -> its type (a name shared by kinds has one type)."""
+    types: dict[str, str] = dict(COMMON_FIELDS)
+    for fields in KIND_FIELDS.values():
+        for name, kind in fields:
+            if types.setdefault(name, kind) != kind:
+                raise RecordError(f"field {name!r} has two types: {types[name]} and {kind}")
+    return types
+
+
 # Lines longer than this are skipped by the line splitter (and counted) instead of growing memory
 # without bound when a file is corrupt (no newline for gigabytes).
 MAX_LINE_BYTES = 256 * 1024 * 1024

@@ -8,7 +8,8 @@ are not taken for those of the plain queue of the same name, and `--queue NAME` 
 
 Runs after the guards, so `CallContext.action`/`code` are final. It writes only the redacted views the
 redact addon built (`ctx.request_view` / `ctx.response_view`): no request or response content reaches
-disk any other way. Records are plain dicts encoded by the writer with orjson into a buffer; a timer
+disk any other way. Records are built by `wirelog.record.http_record` (the schema's one builder)
+plus the proxy's own fields, and encoded by the writer with orjson into a buffer; a timer
 calls the writer's `tick` (interval flush and fsync, age rotation), and `done` closes it (SIGTERM).
 """
 
@@ -26,6 +27,7 @@ from mitmproxy.addonmanager import Loader
 
 from fencing.context import CallContext, ensure_context
 from fencing.runtime import ProxyRuntime
+from wirelog.record import http_record
 from wirelog.writer import FSYNC_POLICIES, WireLogWriter
 
 log = logging.getLogger("strictq.proxy.capture")
@@ -160,28 +162,29 @@ class Capture:
             request_view, response_view = ctx.request_view, ctx.response_view
         if request_view is None:
             request_view = {"method": flow.request.method, "url": None}
-        record: dict[str, Any] = {
-            "kind": "http",
-            "ts": ctx.started,
-            "worker": ctx.worker,
-            "tenant": ctx.tenant,
-            "queue": ctx.queue,
-            "face": ctx.face,  # `queue` | `dedupq`, from the tag's reference (null: no queue tag)
-            "message_id": ctx.message_id,
-            "group": ctx.group,
-            "lease": ctx.lease,
-            "attempt": ctx.attempt,
-            "call": ctx.call,
-            "tagged": ctx.tagged,
-            "request": request_view,
-            "response": response_view,
-            "error": error if error is not None else ctx.error,
-            "latency_ms": round((time.time() - ctx.started) * 1000.0, 3),
-            "action": ctx.action,
-            "code": ctx.code,
-            "replayed_from": ctx.replayed_from,
-            "level": ctx.log_level,
-        }
+        record = http_record(
+            request=request_view,
+            response=response_view,
+            action=ctx.action,
+            error=error if error is not None else ctx.error,
+            latency_ms=round((time.time() - ctx.started) * 1000.0, 3),
+            replayed_from=ctx.replayed_from,
+            ts=ctx.started,
+            worker=ctx.worker,
+            queue=ctx.queue,
+            message_id=ctx.message_id,
+            group=ctx.group,
+            lease=ctx.lease,
+            attempt=ctx.attempt,
+            call=ctx.call,
+        )
+        record.update(
+            tenant=ctx.tenant,
+            face=ctx.face,  # `queue` | `dedupq`, from the tag's reference (null: no queue tag)
+            tagged=ctx.tagged,
+            code=ctx.code,
+            level=ctx.log_level,
+        )
         try:
             self.writer.write(record)
             metrics["records"] += 1
