@@ -55,18 +55,35 @@ async def client(server: ServerProcess) -> AsyncIterator[QueueClient]:
         yield c
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`--dist loadgroup`): every test on the session-wide SparkSession runs on one
     worker (one JVM for the run, not one per worker), and the tests of a module sharing a module-scoped
     fixture (a proxy, a `strictq serve`, a recording) run on one worker, so it is set up once."""
+    loadgroup = bool(getattr(config.option, "loadgroup", False))  # set on xdist workers only
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("spark"))
-            continue
-        info = getattr(item, "_fixtureinfo", None)
-        definitions = info.name2fixturedefs.values() if info is not None else ()
-        if any(d[-1].scope == "module" for d in definitions if d):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+            group = "spark"
+        else:
+            info = getattr(item, "_fixtureinfo", None)
+            definitions = info.name2fixturedefs.values() if info is not None else ()
+            if not any(d[-1].scope == "module" for d in definitions if d):
+                continue
+            group = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+        if loadgroup:
+            _join_group(item, group)
+
+
+def _join_group(item: pytest.Item, group: str) -> None:
+    """Put `@group` on the node id, which is what xdist's loadgroup scheduler reads. xdist 3.8 does it by
+    setting `item._nodeid`, which pytest 9 no longer reads (the id is `item._id`), so without this every
+    test was scheduled alone: two JVMs, module fixtures set up on both workers."""
+    if "@" in item.nodeid:
+        return
+    from _pytest.nodeid import NodeId
+
+    item._id = NodeId.parse(f"{item.nodeid}@{group}")  # type: ignore[attr-defined]
 
 
 # The in-process gateway fixture (real TLS with a trustme CA) for the gateway faces' tests.

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,14 +234,12 @@ def event_number(event_id: str | None) -> tuple[int, int]:
 async def wait_proxy_saw(admin_url: str, event_id: str | None, within: float = 10.0) -> dict[str, Any]:
     """Until the proxy has processed the control event `event_id` (or a later one) and is synchronised."""
     target = event_number(event_id)
-    deadline = time.monotonic() + within
-    while True:
+
+    async def reached() -> dict[str, Any] | None:
         control = await proxy_control(admin_url)
-        if control["synced"] and event_number(control["last_event_id"]) >= target:
-            return control
-        if time.monotonic() > deadline:
-            raise AssertionError(f"proxy never reached control event {event_id}: {control}")
-        await asyncio.sleep(0.02)
+        return control if control["synced"] and event_number(control["last_event_id"]) >= target else None
+
+    return await until(reached, within, what=f"the proxy to reach control event {event_id}")
 
 
 async def proxy_caught_up(

@@ -16,14 +16,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
-from aiohttp import web
+from kit.backend import Backend, BackendThread, SeenRequest
 from kit.process import CLIENT_ENV, ROOT, ChildProcess, launch, strictq
 from kit.until import until_sync
 
@@ -46,64 +45,34 @@ STAMPED: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
-class CountingBackend:
-    """An aiohttp server on its own thread and loop that counts every accepted connection."""
+def _replay_answer(request: SeenRequest) -> dict[str, Any]:
+    """What the example worker's backend answers: stock for `/inventory/<sku>`, a charge for `/charge`."""
+    if request.path.startswith("/inventory/"):
+        return {"sku": request.path.rsplit("/", 1)[1], "available": 7}
+    if request.path == "/charge":
+        order = orjson.loads(request.body)["order"]
+        return {"charge_id": f"ch-{order}-{uuid.uuid4().hex[:8]}", "status": "ok"}
+    return {"ok": True}
+
+
+class CountingBackend(BackendThread):
+    """The kit's backend on its own thread, answering as the example worker's services do; `accepted`
+    counts every connection, so a replay proves no call left the machine."""
 
     def __init__(self) -> None:
-        self.accepted = 0
-        self.requests = 0
-        self.url = ""
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, name="replay-backend", daemon=True)
+        super().__init__(Backend(answer=_replay_answer))
+
+    @property
+    def accepted(self) -> int:
+        return self.backend.accepted
+
+    @property
+    def requests(self) -> int:
+        return len(self.backend.seen)
 
     def start(self) -> CountingBackend:
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("backend did not start")
+        super().start()
         return self
-
-    def stop(self) -> None:
-        if self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._serve())
-        self._loop.close()
-
-    async def _handle(self, request: web.Request) -> web.Response:
-        self.requests += 1
-        body = await request.read()
-        path = request.path
-        if path.startswith("/inventory/"):
-            answer: dict[str, Any] = {"sku": path.rsplit("/", 1)[1], "available": 7}
-        elif path == "/charge":
-            order = orjson.loads(body)["order"]
-            answer = {"charge_id": f"ch-{order}-{uuid.uuid4().hex[:8]}", "status": "ok"}
-        else:
-            answer = {"ok": True}
-        return web.json_response(answer)
-
-    async def _serve(self) -> None:
-        self._stop = asyncio.Event()
-        runner = web.ServerRunner(web.Server(self._handle, access_log=None), handle_signals=False)
-        await runner.setup()
-        factory = runner.server
-        assert factory is not None
-
-        def counting() -> asyncio.Protocol:
-            self.accepted += 1
-            return factory()
-
-        server = await asyncio.get_running_loop().create_server(counting, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        self._ready.set()
-        await self._stop.wait()
-        server.close()
-        await runner.cleanup()
 
 
 class Serve(ChildProcess):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import ssl
 import stat
 import subprocess
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 from cryptography import x509
+from kit.process import CLIENT_ENV, LISTENING, ChildProcess, launch, strictq
 
 from access.keys import Credential, KeyFileError, KeyRing, write_development_keys
 from access.permissions import visible_names
@@ -97,30 +97,14 @@ def test_local_ca_signs_a_certificate_for_loopback_names(tmp_path: Path) -> None
 
 
 # ----------------------------------------------------------------------------------- strictq serve
-def _start_serve(data_dir: Path) -> tuple[subprocess.Popen[str], list[str]]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "strictq", "serve", "--port", "0", "--data-dir", str(data_dir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+def _start_serve(data_dir: Path) -> tuple[ChildProcess, list[str]]:
+    """`strictq serve` up to its last start-up line; the stdout lines read (in order) with it."""
+    proc = launch(
+        strictq("serve", "--port", "0", "--data-dir", str(data_dir)),
+        data_dir.parent / "serve.log",
+        wait_for=(CLIENT_ENV,),
     )
-    assert proc.stdout is not None
-    lines = [proc.stdout.readline().strip() for _ in range(6)]
-    return proc, lines
-
-
-def _stop(proc: subprocess.Popen[str]) -> int:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-        raise
-    finally:
-        if proc.stdout is not None:
-            proc.stdout.close()
+    return proc, proc.lines
 
 
 def test_serve_follows_the_start_up_contract(tmp_path: Path) -> None:
@@ -158,7 +142,7 @@ def test_serve_follows_the_start_up_contract(tmp_path: Path) -> None:
             worker is not None and worker.role == "worker" and worker.secret == env["STRICTQ_WORKER_SECRET"]
         )
     finally:
-        assert _stop(proc) == 0
+        assert proc.terminate(timeout=15) == 0
     # A restart keeps the CA and the credentials.
     ca_before = (data_dir / "tls" / "ca.pem").read_bytes()
     keys_before = (data_dir / "keys.toml").read_text()
@@ -168,7 +152,7 @@ def test_serve_follows_the_start_up_contract(tmp_path: Path) -> None:
         assert (data_dir / "tls" / "ca.pem").read_bytes() == ca_before
         assert (data_dir / "keys.toml").read_text() == keys_before
     finally:
-        assert _stop(proc) == 0
+        assert proc.terminate(timeout=15) == 0
 
 
 def test_serve_refuses_a_broken_key_file(tmp_path: Path) -> None:
@@ -203,16 +187,12 @@ def test_serve_can_require_client_certificates(tmp_path: Path) -> None:
     client_ca_file = tmp_path / "client-ca.pem"
     client_ca.cert_pem.write_to_path(str(client_ca_file))
     data_dir = tmp_path / "data"
-    command = [sys.executable, "-m", "strictq", "serve", "--port", "0", "--data-dir", str(data_dir)]
-    proc = subprocess.Popen(
-        [*command, "--client-ca", str(client_ca_file)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
+    proc = launch(
+        strictq("serve", "--port", "0", "--data-dir", str(data_dir), "--client-ca", str(client_ca_file)),
+        tmp_path / "serve.log",
     )
     try:
-        assert proc.stdout is not None
-        url = proc.stdout.readline().split()[-1]
+        url = proc.startup[LISTENING]
         server_ca = str(data_dir / "tls" / "ca.pem")
         without = ssl.create_default_context(cafile=server_ca)
         with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
@@ -222,7 +202,7 @@ def test_serve_can_require_client_certificates(tmp_path: Path) -> None:
         with urllib.request.urlopen(url + "/healthz", context=with_cert, timeout=10) as response:
             assert response.status == 200
     finally:
-        assert _stop(proc) == 0
+        assert proc.terminate(timeout=15) == 0
 
 
 PAYMENTS_WORKER = Path(__file__).resolve().parent.parent / "examples" / "payments_worker.py"
@@ -242,7 +222,7 @@ def test_the_readmes_proxy_walkthrough(tmp_path: Path) -> None:
             if line and not line.startswith("#")
         )
         wirelog = data_dir / "wirelog"
-        strictq = [sys.executable, "-m", "strictq"]
+        cli = strictq()
         run = subprocess.run(
             [sys.executable, str(PAYMENTS_WORKER)], env=env, capture_output=True, text=True, timeout=60
         )
@@ -254,7 +234,7 @@ def test_the_readmes_proxy_walkthrough(tmp_path: Path) -> None:
 
         def grep(*filters: str) -> list[dict[str, Any]]:
             found = subprocess.run(
-                [*strictq, "wirelog", "grep", "--dir", str(wirelog), "--json", *filters],
+                [*cli, "wirelog", "grep", "--dir", str(wirelog), "--json", *filters],
                 env=env,
                 capture_output=True,
                 text=True,
@@ -276,7 +256,7 @@ def test_the_readmes_proxy_walkthrough(tmp_path: Path) -> None:
             assert (record["worker"], record["group"], record["action"]) == ("worker-1", "card-42", "pass")
             assert record["request"]["url"].endswith("/charge") and record["response"]["status"] == 200
 
-        fence = [*strictq, "fence", "worker-1", "--mode", "block", "--reason", "double charges"]
+        fence = [*cli, "fence", "worker-1", "--mode", "block", "--reason", "double charges"]
         assert subprocess.run(fence, env=env, capture_output=True, timeout=30).returncode == 0
         blocked = subprocess.Popen(
             [sys.executable, str(PAYMENTS_WORKER)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -295,14 +275,14 @@ def test_the_readmes_proxy_walkthrough(tmp_path: Path) -> None:
         # SIGTERM stops the SDK cleanly (issue 12): exit 0, no traceback, what it held handed back
         # `not_attempted`, so nothing counts against worker-1 and nobody is fenced once it is unfenced.
         assert blocked.returncode == 0 and "Traceback" not in stderr, stderr
-        unfence = subprocess.run([*strictq, "unfence", "worker-1"], env=env, capture_output=True, timeout=30)
+        unfence = subprocess.run([*cli, "unfence", "worker-1"], env=env, capture_output=True, timeout=30)
         assert unfence.returncode == 0, unfence.stderr
         status = subprocess.run(
-            [*strictq, "status", "--json"], env=env, capture_output=True, text=True, timeout=30
+            [*cli, "status", "--json"], env=env, capture_output=True, text=True, timeout=30
         )
         assert status.returncode == 0, status.stderr
         view = json.loads(status.stdout)
         assert [w for w in view["workers"] if w["failures"] or w["fence"]] == [], view["workers"]
         assert view["operator_fences"] == [], view
     finally:
-        assert _stop(proc) == 0
+        assert proc.terminate(timeout=15) == 0

@@ -9,10 +9,7 @@ queue server going away and coming back.
 from __future__ import annotations
 
 import asyncio
-import os
 import ssl
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -21,8 +18,9 @@ import aiohttp
 import pytest
 import trustme
 from aiohttp import web
-from conftest import ROOT, ServerProcess, running_server, start_server
+from conftest import ServerProcess, running_server, start_server
 from gateway_support import CREDENTIALS, Gateway
+from kit.process import CLIENT_ENV, LISTENING, launch, strictq
 from test_gateway_emodb import emo, session
 from test_gateway_emodb import test_bad_input_is_a_json_4xx_and_serving_goes_on as test_remote_emodb_bad_input
 from test_gateway_emodb import test_bodies_cross_faces as test_remote_bodies_cross_faces
@@ -148,27 +146,19 @@ async def test_queue_server_down_is_503_and_readiness_follows_it(tmp_path: Path)
 
 def test_strictq_serve_with_queue_server_flag(tmp_path: Path, queue_server: ServerProcess) -> None:
     """The command line: `strictq serve --queue-server URL` prints the contract lines and serves."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     data_dir = tmp_path / "edge"
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "strictq", "serve", "--port", "0", "--data-dir", str(data_dir)),
-            *("--queue-server", queue_server.url, "--no-proxy"),
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
-        text=True,
+    remote = ("--queue-server", queue_server.url, "--no-proxy")
+    proc = launch(
+        strictq("serve", "--port", "0", "--data-dir", str(data_dir), *remote),
+        tmp_path / "serve.log",
+        wait_for=(CLIENT_ENV,),
     )
     try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
+        first, *lines = proc.lines
         assert first.startswith("strictq: listening on https://127.0.0.1:"), first
-        url = first.split("listening on ", 1)[1].strip()
-        lines = [proc.stdout.readline() for _ in range(3)]
-        assert [line.split(" ", 2)[1] for line in lines] == ["ca", "keys", "client"]
+        url = proc.value(LISTENING)
+        assert url is not None
+        assert [line.split(" ", 2)[1] for line in lines] == ["ca", "keys", "client"], lines
         ca = lines[0].split("ca ", 1)[1].strip()
         keys = KeyRing.load(Path(lines[1].split("keys ", 1)[1].strip()))
         admin = next(c for c in keys.credentials if c.role == "admin")
@@ -186,8 +176,7 @@ def test_strictq_serve_with_queue_server_flag(tmp_path: Path, queue_server: Serv
 
         assert asyncio.run(roundtrip()) == ["hello"]
     finally:
-        proc.terminate()
-        assert proc.wait(timeout=10) == 0
+        assert proc.terminate(timeout=10) == 0
 
 
 async def test_a_remote_long_poll_answers_when_a_message_arrives(gateway: Gateway) -> None:

@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from gateway_support import Gateway
+from kit import until
 
 from strictq.sdk import (
     TAG_HEADERS,
@@ -59,14 +60,6 @@ async def running(*workers: Worker) -> AsyncIterator[list[asyncio.Task[None]]]:
             w.stop(1.0)
         async with asyncio.timeout(10):
             await asyncio.gather(*tasks)
-
-
-async def wait_until(predicate: Callable[[], bool], within: float = 8.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @asynccontextmanager
@@ -134,11 +127,11 @@ async def test_slow_handler_outlives_the_ttl_by_heartbeating(gateway: Gateway) -
     w1 = Worker("slow", slow, config=config(gateway, "worker-1"), ttl=0.6)
     w2 = Worker("slow", other, config=config(gateway, "worker-2"), ttl=0.6)
     async with asyncio.timeout(TEST_TIMEOUT), running(w1):
-        await wait_until(lambda: bool(seen), what="the slow handler to start")
+        await until(lambda: bool(seen), what="the slow handler to start")
         async with running(w2):
-            await wait_until(lambda: w1.stats.acked == 1, what="the ack")
+            await until(lambda: w1.stats.acked == 1, what="the ack")
             polls = w2.stats.polls
-            await wait_until(lambda: w2.stats.polls >= polls + 2, what="w2 to poll again")
+            await until(lambda: w2.stats.polls >= polls + 2, what="w2 to poll again")
     assert [s[0] for s in seen] == ["w1"], seen
     assert w1.stats.heartbeats >= 2 and w1.stats.lost == 0 and w2.stats.received == 0
     assert await size(gateway, "slow") == 0
@@ -159,7 +152,7 @@ async def test_failed_message_is_released_and_redelivered_in_group_order(gateway
     await send(gateway, "crashy", [{"n": 1}, {"n": 2}, {"n": 3}], "g")
     worker = Worker("crashy", handler, config=config(gateway), ttl=30.0)
     async with asyncio.timeout(TEST_TIMEOUT), running(worker):
-        await wait_until(lambda: worker.stats.acked == 3, what="three acks")
+        await until(lambda: worker.stats.acked == 3, what="three acks")
     assert order == ["m1", "m2(fail)", "m2", "m3"]
     assert worker.stats.failed == 1 and worker.stats.released == 2  # m2 and m3, untouched m3 included
     assert any("handler raised RuntimeError" in r for r in worker.stats.reasons)
@@ -176,7 +169,7 @@ async def test_a_poison_message_backs_off_instead_of_spinning(gateway: Gateway) 
     await send(gateway, "poison", [{"n": 1}], "g")
     worker = Worker("poison", handler, config=config(gateway), ttl=30.0, retry_backoff=(0.1, 0.4))
     async with asyncio.timeout(TEST_TIMEOUT), running(worker):
-        await wait_until(lambda: len(attempts) >= 4, what="four attempts")
+        await until(lambda: len(attempts) >= 4, what="four attempts")
     gaps = [b - a for a, b in itertools.pairwise(attempts)]
     # Held 0.1, 0.2, then 0.4 s (capped) before each release: spaced out, never a hot loop.
     assert all(gap >= expected * 0.9 for gap, expected in zip(gaps, (0.1, 0.2, 0.4), strict=False)), gaps
@@ -203,7 +196,7 @@ async def test_two_workers_never_run_one_group_at_once(gateway: Gateway) -> None
         for key in ("worker-1", "worker-2")
     ]
     async with asyncio.timeout(TEST_TIMEOUT), running(*workers):
-        await wait_until(lambda: sum(w.stats.acked for w in workers) == groups * per_group, what="all acks")
+        await until(lambda: sum(w.stats.acked for w in workers) == groups * per_group, what="all acks")
     for group, spans in intervals.items():
         assert [n for _, _, n, _ in spans] == list(range(per_group)), (group, spans)
         for (_, end, _, _), (start, _, _, _) in itertools.pairwise(spans):
@@ -226,7 +219,7 @@ async def test_superseded_claim_cancels_the_handler(gateway: Gateway) -> None:
 
     async def holds_on(msg: Message) -> None:
         events.append("w2 started")  # keeps its claim until worker-1 has noticed it lost its own
-        await wait_until(lambda: "w1 cancelled" in events, within=5.0, what="worker-1's handler to stop")
+        await until(lambda: "w1 cancelled" in events, within=5.0, what="worker-1's handler to stop")
 
     await send(gateway, "superseded", [{"n": 1}], "g")
     # worker-1 is busy (concurrency 1: no polls meanwhile) and heartbeats every 2 s; worker-2 polls
@@ -241,11 +234,11 @@ async def test_superseded_claim_cancels_the_handler(gateway: Gateway) -> None:
     )
     w2 = Worker("superseded", holds_on, config=config(gateway, "worker-2"), ttl=30.0)
     async with asyncio.timeout(TEST_TIMEOUT), running(w1):
-        await wait_until(lambda: events == ["w1 started"], what="worker-1's handler")
+        await until(lambda: events == ["w1 started"], what="worker-1's handler")
         async with running(w2):
             async with EmoClient(config(gateway, "admin-1"), gateway.credential("admin-1").secret) as admin:
                 await admin._call("POST", "/superseded/unclaimall")
-            await wait_until(lambda: w2.stats.acked == 1, what="worker-2 to finish")
+            await until(lambda: w2.stats.acked == 1, what="worker-2 to finish")
     assert events == ["w1 started", "w2 started", "w1 cancelled"]
     assert (w1.stats.acked, w1.stats.released, w1.stats.lost, w1.stats.failed) == (0, 0, 1, 1)
     assert await size(gateway, "superseded") == 0
@@ -273,7 +266,7 @@ async def test_outbound_calls_carry_the_tags_and_count_calls(gateway: Gateway) -
         await send(gateway, "tagged", [{"n": 1}], "cust-9")
         worker = Worker("tagged", handler, config=config(gateway))
         async with asyncio.timeout(TEST_TIMEOUT), running(worker):
-            await wait_until(lambda: worker.stats.acked == 1, what="the ack")
+            await until(lambda: worker.stats.acked == 1, what="the ack")
     [msg] = handled
     assert len(received) == 3
     for ordinal, headers in enumerate(received, start=1):
@@ -333,7 +326,7 @@ async def test_proxy_verdict_cancels_the_handler(
     async with serve(proxy) as proxy_url:
         w1 = Worker("fenced", handler, config=config(gateway, proxy_url=proxy_url), ttl=ttl)
         async with asyncio.timeout(TEST_TIMEOUT), running(w1):
-            await wait_until(lambda: "cancelled" in events, what="the handler to be cancelled")
+            await until(lambda: "cancelled" in events, what="the handler to be cancelled")
             cancelled_at = time.monotonic()
         assert events == [f"fenced {action}", "cancelled"]
         assert w1.stats.acked == 0 and w1.stats.failed == 1
@@ -350,7 +343,7 @@ async def test_proxy_verdict_cancels_the_handler(
 
     w2 = Worker("fenced", second, config=config(gateway, "worker-2"), ttl=30.0)
     async with asyncio.timeout(TEST_TIMEOUT), running(w2):
-        await wait_until(lambda: w2.stats.acked == 1, what="redelivery to the second worker")
+        await until(lambda: w2.stats.acked == 1, what="redelivery to the second worker")
     [(msg, at)] = redelivered
     assert int(msg.token) > first_token
     if action == "block":
@@ -374,7 +367,7 @@ async def test_sigterm_stops_gracefully_and_releases_claims(gateway: Gateway) ->
         before = signal.getsignal(signal.SIGTERM)
         w1.install_signal_handlers((signal.SIGTERM,))
         task = asyncio.create_task(w1.run())
-        await wait_until(lambda: sorted(started) == [1, 10], what="both handlers to start")
+        await until(lambda: sorted(started) == [1, 10], what="both handlers to start")
         os.kill(os.getpid(), signal.SIGTERM)
         begun = time.monotonic()
         await task
@@ -390,7 +383,7 @@ async def test_sigterm_stops_gracefully_and_releases_claims(gateway: Gateway) ->
 
     w2 = Worker("graceful", second, config=config(gateway, "worker-2"), ttl=30.0)
     async with asyncio.timeout(TEST_TIMEOUT), running(w2):
-        await wait_until(lambda: len(got) == 3, within=3.0, what="the released claims (ttl is 30 s)")
+        await until(lambda: len(got) == 3, within=3.0, what="the released claims (ttl is 30 s)")
     assert got == [1, 2, 3]
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from conftest import ROOT, ChildProcess
+from kit import launch, until
 
 from strictq.failover import QUEUE, Admin, Backend, Settings, System
 from strictq.sdk import CAPABILITIES_HEADER, ClientConfig, Entry, Message, Producer, Worker
@@ -72,8 +73,6 @@ class WorkerProcess(ChildProcess):
 def start_worker(system: System, name: str, tmp_path: Path, mode: str, *extra: str) -> WorkerProcess:
     config = system.config(name)
     env = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": str(ROOT),
         "STRICTQ_URL": config.url,
         "STRICTQ_CA_FILE": config.ca_file or "",
@@ -82,17 +81,8 @@ def start_worker(system: System, name: str, tmp_path: Path, mode: str, *extra: s
         "STRICTQ_PROXY_URL": config.proxy_url or "",
         "STRICTQ_PROXY_CA_FILE": config.proxy_ca_file or "",
     }
-    log_path = tmp_path / f"{name}-{mode}.stderr"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, str(WORKER_SCRIPT), "--queue", QUEUE, "--mode", mode, "--ttl", str(TTL), *extra],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=log,
-        )
-    return WorkerProcess(proc, log_path)
+    argv = [sys.executable, str(WORKER_SCRIPT), "--queue", QUEUE, "--mode", mode, "--ttl", str(TTL), *extra]
+    return launch(argv, tmp_path / f"{name}-{mode}.stderr", wait_for=(), env=env, make=WorkerProcess)
 
 
 def stop_worker(worker: WorkerProcess) -> None:
@@ -194,7 +184,7 @@ async def test_a_blocked_worker_backs_off_and_stops_cleanly(system: System, tmp_
             await asyncio.to_thread(worker.lines_until, lambda line: line.startswith("started"))
             begun = time.time()
             await asyncio.sleep(10.0)
-            until = time.time()
+            ended = time.time()
             code = await asyncio.to_thread(worker.signal_and_wait, signal.SIGTERM)
             assert_clean_exit(worker, code, 0)
             await admin.call("DELETE", "/fences/worker-1")
@@ -217,7 +207,7 @@ async def test_a_blocked_worker_backs_off_and_stops_cleanly(system: System, tmp_
         for r in read_records(system.wirelog)
         if r.get("kind") == "http" and r.get("worker") == "worker-1" and r.get("action") == "block"
     ]
-    in_window = [r for r in refused if begun <= r["ts"] <= until]
+    in_window = [r for r in refused if begun <= r["ts"] <= ended]
     leases = {r.get("lease") for r in refused}
     log = worker.log_path.read_text()
     backoff_lines = [line for line in log.splitlines() if "backing off" in line]
@@ -284,13 +274,6 @@ def local_config(gateway: FakeGateway) -> ClientConfig:
     return ClientConfig(url=gateway.url, worker_id="worker-1", worker_secret="s3cret-s3cret-s3cret")
 
 
-async def wait_for(predicate: Callable[[], bool], what: str, within: float = WAIT) -> None:
-    deadline = time.monotonic() + within
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 async def handle(message: Message) -> None:
     return None
 
@@ -302,7 +285,9 @@ async def test_every_poll_declares_results_and_probes() -> None:
     try:
         async with asyncio.timeout(TEST_TIMEOUT):
             task = asyncio.create_task(worker.run())
-            await wait_for(lambda: len(gateway.reported) == 2 and len(gateway.polls) >= 5, "polls, results")
+            await until(
+                lambda: len(gateway.reported) == 2 and len(gateway.polls) >= 5, WAIT, what="polls, results"
+            )
             worker.stop(1.0)
             await task
     finally:
@@ -320,9 +305,9 @@ async def test_without_the_results_route_the_worker_declares_nothing() -> None:
     try:
         async with asyncio.timeout(TEST_TIMEOUT):
             task = asyncio.create_task(worker.run())
-            await wait_for(lambda: len(gateway.acked) == 2, "acks")
+            await until(lambda: len(gateway.acked) == 2, WAIT, what="acks")
             polls_before = len(gateway.polls)
-            await wait_for(lambda: len(gateway.polls) >= polls_before + 2, "polls after the fallback")
+            await until(lambda: len(gateway.polls) >= polls_before + 2, WAIT, what="polls after the fallback")
             worker.stop(1.0)
             await task
     finally:
@@ -370,7 +355,7 @@ async def test_one_signal_stops_every_worker_of_the_loop() -> None:
             for worker in workers:
                 worker.install_signal_handlers((signal.SIGTERM,))
             tasks = [asyncio.create_task(w.run()) for w in workers]
-            await wait_for(lambda: len(gateway.polls) >= 4, "both workers polling")
+            await until(lambda: len(gateway.polls) >= 4, WAIT, what="both workers polling")
             os.kill(os.getpid(), signal.SIGTERM)
             await asyncio.gather(*tasks)
     finally:
@@ -395,7 +380,7 @@ async def test_failing_polls_back_off_with_jitter_and_say_so_once_per_step(
             await asyncio.sleep(4.0)
             failed = len(gateway.polls)
             gateway.poll_status = 200
-            await wait_for(lambda: len(gateway.reported) == 2, "the messages once polls work")
+            await until(lambda: len(gateway.reported) == 2, WAIT, what="the messages once polls work")
             worker.stop(1.0)
             await task
     finally:

@@ -18,7 +18,8 @@ import pytest
 import trustme
 from aiohttp import web
 from gateway_support import CREDENTIALS, Gateway, delivery_gateway  # noqa: F401  (fixture)
-from test_sdk import config, running, send, serve, size, wait_until
+from kit import until
+from test_sdk import config, running, send, serve, size
 
 from access.keys import KeyRing
 from gateway.app import make_gateway_app
@@ -87,7 +88,7 @@ async def test_each_attempt_reports_its_log_data_and_the_retry_sees_the_history(
         await no_retry_delay(gw, "logged")
         worker = Worker("logged", handle, config=config(gw), ttl=30.0)
         async with asyncio.timeout(TEST_TIMEOUT), running(worker):
-            await wait_until(lambda: worker.stats.acked == 2, what="both messages to succeed")
+            await until(lambda: worker.stats.acked == 2, what="both messages to succeed")
     assert charges == [1, 2]  # m2's retry did not charge again
     assert not histories[(1, 1)] and histories[(1, 1)].attempts == 0
     retry = histories[(2, 2)]
@@ -133,7 +134,7 @@ async def test_attempt_failed_gives_the_reason_and_signature(
     await no_retry_delay(gw, "declined")
     worker = Worker("declined", handle, config=config(gw), ttl=30.0)
     async with asyncio.timeout(TEST_TIMEOUT), running(worker):
-        await wait_until(lambda: worker.stats.acked == 1, what="the retry to succeed")
+        await until(lambda: worker.stats.acked == 1, what="the retry to succeed")
     assert seen == [1, 2]
     failed, done = log_records(gw)
     assert (failed["outcome"], failed["reason"], failed["signature"]) == (
@@ -165,7 +166,7 @@ async def test_a_failure_in_a_batch_hands_back_the_rest_not_attempted_in_order(
     await no_retry_delay(gw, "batch")
     worker = Worker("batch", handle, config=config(gw), ttl=30.0, limit=10)
     async with asyncio.timeout(TEST_TIMEOUT), running(worker):
-        await wait_until(lambda: worker.stats.acked == 4, what="four successes")
+        await until(lambda: worker.stats.acked == 4, what="four successes")
     assert order == [(1, 1), (2, 1), (2, 2), (3, 1), (4, 1)]  # m3, m4 untouched: still first attempts
     outcomes = [r["outcome"] for r in log_records(gw)]
     assert outcomes == ["succeeded", "failed", "not_attempted", "not_attempted"] + ["succeeded"] * 3
@@ -199,7 +200,7 @@ async def test_stopping_hands_back_unprocessed_claims_not_attempted(
 
         other = Worker("stopping", take, config=config(gw, "worker-2"), ttl=30.0)
         async with running(other):
-            await wait_until(lambda: len(polled) == 3, within=3.0, what="the handed-back claims")
+            await until(lambda: len(polled) == 3, within=3.0, what="the handed-back claims")
     assert [m.payload["n"] for m in polled] == [0, 1, 2] and {m.attempt for m in polled} == {1}
 
 
@@ -254,7 +255,7 @@ async def test_probes_go_to_the_probe_handler_and_restore_the_worker(tmp_path: P
         await gw.service.set_attributes("t1.probed", {"retry_backoff": 0, "retry_same_worker": 0})
         worker = Worker("probed", handle, probe=probe, config=config(gw), ttl=1.0, wait=0.5)
         async with asyncio.timeout(TEST_TIMEOUT), running(worker):
-            await wait_until(lambda: worker.stats.acked == 3, within=15.0, what="all three after the probe")
+            await until(lambda: worker.stats.acked == 3, within=15.0, what="all three after the probe")
         assert probes and all(p.probe and p.id.startswith("probe-") for p in probes)
         assert probes[0].payload == {"probe": True}  # the queue's default probe payload
         assert worker.stats.probes == len(probes) and worker.stats.probes_failed == 0
@@ -280,7 +281,7 @@ async def test_without_a_probe_handler_probes_go_to_the_handler(tmp_path: Path) 
         await gw.service.set_attributes("t1.probed2", {"retry_backoff": 0})
         worker = Worker("probed2", handle, config=config(gw), ttl=1.0, wait=0.5)
         async with asyncio.timeout(TEST_TIMEOUT), running(worker):
-            await wait_until(lambda: worker.stats.acked == 1, within=15.0, what="the retry after the probe")
+            await until(lambda: worker.stats.acked == 1, within=15.0, what="the retry after the probe")
         assert seen[0] is False and True in seen and seen[-1] is False
 
 
@@ -306,7 +307,7 @@ async def test_an_older_gateway_without_results_gets_acks_and_releases(gateway: 
     # What EmoClient.report raises when the gateway answers the route with 404 no_such_route.
     with patch.object(EmoClient, "report", unsupported):
         async with asyncio.timeout(TEST_TIMEOUT), running(worker):
-            await wait_until(lambda: worker.stats.acked == 2, what="both acked")
+            await until(lambda: worker.stats.acked == 2, what="both acked")
     assert order == ["m1", "m2", "m2"] and worker.report_results is False
     assert calls == ["legacy"]  # asked once, then acks and releases only
     assert worker.stats.released == 1 and worker.stats.reported == 0

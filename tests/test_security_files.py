@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import os
-import queue
 import shutil
 import socket
 import ssl
@@ -26,6 +25,7 @@ from typing import Any
 
 import pytest
 from conftest import ROOT, ChildProcess
+from kit.process import launch
 
 from access.keys import write_development_keys
 from gateway.tls import ensure_local_certificates
@@ -171,30 +171,7 @@ def test_check_modes_names_each_loose_file_and_the_chmod(tmp_path: Path) -> None
 def start(argv: list[str], data_dir: Path, until: str, umask: int = 0o022) -> ChildProcess:
     """A server process; waits (bounded) for the stdout line starting with `until`."""
     log_path = data_dir.parent / f"{data_dir.name}.log"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            umask=umask,
-        )
-    child = ChildProcess(proc, log_path)
-    lines = []
-    while True:
-        try:
-            line = child.stdout.get(timeout=START_TIMEOUT)
-        except queue.Empty:
-            line = None
-        if line is None:
-            child.kill()
-            raise RuntimeError(f"{argv[3]} did not start ({lines}); log:\n{child.log()}")
-        lines.append(line)
-        if line.startswith(until):
-            child.lines = lines  # type: ignore[attr-defined]
-            return child
+    return launch(argv, log_path, wait_for=(until,), timeout=START_TIMEOUT, umask=umask)
 
 
 def stop(child: ChildProcess) -> None:

@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,12 +22,11 @@ import urllib3
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
-from conftest import ROOT, ChildProcess
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kit.process import CA, LISTENING, ChildProcess, launch, strictq
 
 EXAMPLES = 150  # per face: a few hundred requests in all keep CI within seconds
-START_TIMEOUT = 30.0
 
 KEYS_TOML = """
 [[credential]]
@@ -90,34 +86,18 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
     data_dir = tmp_path_factory.mktemp("fuzz") / "data"
     keys = data_dir.parent / "keys.toml"
     keys.write_text(KEYS_TOML)
-    log_path = data_dir.parent / "serve.log"
-    command = [sys.executable, "-m", "strictq", "serve", "--port", "0", "--data-dir", str(data_dir)]
-    command += ["--keys", str(keys), "--no-proxy"]
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=log)
-    process = ChildProcess(proc, log_path)
-    url = ca = None
-    deadline = time.monotonic() + START_TIMEOUT
-    while (url is None or ca is None) and time.monotonic() < deadline:
-        try:
-            line = process.stdout.get(timeout=max(0.1, deadline - time.monotonic()))
-        except Exception:
-            break
-        if line is None:
-            break
-        if line.startswith("strictq: listening on "):
-            url = line.removeprefix("strictq: listening on ").strip()
-        elif line.startswith("strictq: ca "):
-            ca = line.removeprefix("strictq: ca ").strip()
-    if url is None or ca is None:
-        process.terminate()
-        pytest.fail(f"strictq serve did not start:\n{process.log()}")
+    process = launch(
+        strictq("serve", "--port", "0", "--data-dir", str(data_dir), "--keys", str(keys), "--no-proxy"),
+        data_dir.parent / "serve.log",
+        wait_for=(LISTENING, CA),
+    )
+    url, ca = process.startup[LISTENING], process.startup[CA]
     http = urllib3.PoolManager(ca_certs=ca, timeout=urllib3.Timeout(connect=5, read=15))
     try:
         yield Serve(url.rstrip("/"), http, process)
     finally:
         http.clear()
-        process.terminate()
+        process.stop()
 
 
 def emodb(serve: Serve, method: str, path: str, key: str | None, body: bytes | None = None) -> Any:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kit import until_sync
 from serve_support import Serve, start_serve, stop
 
 from wirelog import logsafe
@@ -32,12 +33,8 @@ def serve(tmp_path: Path) -> Iterator[Serve]:
 
 
 def _wait_for(serve: Serve, text: str, timeout: float = 10.0) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        log = serve.full_log()
-        if text in log or time.monotonic() > deadline:
-            return log
-        time.sleep(0.1)
+    """The server's log once it holds `text`."""
+    return until_sync(lambda: text in (log := serve.full_log()) and log, timeout, what=f"{text!r} in the log")
 
 
 def test_reasons_with_line_breaks_do_not_forge_log_lines(serve: Serve) -> None:

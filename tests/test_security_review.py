@@ -29,6 +29,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from conftest import ChildProcess, ServerProcess, start_server
 from kit.process import CA, LISTENING, launch, strictq
+from kit.until import until_sync
 from test_security_files import (
     _drop_root,
     assert_one_line_fault,
@@ -318,14 +319,13 @@ def test_result_numbers_beyond_64_bits_are_refused_naming_the_field(
     status, body = _results(server, f"big-{mode}", item, ',"fields":{"a":9223372036854775807,"f":1.5}')
     assert status == 200 and body["results"][0]["status"] == "ok", body
     if mode == "embedded":
-        deadline = time.monotonic() + 15
-        while True:
-            records = [
-                r for r in read_records(server.data_dir / "wirelog") if r.get("message_id") == item["id"]
-            ]
-            if any(r["kind"] == "log" for r in records) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        wirelog = server.data_dir / "wirelog"
+
+        def attempt_logged() -> list[dict[str, Any]]:
+            records = [r for r in read_records(wirelog) if r.get("message_id") == item["id"]]
+            return records if any(r["kind"] == "log" for r in records) else []
+
+        records = until_sync(attempt_logged, 15, what="the attempt's log record")
         assert [r["kind"] for r in records].count("log") == 1, records
     clean_log(server, since)
 
@@ -349,9 +349,7 @@ def _abort(server: Server, head: str) -> None:
 
 
 def _wait_lines(server: Server, since: int, text: str, count: int) -> str:
-    deadline = time.monotonic() + 10
-    while server.log()[since:].count(text) < count and time.monotonic() < deadline:
-        time.sleep(0.1)
+    until_sync(lambda: server.log()[since:].count(text) >= count, 10, what=f"{count} {text!r} lines")
     time.sleep(0.3)  # anything logged after it
     return server.log()[since:]
 

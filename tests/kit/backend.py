@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +41,8 @@ class SeenRequest:
 @dataclass
 class Backend:
     """One aiohttp server. Any path answers JSON echoing the request; query `status=N` sets the status,
-    `delay=S` waits first; `respond` (a dict) is merged into every JSON answer (e.g. a secret field)."""
+    `delay=S` waits first; `respond` (a dict) is merged into every JSON answer (e.g. a secret field);
+    `answer`, if set, computes the JSON answer from the request instead (a fake with a domain)."""
 
     url: str = ""  # http(s)://127.0.0.1:PORT
     accepted: int = 0  # sockets accepted (TLS or not), whether or not a request followed
@@ -47,6 +50,7 @@ class Backend:
     respond: dict[str, Any] = field(default_factory=dict)
     echo: bool = True  # False: answer without echoing the request (secrets echoed in strings would leak)
     response_headers: dict[str, str] = field(default_factory=dict)
+    answer: Callable[[SeenRequest], dict[str, Any]] | None = None
     _server: asyncio.Server | None = None
     _runner: web.ServerRunner | None = None
 
@@ -57,7 +61,8 @@ class Backend:
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         body = await request.read()
         headers = list(request.headers.items())
-        self.seen.append(SeenRequest(request.method, request.path, request.query_string, headers, body))
+        seen = SeenRequest(request.method, request.path, request.query_string, headers, body)
+        self.seen.append(seen)
         delay = float(request.query.get("delay", "0") or 0)
         if delay:
             await asyncio.sleep(delay)
@@ -66,6 +71,8 @@ class Backend:
         if self.echo:
             answer.update(query=request.query_string, body=body.decode(errors="replace"))
         answer.update(self.respond)
+        if self.answer is not None:
+            answer = self.answer(seen)
         return web.Response(
             status=status,
             body=orjson.dumps(answer),
@@ -101,3 +108,51 @@ class Backend:
     def reset(self) -> None:
         self.accepted = 0
         self.seen.clear()
+
+
+class BackendThread:
+    """A Backend on its own thread and event loop, for synchronous tests (a subprocess under test calls
+    it while the test blocks): `start()` returns once it listens, `stop()` closes it."""
+
+    def __init__(self, backend: Backend | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.backend = backend if backend is not None else Backend()
+        self._ssl = ssl_context
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="kit-backend", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return self.backend.url
+
+    def start(self) -> BackendThread:
+        self._thread.start()
+        if not self._ready.wait(10) or self._error is not None:
+            raise RuntimeError(f"backend did not start: {self._error!r}")
+        return self
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._serve())
+        except BaseException as exc:  # reported by start()
+            self._error = exc
+            self._ready.set()
+        finally:
+            self._loop.close()
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        await self.backend.start(self._ssl)
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await self.backend.stop()
