@@ -12,6 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
+import uvloop
 from aiohttp import web
 
 from access.keys import write_development_keys
@@ -117,9 +118,6 @@ def run(
     limits: ConnectionLimits = DEFAULT_LIMITS,
 ) -> None:
     logsafe.install()  # control characters escaped, malformed requests one WARNING line (issue 11)
-    try:
-        import uvloop
-
-        uvloop.run(serve(host, port, data_dir, partitions, keys, health, init, limits))
-    except ImportError:  # uvloop is pinned, but the server still runs on plain asyncio without it
-        asyncio.run(serve(host, port, data_dir, partitions, keys, health, init, limits))
+    # uvloop is pinned, as for `strictq serve`; an ImportError raised while serving is a fault to report,
+    # not a reason to start the server a second time on plain asyncio.
+    uvloop.run(serve(host, port, data_dir, partitions, keys, health, init, limits))
