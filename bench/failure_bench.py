@@ -1,4 +1,4 @@
-"""Failure management's two latencies, measured in the failover scenario (strictq.failover), issue 7:
+"""Failure management's two latencies, measured in the failover scenario (scenarios.failover), issue 7:
 
 - *time to fence*: from a worker's first failure (its first failed call or attempt in the wire log) to the
   fence taking effect at the egress proxy (the first call of that worker the proxy refused, `block` in
@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from strictq.failover import Settings
+    from scenarios.failover import Settings
 
 FENCE_TARGET_S = 2.0
 PROBE_INTERVAL_S = 1.0
 
 
 def run_failover_bench(work_dir: Path, quick: bool, progress: Any) -> dict[str, Any]:
-    from strictq.failover import Settings  # at run time: importing the bench stays light
+    from scenarios.failover import Settings  # at run time: importing the bench stays light
 
     runs = 1 if quick else 3
     settings = Settings(
@@ -57,7 +57,7 @@ def run_failover_bench(work_dir: Path, quick: bool, progress: Any) -> dict[str, 
 
 
 def _one_run(work_dir: Path, run: int, runs: int, settings: Settings, progress: Any) -> dict[str, Any]:
-    from strictq.failover import Scenario
+    from scenarios.failover import Scenario
 
     progress(f"  failover run {run}/{runs}: {settings.workers} workers, {settings.outages} outages")
     report = asyncio.run(Scenario(work_dir / f"failover-{run}", settings).run())
@@ -119,7 +119,7 @@ def failover_section(results: dict[str, Any], add: Any) -> None:
     s = r["settings"]
     add("## Failure management: time to fence, recovery to delivery\n")
     add(
-        "The failover scenario (`strictq.failover`, what `strictq demo` narrates and"
+        "The failover scenario (`scenarios.failover`, what `strictq demo` narrates and"
         f" `tests/test_failure_e2e.py` asserts) against `strictq serve`: {s['workers']} SDK workers through"
         f" the egress proxy, fence after {s['fence_after']} failed attempts, probe interval"
         f" {s['probe_interval_s']:g} s (steady), {s['runs']} run(s) of {s['outages_per_run']} backend"

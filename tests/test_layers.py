@@ -103,7 +103,7 @@ def test_the_layer_contracts_are_kept() -> None:
 
 def test_the_layer_contracts_refuse_an_upward_and_a_sideways_import(tmp_path: Path) -> None:
     """The same contracts over a small tree of stand-in packages: clean, then with the core importing the
-    gateway, then with the proxy importing the gateway: both are reported."""
+    gateway, the proxy importing the gateway, the CLI importing the scenarios above it: each is reported."""
     (tmp_path / "pyproject.toml").write_text(_importlinter_section())
     for package in PACKAGES:
         (tmp_path / package).mkdir()
@@ -117,6 +117,8 @@ def test_the_layer_contracts_refuse_an_upward_and_a_sideways_import(tmp_path: Pa
     (tmp_path / "access" / "tenancy.py").write_text("import protocol\n")
     (tmp_path / "gateway" / "app.py").write_text("import queue_core\nimport access\n")
     (tmp_path / "strictq" / "serve.py").write_text("import gateway.app\nimport fencing\nimport spark\n")
+    (tmp_path / "strictq" / "cli.py").write_text("import strictq.serve\n")
+    (tmp_path / "scenarios" / "demo.py").write_text("import strictq.cli\nimport strictq.serve\n")
     clean = _lint_imports(tmp_path)
     assert clean.returncode == 0, clean.stdout + clean.stderr
 
@@ -132,6 +134,12 @@ def test_the_layer_contracts_refuse_an_upward_and_a_sideways_import(tmp_path: Pa
     assert "fencing.auth -> gateway.app" in sideways.stdout, sideways.stdout
 
     (tmp_path / "fencing" / "auth.py").unlink()
+    (tmp_path / "strictq" / "cli.py").write_text("import strictq.serve\nimport scenarios.demo\n")
+    below = _lint_imports(tmp_path)
+    assert below.returncode != 0
+    assert "strictq.cli -> scenarios.demo" in below.stdout, below.stdout
+
+    (tmp_path / "strictq" / "cli.py").write_text("import strictq.serve\n")
     (tmp_path / "queue_core" / "machine" / "core.py").write_text("import sqlite3\n")
     machine = _lint_imports(tmp_path)
     assert machine.returncode != 0

@@ -1,6 +1,6 @@
 """`strictq demo` (and `make demo`): the whole single-machine system, narrated, in a temporary data dir.
 
-It runs the failover scenario (strictq.failover: `strictq serve` with the gateway over TLS, the queue core
+It runs the failover scenario (scenarios.failover: `strictq serve` with the gateway over TLS, the queue core
 and the egress proxy; a fake payments backend; a producer; three workers of which one turns faulty, is
 fenced and restored by a probe; a backend outage that suspends and resumes the queue), then the tools on
 what it recorded: `strictq index` (Spark) over the wire log, one message's whole story with `strictq
@@ -33,7 +33,8 @@ SHOWN_LINES = 24  # of a tool's output
 
 
 def register(commands: Any) -> None:
-    """Add `demo` to the strictq subparsers (imports nothing heavy until it runs)."""
+    """Add `demo` to the strictq subparsers (imports nothing heavy until it runs). strictq's CLI finds
+    this through the `strictq.commands` entry point (pyproject.toml): it never imports scenarios."""
     demo = commands.add_parser(
         "demo",
         help="run the whole system on this machine and narrate failure management (make demo)",
@@ -103,6 +104,7 @@ class Demo:
             probe_interval=0.5 if fast else 1.0,
             probe_backoff_max=0.5 if fast else 1.0,
             outage_hold=0.5 if fast else 2.0,
+            poll_wait=0.5 if fast else 1.0,
         )
         print(f"strictq demo: failure management on one machine (data in {self.data_dir})", flush=True)
         scenario = Scenario(self.data_dir / "system", settings, self.say, self.section)
@@ -178,7 +180,7 @@ class Demo:
             [
                 sys.executable,
                 "-m",
-                "strictq.failover",
+                "scenarios.failover",
                 "worker",
                 "--backend",
                 self.scenario.backend.url,
