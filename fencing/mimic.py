@@ -15,6 +15,9 @@ workers, so two concurrently mimic-fenced workers each see whole sequences.
 
 Only `http` records with action `pass`, no error and a response whose body was kept are usable.
 The index is bounded (records and body bytes); past a bound the oldest recordings are forgotten.
+
+Pure (no mitmproxy): the mimic addon (`fencing.addons.mimic`) answers from it, through
+`fencing.answering`; replay's index (`fencing.replay.matching`) is built from the same recordings.
 """
 
 from __future__ import annotations

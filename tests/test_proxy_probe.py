@@ -2,16 +2,17 @@
 
 The control stream's `probe` / `probe_end` events (and a snapshot's `probes`) feed `ControlState`; the
 fence addon consults it for a fenced worker's tagged calls (docs/control-stream.md, docs/failure-
-management.md §3). Unit tests drive the addon with mitmproxy test flows, as tests/test_proxy_fence.py does.
+management.md §3) and the mimic addon after it answers a mimic probe. Unit tests drive the two addons with
+mitmproxy test flows, as tests/test_proxy_fence.py and tests/test_proxy_mimic.py do.
 """
 
 from __future__ import annotations
 
 import orjson
 import pytest
-from test_proxy_fence import answer_of, call_flow, fenced, index_of, recorded, run_request
+from test_proxy_fence import call_flow, fenced, run_request
+from test_proxy_mimic import answer_of, guards, index_of, recorded
 
-from fencing.addons.fence import Fence
 from fencing.context import METADATA_KEY, PROXY_ACTION_HEADER
 from fencing.control_client import ControlClient, ControlState, ControlStreamError
 
@@ -21,12 +22,12 @@ def probing(state: ControlState, worker: str, message_id: str, mode: str) -> Non
 
 
 async def test_a_pass_probe_lets_only_the_probes_calls_of_a_block_fenced_worker_through() -> None:
-    state = ControlState()
-    fence = Fence(state)
+    addons = guards()
+    state = addons[0].state
     fenced(state, "worker-1", "block")
     probing(state, "worker-1", "probe-3-1", "pass")
     probe_call = call_flow(message_id="probe-3-1")
-    await run_request(fence, probe_call)
+    await run_request(addons, probe_call)
     assert probe_call.response is None  # on its way to the backend
     assert probe_call.metadata[METADATA_KEY].action == "pass"
     for other in (
@@ -36,34 +37,33 @@ async def test_a_pass_probe_lets_only_the_probes_calls_of_a_block_fenced_worker_
     ):
         if other.metadata[METADATA_KEY].worker == "worker-2":
             fenced(state, "worker-2", "block")
-        await run_request(fence, other)
+        await run_request(addons, other)
         assert other.response is not None and other.response.status_code == 403
         assert other.response.headers[PROXY_ACTION_HEADER] == "block"
 
 
 async def test_a_mimic_probe_is_answered_from_recordings_even_under_a_block_fence() -> None:
-    state = ControlState()
-    fence = Fence(state)
-    fence.index = index_of(recorded("r1", 1.0, 200, "charged"))
+    fence, mimic = addons = guards()
+    state = fence.state
+    mimic.index = index_of(recorded("r1", 1.0, 200, "charged"))
     fenced(state, "worker-1", "block")
     probing(state, "worker-1", "probe-3-2", "mimic")
     flow = call_flow(message_id="probe-3-2")
-    await run_request(fence, flow)
+    await run_request(addons, flow)
     assert flow.response is not None and flow.response.headers[PROXY_ACTION_HEADER] == "mimic"
     assert answer_of(flow) == "charged" and flow.metadata[METADATA_KEY].replayed_from == "r1"
     # After probe_end the same call is blocked again.
     state.end_probe({"worker": "worker-1", "message_id": "probe-3-2", "mode": "mimic"})
     again = call_flow(message_id="probe-3-2")
-    await run_request(fence, again)
+    await run_request(addons, again)
     assert again.response is not None and again.response.status_code == 403
 
 
 async def test_a_probe_of_a_worker_that_is_not_fenced_changes_nothing() -> None:
-    state = ControlState()
-    fence = Fence(state)
-    probing(state, "worker-1", "probe-3-3", "mimic")
+    addons = guards()
+    probing(addons[0].state, "worker-1", "probe-3-3", "mimic")
     flow = call_flow(message_id="probe-3-3")
-    await run_request(fence, flow)
+    await run_request(addons, flow)
     assert flow.response is None  # not fenced: the probe exercises the real backend
 
 

@@ -1,12 +1,13 @@
-"""Fence addon: cut a fenced worker off from the backends, or answer it from recordings.
+"""Fence addon: decide whether a worker's call is fenced; block it, or hand it to the mimic addon.
 
 The core decides fences (the control stream is the only source; see `Control`). For a fenced worker:
 - `block`: every call, tagged or not, gets 403 `block` from the proxy. No upstream connection is ever
   opened for it: the connection strategy is lazy (a CONNECT tunnel dials nothing by itself) and
   upstream certificates are not sniffed (the interception certificate comes from the SNI alone), so
   the answer is given before anything would dial out. This addon enforces both options at start-up.
-- `mimic`: the call is answered from the wire log's recorded responses (`fencing.mimic`), with
-  `ctx.action = "mimic"` and `ctx.replayed_from` = the record id; nothing matching: 503 `unmatched`.
+- `mimic`: the call is marked on the flow for the mimic addon (`fencing.answering.mark_mimic`), which
+  comes next in the chain and answers it from recorded responses (`fencing.addons.mimic`).
+Either way the request body is buffered (never streamed upstream before `request`).
 
 While the control stream is down the last known fences stay in force (the lease guard answers tagged
 calls 503 `unsynced` meanwhile); a snapshot on reconnection replaces them.
@@ -19,60 +20,39 @@ keep-alive ones alike, are closed at once: from that moment nothing it sent earl
 mitmproxy 12 cannot kill a flow in transit (`Flow.kill` only acts at the next hook), so this closes the
 server connections through the connection handlers of the `proxyserver` addon (pinned 12.2.3 API).
 
-Options: `strictq_mimic_wirelog` (directory of recordings; empty: the capture addon's
-`strictq_wirelog`, the proxy's own wire log), `strictq_mimic_refresh` (seconds: a miss re-reads new
-segments at most this often), `strictq_mimic_max_records`, `strictq_mimic_max_bytes` (index bounds).
-
-Replay mode (`strictq_replay`, set by `strictq proxy --replay-from DIR`, used by `strictq replay`):
-every authenticated worker is treated as mimic-fenced, so every call is answered from the recordings
-in `strictq_mimic_wirelog` and none is ever forwarded (raw tunnels are closed for everyone). Matching
-follows `fencing.replay.matching` (per message and ordinal first, then by identity), with the masks of
-`strictq_replay_mask` (a JSON/TOML file, `fencing.replay.masking`) applied to both sides.
+Replay mode (the mimic addon's option `strictq_replay`, set by `strictq proxy --replay-from DIR`,
+used by `strictq replay`; read here when declared): every authenticated worker is treated as
+mimic-fenced, so every call is answered from the recording and none is ever forwarded (raw tunnels are
+closed for everyone).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
-import time
-from collections.abc import Awaitable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mitmproxy import connection, ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 from mitmproxy.proxy import commands, events, layer
 from mitmproxy.proxy.layers import TCPLayer, UDPLayer
 
-from fencing.context import PROXY_ACTION_HEADER, CallContext, context_of, refuse
+from fencing.answering import mark_mimic
+from fencing.context import CallContext, context_of, refuse
 from fencing.control_client import ControlState, FenceInfo
-from fencing.mimic import Cursors, RecordingIndex, scan
-
-if TYPE_CHECKING:
-    from fencing.replay.masking import Masker
-    from fencing.replay.matching import ReplayIndex
 
 logger = logging.getLogger(__name__)
 
-WIRELOG_OPTION = "strictq_wirelog"  # the capture addon's: read when strictq_mimic_wirelog is empty
+REPLAY_OPTION = "strictq_replay"  # the mimic addon's: in replay mode every worker is mimic-fenced
 REQUIRED_OPTIONS = {"connection_strategy": "lazy", "upstream_cert": False}
 
 
 class Fence:
-    """Answers calls of fenced workers itself (block: 403, mimic: recorded responses)."""
+    """Decides per call whether its worker is fenced: block answers 403 here, mimic marks the flow."""
 
     def __init__(self, state: ControlState) -> None:
         self.state = state
-        self.cursors = Cursors()
-        self.index: RecordingIndex | ReplayIndex | None = None
-        self.replay = False  # every worker's calls are answered from the recordings (replay mode)
-        self._masker: Masker | None = None
-        self._loading: asyncio.Task[None] | None = None
-        self._directory: Path | None = None
-        self._refresh = 2.0
-        self._max_records = 200_000
-        self._max_bytes = 256 * 1024 * 1024
+        self.replay = False  # every worker counts as mimic-fenced (replay mode)
         self._master: Any = None
         self._enforced = False  # set once running() has put the required options in place
         # Which client connections (mitmproxy client ids) carry which worker's calls.
@@ -80,55 +60,21 @@ class Fence:
         self._clients_of_worker: dict[str, set[str]] = {}
         self.closed_connections = 0
         self.blocked = 0
-        self.mimicked = 0
-        self.unmatched = 0
         state.add_listener(self._on_fence_change)
 
     # -- options ------------------------------------------------------------------------------------------
     def load(self, loader: Loader) -> None:
         self._master = loader.master
-        add = loader.add_option
-        add("strictq_mimic_wirelog", str, "", "Wire-log directory to mimic from; empty: strictq_wirelog.")
-        add("strictq_mimic_refresh", float, 2.0, "Seconds between re-reads of the wire log on a miss.")
-        add("strictq_mimic_max_records", int, 200_000, "Recordings kept in memory for mimicry.")
-        add("strictq_mimic_max_bytes", int, 256 * 1024 * 1024, "Bytes of recordings kept in memory.")
-        add("strictq_replay", bool, False, "Replay mode: answer every worker's calls from the recordings.")
-        add("strictq_replay_mask", str, "", "Replay mode: mask config (JSON/TOML) for matching.")
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
-        if updated & {"strictq_mimic_wirelog", WIRELOG_OPTION}:
-            self._directory = self._wirelog_directory()
-            self.index = None  # reloaded lazily from the new place
-        if "strictq_mimic_refresh" in updated:
-            if opts.strictq_mimic_refresh < 0:
-                raise exceptions.OptionsError("strictq_mimic_refresh must be >= 0")
-            self._refresh = opts.strictq_mimic_refresh
-        if updated & {"strictq_replay", "strictq_replay_mask"}:
-            self._configure_replay(opts.strictq_replay, opts.strictq_replay_mask)
-        if updated & {"strictq_mimic_max_records", "strictq_mimic_max_bytes"}:
-            records, size = opts.strictq_mimic_max_records, opts.strictq_mimic_max_bytes
-            if records < 1 or size < 1:
-                raise exceptions.OptionsError("strictq_mimic_max_records and _max_bytes must be positive")
-            self._max_records, self._max_bytes = records, size
-            self.index = None
+        if REPLAY_OPTION in updated and REPLAY_OPTION in opts:
+            self.replay = bool(getattr(opts, REPLAY_OPTION))
         if self._enforced and not updated.isdisjoint(REQUIRED_OPTIONS) and self._wrong_options():
             raise exceptions.OptionsError(
                 "the fence needs connection_strategy=lazy and upstream_cert=false "
                 "(a blocked worker must never make the proxy dial its backend)"
             )
-
-    def _configure_replay(self, replay: bool, mask: str) -> None:
-        self._masker = None
-        if replay and mask:
-            from fencing.replay.masking import MaskConfig, Masker, MaskError
-
-            try:
-                self._masker = Masker(MaskConfig.load(Path(mask)))
-            except MaskError as exc:
-                raise exceptions.OptionsError(f"strictq_replay_mask: {exc}") from exc
-        self.replay = replay
-        self.index = None  # reloaded (as a replay index or not) on the next call
 
     def _fence_of(self, worker: str) -> FenceInfo | None:
         """The worker's fence; in replay mode every worker without one is mimicked."""
@@ -149,16 +95,6 @@ class Fence:
             logger.info("fence: setting %s", ", ".join(f"{k}={v}" for k, v in wrong.items()))
             ctx.options.update(**wrong)
         self._enforced = True
-        if self.replay or any(f.mode == "mimic" for f in self.state.fences.values()):
-            self._start_loading()
-
-    def _wirelog_directory(self) -> Path | None:
-        opts = ctx.options
-        for name in ("strictq_mimic_wirelog", WIRELOG_OPTION):
-            value = getattr(opts, name, None) if name in opts else None
-            if isinstance(value, str) and value:
-                return Path(value)
-        return None
 
     # -- hooks --------------------------------------------------------------------------------------------
     def http_connect(self, flow: http.HTTPFlow) -> None:
@@ -184,22 +120,21 @@ class Fence:
         if fence.mode == "block":
             self._block(flow, call, fence)
 
-    def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+    def request(self, flow: http.HTTPFlow) -> None:
+        """Decide again (a fence may have come, or gone, while the body arrived): block answers here, a
+        mimic verdict is left on the flow for the mimic addon, next in the chain."""
         if flow.response is not None:
-            return None
+            return
         call = context_of(flow)
         if call is None or call.worker is None:
-            return None
-        fence = self._fence_of(call.worker)  # again: it may have come while the body arrived
-        if fence is None:
-            return None
-        fence = self._probe_view(fence, call)
-        if fence is None:
-            return None
-        if fence.mode == "block":
+            return
+        fence = self._fence_of(call.worker)
+        if fence is not None:
+            fence = self._probe_view(fence, call)
+        if fence is not None and fence.mode == "block":
             self._block(flow, call, fence)
-            return None
-        return self._mimic(flow, call)
+            return
+        mark_mimic(flow, fence)
 
     def next_layer(self, nextlayer: layer.NextLayer) -> None:
         """A CONNECT tunnel whose bytes are neither TLS nor HTTP becomes a raw relay (`rawtcp`), which
@@ -251,131 +186,10 @@ class Fence:
         )
         flow.request.stream = False
 
-    # -- mimic --------------------------------------------------------------------------------------------
-    def _mimic(self, flow: http.HTTPFlow, call: CallContext) -> Awaitable[None] | None:
-        index = self.index
-        if index is None:
-            return self._mimic_after_load(flow, call)
-        if self._answer(flow, call, index):
-            return None
-        if not self.replay and time.monotonic() - index.loaded_at >= self._refresh:
-            return self._mimic_after_load(flow, call)  # maybe it was recorded since the last read
-        self._unmatched(flow, call)
-        return None
-
-    async def _mimic_after_load(self, flow: http.HTTPFlow, call: CallContext) -> None:
-        await self._start_loading()
-        index = self.index
-        if index is None or not self._answer(flow, call, index):
-            self._unmatched(flow, call)
-
-    def _answer(self, flow: http.HTTPFlow, call: CallContext, index: RecordingIndex | ReplayIndex) -> bool:
-        identity = call.request_identity
-        if identity is None:
-            return False
-        if self._masker is not None:
-            from fencing.replay.matching import masked_identity
-
-            identity = masked_identity(identity, call.request_view, self._masker)
-        found = index.candidates(identity, call.message_id, call.call)
-        if found is None:
-            return False
-        key, sequence = found
-        assert call.worker is not None
-        recording = self.cursors.next(call.worker, key, sequence)
-        call.action = "mimic"
-        call.code = None
-        call.replayed_from = recording.record_id
-        headers = http.Headers([(k.encode(), v.encode()) for k, v in recording.headers])
-        headers[PROXY_ACTION_HEADER] = "mimic"
-        flow.response = http.Response.make(recording.status, recording.body, headers)
-        self.mimicked += 1
-        return True
-
-    def _unmatched(self, flow: http.HTTPFlow, call: CallContext) -> None:
-        self.unmatched += 1
-        method, host, path = flow.request.method, flow.request.pretty_host, flow.request.path
-        why = "replay mode" if self.replay else "fenced (mimic)"
-        refuse(
-            flow,
-            call,
-            status=503,
-            action="unmatched",
-            code="unmatched",
-            message=f"worker {call.worker} is {why} and no recording matched {method} {host}{path}",
-        )
-
-    def _start_loading(self) -> asyncio.Task[None]:
-        """One (re)load at a time: readers of the same miss share it."""
-        if self._loading is None or self._loading.done():
-            self._loading = asyncio.get_running_loop().create_task(self._load(), name="mimic: load wire log")
-        return self._loading
-
-    async def _load(self) -> None:
-        if self.replay:
-            await self._load_replay()
-            return
-        directory = self._directory
-        if directory is None:
-            logger.warning("mimic: no wire-log directory configured; every mimicked call is unmatched")
-            if self.index is None:
-                self.index = RecordingIndex(self._max_records, self._max_bytes)
-            self.index.loaded_at = time.monotonic()
-            return
-        current = self.index  # None or (the mode having been reset to None on a switch) a RecordingIndex
-        if isinstance(current, RecordingIndex) and current:
-            index = current
-        else:
-            index = RecordingIndex(self._max_records, self._max_bytes)
-        try:
-            result = await asyncio.to_thread(scan, directory, dict(index.files), set(index.ids))
-        except Exception:
-            logger.exception("mimic: cannot read the wire log in %s", directory)
-            index.loaded_at = time.monotonic()
-            self.index = index
-            return
-        added = index.merge(result)
-        self.index = index
-        logger.info("mimic: %d new recordings from %s (%d in memory)", added, directory, len(index))
-
-    async def _load_replay(self) -> None:
-        """The whole recording, once (it does not change while a replay runs)."""
-        from fencing.replay.matching import ReplayIndex, load_index
-
-        if isinstance(self.index, ReplayIndex):
-            return
-        directory = self._directory
-        if directory is None:
-            logger.warning("replay: no recording directory configured; every call is unmatched")
-            self.index = ReplayIndex(masker=self._masker)
-            return
-        try:
-            index = await asyncio.to_thread(load_index, directory, self._masker)
-        except Exception:
-            logger.exception("replay: cannot read the recording in %s", directory)
-            index = ReplayIndex(masker=self._masker)
-        self.index = index
-        logger.info(
-            "replay: %d recordings from %s (%d unreadable segments)", len(index), directory, index.errors
-        )
-
     # -- fence changes ------------------------------------------------------------------------------------
     def _on_fence_change(self, kind: str, worker: str, fence: FenceInfo | None) -> None:
-        self.cursors.reset(worker)  # a new fence (or none) starts the worker's sequences over
-        if kind != "fence" or fence is None:
-            if (
-                self.index is not None
-                and not self.replay
-                and not any(f.mode == "mimic" for f in self.state.fences.values())
-            ):
-                self.index = None  # nobody to mimic for: free the memory, reload when needed
-            return
-        self.close_upstream(worker)
-        if fence.mode == "mimic":
-            try:
-                self._start_loading()
-            except RuntimeError:  # no running loop (state applied outside the proxy): load lazily
-                pass
+        if kind == "fence" and fence is not None:
+            self.close_upstream(worker)
 
     def close_upstream(self, worker: str) -> int:
         """Close every server connection opened for this worker's client connections."""

@@ -12,7 +12,7 @@ host, path, query and body sha256 after redaction, here also after the replay ma
 4. the same identity in any message (an endpoint the recording knows);
 5. nothing: the proxy answers 503 `unmatched`, which replay counts as a divergence.
 
-Each candidate sequence is replayed in recording order through the Fence addon's per-worker cursors
+Each candidate sequence is replayed in recording order through the mimic addon's per-worker cursors
 (repeated polls walk through what was recorded; past the end the last answer repeats).
 
 Pure (no mitmproxy): loaded off the event loop with `load_index`, read on it with `candidates`.
@@ -77,7 +77,7 @@ class ReplayIndex:
     def candidates(
         self, identity: Identity, message_id: str | None, call: int | None
     ) -> tuple[tuple[object, ...], list[Recording]] | None:
-        """The sequence to answer from and its cursor key (the Fence addon's contract), or None."""
+        """The sequence to answer from and its cursor key (the mimic addon's contract), or None."""
         if message_id is not None:
             if call is not None:
                 found = self.by_call.get((message_id, call, identity))
