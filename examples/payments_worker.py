@@ -4,6 +4,8 @@ tagged with the message being processed, so `strictq wirelog grep --message-id .
 The "payments backend" is a tiny aiohttp server this script starts on 127.0.0.1 (no network needed).
 Run with the client settings `strictq serve` wrote (they include STRICTQ_PROXY_URL):
     set -a; . var/strictq/client.env; set +a; .venv/bin/python examples/payments_worker.py
+
+Settings that cannot work end it with one line naming the setting, and exit status 1.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import asyncio
 
 from aiohttp import web
 
-from strictq.sdk import Entry, Message, Producer, Worker
+from strictq.sdk import Entry, Message, Producer, SetupError, Worker, WorkerError
 
 QUEUE = "demo-payments"
 
@@ -66,4 +68,7 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(asyncio.run(main()))
+    try:
+        raise SystemExit(asyncio.run(main()))
+    except (SetupError, WorkerError) as exc:  # one line naming the setting, no traceback
+        raise SystemExit(f"examples/payments_worker.py: {exc}") from None

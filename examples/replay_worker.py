@@ -31,7 +31,7 @@ import os
 import time
 from typing import Any
 
-from strictq.sdk import Message, Worker
+from strictq.sdk import Message, Worker, serve
 
 VARIANTS = ("same", "body", "added", "removed", "swapped", "fail", "audit")
 
@@ -89,15 +89,16 @@ def make_handler(args: argparse.Namespace, backend: str) -> Any:
     return handle
 
 
-async def main() -> None:
+async def main() -> int:
     args = parse_args()
     backend = os.environ.get("REPLAY_EXAMPLE_BACKEND", "http://127.0.0.1:8099").rstrip("/")
     worker = Worker(args.queue, make_handler(args, backend), wait=1.0, retry_backoff=(0.1, 1.0), grace=2.0)
-    worker.install_signal_handlers()  # SIGTERM: stop gracefully (replay stops its workers so)
-    await worker.run()
+    # SIGTERM: stop gracefully (replay stops its workers so); settings that cannot work: one line, exit 1/2
+    status = await serve(worker)
     print(f"acked {worker.stats.acked}, failed {worker.stats.failed}", flush=True)
+    return status
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    asyncio.run(main())
+    raise SystemExit(asyncio.run(main()))

@@ -2,13 +2,16 @@
 
 Run with the client settings `strictq serve` wrote:
     set -a; . var/strictq/client.env; set +a; .venv/bin/python examples/worker.py
+
+Settings that cannot work (STRICTQ_URL unset, a key the gateway refuses, a CA file that is missing or
+does not verify the gateway) end it with one line naming the setting, and exit status 1.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from strictq.sdk import Entry, Message, Producer, Worker
+from strictq.sdk import Entry, Message, Producer, SetupError, Worker, WorkerError
 
 QUEUE = "demo-orders"
 
@@ -32,12 +35,17 @@ async def main() -> None:
             done.set()
 
     worker = Worker(QUEUE, handle)  # STRICTQ_WORKER_ID / STRICTQ_WORKER_SECRET: the worker's credential
-    async with asyncio.TaskGroup() as tasks:
-        tasks.create_task(worker.run(), name="worker")
-        await asyncio.wait_for(done.wait(), 30)
-        worker.stop()
+    running = asyncio.create_task(worker.run(), name="worker")
+    finished = asyncio.create_task(done.wait(), name="done")
+    await asyncio.wait({running, finished}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    finished.cancel()
+    worker.stop()
+    await running  # raises the worker's WorkerError (or ConfigError) if it could not go on
     print(f"acked {worker.stats.acked}, failed {worker.stats.failed}")
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except (SetupError, WorkerError) as exc:  # one line naming the setting, no traceback
+        raise SystemExit(f"examples/worker.py: {exc}") from None

@@ -5,6 +5,7 @@ with `strictq.sdk.run` (SIGTERM: exit 0, Ctrl-C: exit 130). It says what it does
 --mode hang:   the handler runs until cancelled (a message in flight when the signal comes);
 --mode ok:     the handler returns at once;
 --mode charge: the handler POSTs the payload to --backend through `message.http` (the egress proxy).
+--backoff BASE CAP: the worker's full-jitter backoff (seconds) after a refused call or a failing poll.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def main() -> int:
     parser.add_argument("--backend", default="")
     parser.add_argument("--ttl", type=float, default=60.0)
     parser.add_argument("--grace", type=float, default=1.0)
+    parser.add_argument("--backoff", type=float, nargs=2, default=(0.1, 30.0), metavar=("BASE", "CAP"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 
@@ -39,7 +41,8 @@ def main() -> int:
                 response.raise_for_status()
         say("done", message)
 
-    worker = Worker(args.queue, handle, ttl=args.ttl, grace=args.grace, wait=0.5)
+    base, cap = args.backoff
+    worker = Worker(args.queue, handle, ttl=args.ttl, grace=args.grace, wait=0.5, backoff=(base, cap))
     return run(worker)
 
 

@@ -106,8 +106,14 @@ def test_config_from_environment() -> None:
         cfg.producer_key()
     with pytest.raises(ConfigError, match="STRICTQ_URL"):
         ClientConfig.from_env({})
+    # A worker's missing settings are raised by run() (strictq.sdk.run: one line, exit 2), not by Worker()
+    worker = Worker("q", handle_nothing, config=ClientConfig.from_env({"STRICTQ_URL": "http://x"}))
     with pytest.raises(ConfigError, match="STRICTQ_WORKER_SECRET"):
-        Worker("q", lambda m: asyncio.sleep(0), config=ClientConfig.from_env({"STRICTQ_URL": "http://x"}))
+        asyncio.run(worker.run())
+
+
+async def handle_nothing(message: Message) -> None:
+    return None
 
 
 # ------------------------------------------------------------------------------------------ workers
@@ -167,11 +173,14 @@ async def test_a_poison_message_backs_off_instead_of_spinning(gateway: Gateway) 
         raise RuntimeError("always fails")
 
     await send(gateway, "poison", [{"n": 1}], "g")
+    # The worker reports each failure; the core's retry policy spaces the retries (default 1 s doubling):
+    # 0.1 s doubling to 0.4 s here (the worker's retry_backoff is the same for a gateway without results).
+    await gateway.service.set_attributes("t1.poison", {"retry_backoff": 0.1, "retry_backoff_max": 0.4})
     worker = Worker("poison", handler, config=config(gateway), ttl=30.0, retry_backoff=(0.1, 0.4))
     async with asyncio.timeout(TEST_TIMEOUT), running(worker):
         await until(lambda: len(attempts) >= 4, what="four attempts")
     gaps = [b - a for a, b in itertools.pairwise(attempts)]
-    # Held 0.1, 0.2, then 0.4 s (capped) before each release: spaced out, never a hot loop.
+    # Retried after 0.1, 0.2, then 0.4 s (capped): spaced out, never a hot loop.
     assert all(gap >= expected * 0.9 for gap, expected in zip(gaps, (0.1, 0.2, 0.4), strict=False)), gaps
     assert worker.stats.acked == 0 and worker.stats.failed == len(attempts)
 
@@ -425,7 +434,7 @@ async def test_producer_batches_and_reports_per_entry_results(gateway: Gateway) 
         polled = await client.poll("orders", ttl=30, limit=100)
     by_group: dict[str, list[int]] = {}
     for m in polled:
-        by_group.setdefault(m["group"], []).append(m["payload"]["n"])
+        by_group.setdefault(m.group, []).append(m.payload["n"])
     assert by_group.pop("c1") == [1, 4] and by_group.pop("c2") == [2] and by_group.pop("c3") == [6, 7]
     assert by_group.pop("c5") == [12, 13, 14]
     assert list(by_group.values()) == [[5]]  # its own group

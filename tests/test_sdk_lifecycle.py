@@ -3,7 +3,7 @@ SIGTERM and Ctrl-C, and backs off (full jitter, bounded, logged once per step) w
 refuses its calls or its polls fail.
 
 The stop and proxy tests run the real `strictq serve` (gateway over TLS, queue core with failure
-management, egress proxy child; strictq.failover.System) and real SDK worker processes
+management, egress proxy child; scenarios.failover.System) and real SDK worker processes
 (tests/sdk_lifecycle_worker.py) sent real signals. The header and poll-backoff tests run an SDK worker
 in-process against a small aiohttp app on 127.0.0.1 standing in for the gateway, which records what it
 is sent.
@@ -28,13 +28,15 @@ from aiohttp import web
 from conftest import ROOT, ChildProcess
 from kit import launch, until
 
-from strictq.failover import QUEUE, Admin, Backend, Settings, System
+from scenarios.failover import QUEUE, Admin, Backend, Settings, System
 from strictq.sdk import CAPABILITIES_HEADER, ClientConfig, Entry, Message, Producer, Worker
 from strictq.sdk.backoff import Backoff
 from wirelog.reader import read_records
 
 WORKER_SCRIPT = Path(__file__).resolve().parent / "sdk_lifecycle_worker.py"
 TTL = 60.0  # far beyond every bounded wait below: a redelivery within them is a hand-back, not a lapse
+BLOCK_BACKOFF = ("0.05", "30")  # the blocked worker's refusal backoff: 0.05 s doubling (cap out of reach)
+BLOCK_WINDOW = 3.0  # how long the blocked worker is watched
 WAIT = 20.0  # bounded waits for what should happen at once
 TEST_TIMEOUT = 120.0
 
@@ -169,9 +171,10 @@ async def test_a_signal_mid_message_hands_it_to_another_worker_at_once(
 
 async def test_a_blocked_worker_backs_off_and_stops_cleanly(system: System, tmp_path: Path) -> None:
     """A worker fenced at the proxy (block): each refused call hands its message back and the worker
-    waits (full jitter, doubling up to 30 s) before polling again. Over 10 s it makes a bounded number of
-    attempts (today's SDK made ~65, a new lease each) and logs the backoff once per step; SIGTERM then
-    stops it cleanly, and once unfenced nothing is left fenced or counted against it."""
+    waits (full jitter, doubling from 0.05 s) before polling again. Over 3 s it makes a bounded number of
+    attempts (an SDK without the backoff made ~20, a new lease each: ~0.15 s per attempt here) and logs
+    the backoff once per step; SIGTERM then stops it cleanly, and once unfenced nothing is left fenced
+    or counted against it."""
     backend = Backend()
     await backend.start()
     admin = Admin(system)
@@ -180,10 +183,13 @@ async def test_a_blocked_worker_backs_off_and_stops_cleanly(system: System, tmp_
         async with asyncio.timeout(TEST_TIMEOUT):
             await admin.call("PUT", "/fences/worker-1", json={"mode": "block", "reason": "test: blocked"})
             await send(system, [{"group": "g1", "n": n} for n in (1, 2, 3)], "g1")
-            worker = start_worker(system, "worker-1", tmp_path, "charge", "--backend", backend.url)
+            worker = start_worker(
+                system, "worker-1", tmp_path, "charge", "--backend", backend.url, "--backoff", *BLOCK_BACKOFF
+            )
             await asyncio.to_thread(worker.lines_until, lambda line: line.startswith("started"))
             begun = time.time()
-            await asyncio.sleep(10.0)
+            await until(lambda: "backing off" in worker.full_log(), WAIT, what="the first refusal's backoff")
+            await asyncio.sleep(max(0.0, BLOCK_WINDOW - (time.time() - begun)))  # a bounded watch
             ended = time.time()
             code = await asyncio.to_thread(worker.signal_and_wait, signal.SIGTERM)
             assert_clean_exit(worker, code, 0)
@@ -211,10 +217,10 @@ async def test_a_blocked_worker_backs_off_and_stops_cleanly(system: System, tmp_
     leases = {r.get("lease") for r in refused}
     log = worker.log_path.read_text()
     backoff_lines = [line for line in log.splitlines() if "backing off" in line]
-    # Full jitter doubling from 0.1 s: ~8 attempts expected in 10 s; 25 is far below the ~65 of no backoff.
-    assert 1 <= len(in_window) <= 25, (len(in_window), len(refused))
-    assert len(leases) <= 30, leases
-    assert 1 <= len(backoff_lines) <= 10, backoff_lines  # once per step: 0.1 s doubling to 30 s
+    # Full jitter doubling from 0.05 s: ~6 attempts expected in 3 s; 12 is far below the ~20 of no backoff.
+    assert 1 <= len(in_window) <= 12, (len(in_window), len(refused))
+    assert len(leases) <= 15, leases
+    assert 1 <= len(backoff_lines) <= 12, backoff_lines  # once per step: 0.05 s doubling to 30 s
     assert len(backoff_lines) <= len(refused)
 
 
@@ -367,17 +373,26 @@ async def test_one_signal_stops_every_worker_of_the_loop() -> None:
 async def test_failing_polls_back_off_with_jitter_and_say_so_once_per_step(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The gateway answers 503 for 4 s: the worker retries a bounded number of times (no hot loop, no
-    line per retry), and says once that polls work again."""
+    """The gateway answers 503 until the backoff has reached its cap and ten more polls failed there: the
+    worker says so once per step of the backoff (no line per retry), waits between polls (no hot loop),
+    and says once that polls work again."""
     gateway = FakeGateway()
     gateway.poll_status = 503
     await gateway.start()
-    worker = Worker("orders", handle, config=local_config(gateway), ttl=30.0, backoff=(0.1, 1.0))
+    worker = Worker("orders", handle, config=local_config(gateway), ttl=30.0, backoff=(0.02, 0.2))
     caplog.set_level(logging.INFO, logger="strictq.sdk")
+
+    def backing_off() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "backing off" in r.getMessage()]
+
     try:
         async with asyncio.timeout(TEST_TIMEOUT):
             task = asyncio.create_task(worker.run())
-            await asyncio.sleep(4.0)
+            # 0.02, 0.04, 0.08, 0.16, then the 0.2 s cap: five steps, one line each
+            await until(lambda: len(backing_off()) >= 5, WAIT, what="the backoff to reach its cap")
+            at_cap, capped = len(gateway.polls), time.monotonic()
+            await until(lambda: len(gateway.polls) >= at_cap + 10, WAIT, what="ten polls at the cap")
+            spent = time.monotonic() - capped
             failed = len(gateway.polls)
             gateway.poll_status = 200
             await until(lambda: len(gateway.reported) == 2, WAIT, what="the messages once polls work")
@@ -386,10 +401,10 @@ async def test_failing_polls_back_off_with_jitter_and_say_so_once_per_step(
     finally:
         await gateway.stop()
     messages = [r.getMessage() for r in caplog.records if r.name == "strictq.sdk"]
-    backing_off = [m for m in messages if "backing off" in m]
-    # ~0.5 s on average per retry at the 1 s cap: about 8 polls in 4 s; without backoff there were 40+.
-    assert 2 <= failed <= 20, failed
-    assert 1 <= len(backing_off) <= 5, backing_off  # 0.1, 0.2, 0.4, 0.8, 1.0: one line per step
+    assert len(backing_off()) == 5, backing_off()  # none more at the cap: one line per step, not per retry
+    # Ten waits drawn from [0, 0.2 s] (mean 1 s in all) cannot all be tiny: a hot loop polls ten times in
+    # a few milliseconds (without the backoff: 40+ polls in 4 s, each answered at once).
+    assert spent >= 0.25, (spent, failed)
     assert len([m for m in messages if "works again" in m]) == 1, messages
 
 

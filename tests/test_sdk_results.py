@@ -12,7 +12,6 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-from unittest.mock import patch
 
 import pytest
 import trustme
@@ -28,7 +27,7 @@ from queue_core.failures import FailureManager
 from queue_core.fences import FenceRegistry
 from queue_core.machine.health import HealthSettings
 from queue_core.service import QueueService
-from strictq.sdk import AttemptFailed, EmoClient, History, Message, ResultsUnsupported, Worker
+from strictq.sdk import AttemptFailed, History, Message, Worker
 from strictq.sdk.attempt import MAX_JSON_BYTES, call_signature, result_item
 
 TEST_TIMEOUT = 20.0
@@ -286,7 +285,45 @@ async def test_without_a_probe_handler_probes_go_to_the_handler(tmp_path: Path) 
 
 
 # ------------------------------------------------------------------------------------ compatibility
-async def test_an_older_gateway_without_results_gets_acks_and_releases(gateway: Gateway) -> None:
+@contextlib.asynccontextmanager
+async def older_gateway(tmp_path: Path, asked: list[str]) -> AsyncIterator[Gateway]:
+    """The real gateway app as an older version serves it: without the results route. Its router never
+    sees `POST /queue/1/{queue}/results`: the innermost middleware answers it as an unmatched route
+    (aiohttp's HTTPNotFound, rendered by the gateway as 404 `no_such_route`) and notes the queue."""
+
+    @web.middleware
+    async def no_results_route(request: web.Request, handler: Any) -> web.StreamResponse:
+        prefix, _, queue_and_route = request.path.partition("/queue/1/")
+        queue, _, route = queue_and_route.partition("/")
+        if request.method == "POST" and not prefix and route == "results":
+            asked.append(queue)
+            raise web.HTTPNotFound()
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    ca = trustme.CA()
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(context)
+    service = QueueService(tmp_path / "queue")
+    await service.start()
+    keys = KeyRing(list(CREDENTIALS))
+    app = make_gateway_app(service, keys)
+    app.middlewares.append(no_results_route)  # innermost: after the gateway's error rendering
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
+    await site.start()
+    try:
+        yield Gateway(f"https://127.0.0.1:{runner.addresses[0][1]}", ca_file, service, keys)
+    finally:
+        service.stop_waiting()
+        await runner.cleanup()
+        await service.close()
+
+
+async def test_an_older_gateway_without_results_gets_acks_and_releases(tmp_path: Path) -> None:
     """A gateway answering 404 to the results route: the worker falls back to ack / release for good."""
     calls: list[str] = []
     order: list[str] = []
@@ -297,17 +334,12 @@ async def test_an_older_gateway_without_results_gets_acks_and_releases(gateway: 
         if n == 2 and order.count("m2") == 1:
             raise RuntimeError("fails once")
 
-    await send(gateway, "legacy", [{"n": 1}, {"n": 2}], "g")
-    worker = Worker("legacy", handle, config=config(gateway), ttl=30.0, retry_backoff=(0.05, 0.1))
-
-    async def unsupported(self: EmoClient, queue: str, results: Any) -> Any:
-        calls.append(queue)
-        raise ResultsUnsupported("no such route", 404, None)
-
-    # What EmoClient.report raises when the gateway answers the route with 404 no_such_route.
-    with patch.object(EmoClient, "report", unsupported):
+    async with older_gateway(tmp_path, calls) as gateway:
+        await send(gateway, "legacy", [{"n": 1}, {"n": 2}], "g")
+        worker = Worker("legacy", handle, config=config(gateway), ttl=30.0, retry_backoff=(0.05, 0.1))
         async with asyncio.timeout(TEST_TIMEOUT), running(worker):
             await until(lambda: worker.stats.acked == 2, what="both acked")
+        assert await size(gateway, "legacy") == 0
     assert order == ["m1", "m2", "m2"] and worker.report_results is False
     assert calls == ["legacy"]  # asked once, then acks and releases only
     assert worker.stats.released == 1 and worker.stats.reported == 0

@@ -4,7 +4,10 @@ One aiohttp `ClientSession` per client, verifying the gateway with `STRICTQ_CA_F
 in `X-BV-API-Key`. A worker's polls declare what it takes part in with `X-Strictq-Capabilities`
 (`results, probes`: docs/failure-management.md); a poll without it gets plain EmoDB semantics.
 Errors are `GatewayError` (with the HTTP status and the face's error body); a 409 on a fenced ack or renew
-is `LeaseRefused` (the claim was superseded or is no longer in flight).
+is `LeaseRefused` (the claim was superseded or is no longer in flight). Two are permanent and name the
+setting to fix (strictq.sdk.errors): `AuthRefused` (401/403: the key, named by `key_setting`) and
+`TLSFailed` (the gateway's certificate cannot be verified with STRICTQ_CA_FILE, or the scheme is wrong).
+Whether a failure is worth retrying is strictq.sdk.retry's decision, not this module's.
 """
 
 from __future__ import annotations
@@ -18,6 +21,26 @@ import orjson
 from protocol import headers
 
 from .config import ClientConfig
+from .errors import (
+    AuthRefused,
+    GatewayError,
+    LeaseRefused,
+    MalformedPollItem,
+    ResultsUnsupported,
+    TLSFailed,
+)
+from .item import PollItem, parse_poll
+
+__all__ = [
+    "API_KEY_HEADER",
+    "CAPABILITIES_HEADER",
+    "EmoClient",
+    "GatewayError",
+    "LeaseRefused",
+    "MalformedPollItem",
+    "PollItem",
+    "ResultsUnsupported",
+]
 
 API_KEY_HEADER = headers.API_KEY
 LEASE_HEADER = headers.LEASE
@@ -25,48 +48,22 @@ GROUP_HEADER = headers.GROUP
 CAPABILITIES_HEADER = headers.CAPABILITIES
 
 
-class GatewayError(Exception):
-    """The gateway refused a call or could not be reached (status 0)."""
-
-    def __init__(self, message: str, status: int = 0, body: Any = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = body
-
-    @property
-    def code(self) -> str | None:
-        if isinstance(self.body, dict) and isinstance(self.body.get("error"), dict):
-            code = self.body["error"].get("code")
-            return code if isinstance(code, str) else None
-        return None
-
-    @property
-    def transient(self) -> bool:
-        """Worth retrying: no answer at all, the store is unavailable, or too many requests."""
-        return self.status == 0 or self.status in (429, 502, 503, 504)
-
-
-class LeaseRefused(GatewayError):
-    """A fenced ack/renew was refused (409): the claim's token is stale or the message is not in flight."""
-
-    @property
-    def ids(self) -> list[str]:
-        if isinstance(self.body, dict):
-            details = (self.body.get("error") or {}).get("details") or {}
-            ids = details.get("ids")
-            if isinstance(ids, list):
-                return [i for i in ids if isinstance(i, str)]
-        return []
-
-
 class EmoClient:
     """`send`, `send_batch`, `poll`, `ack`, `renew` and `release` against one gateway."""
 
     def __init__(
-        self, config: ClientConfig, api_key: str, *, timeout: float = 30.0, prefix: str = "/queue/1"
+        self,
+        config: ClientConfig,
+        api_key: str,
+        *,
+        timeout: float = 30.0,
+        prefix: str = "/queue/1",
+        key_setting: str = "STRICTQ_API_KEY",
     ) -> None:
+        """`key_setting`: where `api_key` came from, named when the gateway refuses it."""
         self.config = config
         self.base = config.url + prefix
+        self.key_setting = key_setting
         self._api_key = api_key
         self._timeout = timeout
         self._session: aiohttp.ClientSession | None = None
@@ -118,8 +115,11 @@ class EmoClient:
             ) as resp:
                 raw = await resp.read()
                 status = resp.status
+        except aiohttp.ClientSSLError as exc:
+            raise self._tls_failed(exc) from None
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise GatewayError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+            sent = not isinstance(exc, aiohttp.ClientConnectorError)  # refused before the request left
+            raise GatewayError(f"{method} {path}: {type(exc).__name__}: {exc}", sent=sent) from exc
         try:
             answer = orjson.loads(raw) if raw else None
         except orjson.JSONDecodeError:
@@ -128,9 +128,33 @@ class EmoClient:
             message = f"{method} {path}: HTTP {status}"
             if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
                 message += f" {answer['error'].get('code')}: {answer['error'].get('message')}"
+            if status in (401, 403):
+                raise AuthRefused(
+                    f"the gateway at {self.config.url} refuses the key in {self.key_setting} ({message}); "
+                    f"check {self.key_setting}",
+                    status,
+                    answer,
+                )
             cls = LeaseRefused if status == 409 else GatewayError
             raise cls(message, status, answer)
         return answer
+
+    def _tls_failed(self, exc: aiohttp.ClientSSLError) -> TLSFailed:
+        """The one line a TLS failure deserves: which CA was used, from which setting, and what to do."""
+        url = self.config.url
+        reason = getattr(exc, "certificate_error", None) or exc.os_error
+        if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+            if self.config.ca_file:
+                trust = f"STRICTQ_CA_FILE={self.config.ca_file}"
+                advice = "is it this gateway's CA? (`strictq serve` writes client.env naming its CA file)"
+            else:
+                trust = "the system trust store (STRICTQ_CA_FILE is not set)"
+                advice = "set STRICTQ_CA_FILE to the gateway's CA file (`strictq serve` writes client.env)"
+            return TLSFailed(f"cannot verify the certificate of {url} with {trust}: {reason}; {advice}")
+        return TLSFailed(
+            f"TLS handshake with {url} failed: {reason}; does the server speak HTTPS on that port? "
+            "(STRICTQ_URL: https:// for `strictq serve`, http:// only with --insecure-http)"
+        )
 
     # -- producer side ---------------------------------------------------------------------------------
 
@@ -153,9 +177,11 @@ class EmoClient:
         limit: int,
         wait: float | None = None,
         capabilities: Sequence[str] = (),
-    ) -> list[dict[str, Any]]:
+    ) -> list[PollItem]:
         """Claim up to `limit` messages for `ttl` seconds. `capabilities` (e.g. `("results", "probes")`) are
-        declared in `X-Strictq-Capabilities`: the worker opts in to failure management for this poll."""
+        declared in `X-Strictq-Capabilities`: the worker opts in to failure management for this poll.
+        An answer that is not a list of poll items raises `MalformedPollItem` (naming the item and field;
+        its `items` are the ones of the answer that could be read, claimed all the same)."""
         params = {"ttl": f"{ttl:g}", "limit": str(limit)}
         headers = {CAPABILITIES_HEADER: ", ".join(capabilities)} if capabilities else None
         timeout = None
@@ -165,11 +191,7 @@ class EmoClient:
         answer = await self._call(
             "GET", f"/{queue}/poll", params=params, headers=headers, request_timeout=timeout
         )
-        if not isinstance(answer, list):
-            raise GatewayError(
-                f"poll of {queue}: expected a JSON list, got {type(answer).__name__}", 200, answer
-            )
-        return [m for m in answer if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        return parse_poll(answer, queue)
 
     async def ack(self, queue: str, ids: Sequence[str], token: int | str | None) -> None:
         await self._call("POST", f"/{queue}/ack", body=list(ids), headers=_lease(token))
@@ -211,10 +233,6 @@ class EmoClient:
         if not isinstance(items, list) or len(items) != len(results):
             raise GatewayError(f"results of {queue}: unexpected answer {answer!r}"[:300], 200, answer)
         return [i if isinstance(i, dict) else {} for i in items]
-
-
-class ResultsUnsupported(GatewayError):
-    """The gateway has no results route (an older version): ack and release are all it takes."""
 
 
 def _lease(token: int | str | None) -> dict[str, str]:

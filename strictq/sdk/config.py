@@ -18,7 +18,12 @@ import ssl
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
+
+from yarl import URL
+
+from .errors import ConfigError
 
 ENV_VARS = (
     "STRICTQ_URL",
@@ -30,9 +35,7 @@ ENV_VARS = (
     "STRICTQ_PROXY_CA_FILE",
 )
 
-
-class ConfigError(ValueError):
-    """The configuration lacks something the caller needs; the message names the variable."""
+__all__ = ["ENV_VARS", "ClientConfig", "ConfigError"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +72,16 @@ class ClientConfig:
         return replace(config, **overrides) if overrides else config
 
     def __post_init__(self) -> None:
+        example = "e.g. https://127.0.0.1:8443"
         if not self.url.startswith(("http://", "https://")):
-            raise ConfigError(f"STRICTQ_URL must be an http(s) URL, not {self.url!r}")
+            raise ConfigError(f"STRICTQ_URL must be an http(s) URL ({example}), not {self.url!r}")
+        try:
+            parsed = URL(self.url)
+            valid = bool(parsed.host) and parsed.port is not None
+        except ValueError:  # e.g. a port that is not a number
+            valid = False
+        if not valid or parsed.query_string or parsed.fragment:
+            raise ConfigError(f"STRICTQ_URL is not a valid gateway URL ({example}): {self.url!r}")
         object.__setattr__(self, "url", self.url.rstrip("/"))
 
     # -- what each role needs -------------------------------------------------------------------------
@@ -102,14 +113,29 @@ class ClientConfig:
     # -- TLS -----------------------------------------------------------------------------------------
 
     def gateway_ssl(self) -> ssl.SSLContext | None:
-        """Verification context for the gateway: its CA file, or the system trust store."""
+        """Verification context for the gateway: its CA file, or the system trust store. A CA file that
+        is missing or not a PEM certificate is a `ConfigError` naming STRICTQ_CA_FILE and the path."""
         if not self.url.startswith("https://"):
             return None
-        return ssl.create_default_context(cafile=self.ca_file)
+        context = ssl.create_default_context()
+        if self.ca_file:
+            _load_ca(context, "STRICTQ_CA_FILE", self.ca_file, "the CA that signed the gateway's certificate")
+        return context
 
     def outbound_ssl(self) -> ssl.SSLContext:
         """For outbound HTTPS: the system trust store plus the proxy's CA (it re-signs what it intercepts)."""
         context = ssl.create_default_context()
         if self.proxy_ca_file:
-            context.load_verify_locations(cafile=self.proxy_ca_file)
+            _load_ca(context, "STRICTQ_PROXY_CA_FILE", self.proxy_ca_file, "the egress proxy's CA")
         return context
+
+
+def _load_ca(context: ssl.SSLContext, setting: str, path: str, what: str) -> None:
+    """Trust the CA in `path`, or say which setting names a file that is not one."""
+    where = Path(path).resolve()
+    try:
+        context.load_verify_locations(cafile=path)
+    except FileNotFoundError:
+        raise ConfigError(f"{setting}={path}: no such file ({where}; it should hold {what})") from None
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"{setting}={path}: not a PEM certificate file ({where}: {exc})") from None

@@ -11,24 +11,33 @@ one after another in order, and each entry's `SendResult.status` is:
 
 - `sent`: the gateway accepted it;
 - `failed`: refused (the request was refused before anything was sent, or this is the entry the error
-  names);
+  names), or not sent at all (the connection was refused for `retry_for` seconds);
 - `unknown`: the request failed in a way that leaves this entry's fate open (no answer, a server error, or
   several failures of which only the first is named): it may have been sent;
 - `skipped`: not sent because an earlier entry of the same group did not go through (sending it would
   break the group's order).
 
 Entries without a group are sent without one: the queue gives each its own group (unordered traffic).
+A request that cannot have been applied (the connection was refused, 429, an answer marked retriable) is
+retried with full jitter for up to `retry_for` seconds (strictq.sdk.retry); one whose fate is open (no
+answer after sending, a 5xx) is not: its entries are `unknown`. Settings that cannot work raise instead
+of giving a status per entry, one error naming the setting: `ConfigError` (STRICTQ_URL, STRICTQ_API_KEY,
+STRICTQ_CA_FILE missing or invalid), `AuthRefused` (the gateway does not take STRICTQ_API_KEY: 401/403),
+`TLSFailed` (the gateway's certificate cannot be verified with STRICTQ_CA_FILE); all are `SetupError`s.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .client import EmoClient, GatewayError
+from .client import EmoClient
 from .config import ClientConfig
+from .errors import GatewayError, SetupError
+from .retry import Retry
 
 Status = Literal["sent", "failed", "unknown", "skipped"]
 
@@ -61,9 +70,14 @@ class Producer:
         max_batch: int = 100,
         linger: float = 0.005,
         timeout: float = 30.0,
+        retry_for: float = 5.0,
     ) -> None:
+        """`retry_for`: how long a request that cannot have been applied is retried (0: not at all)."""
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
+        if retry_for < 0:
+            raise ValueError("retry_for must not be negative")
+        self.retry_for = retry_for
         self.config = config or ClientConfig.from_env()
         self.max_batch = max_batch
         self.linger = linger
@@ -97,9 +111,13 @@ class Producer:
         by_group: dict[str | None, list[int]] = {}
         for index, entry in enumerate(items):
             by_group.setdefault(entry.group, []).append(index)
-        async with asyncio.TaskGroup() as tg:
-            for group, indexes in by_group.items():
-                tg.create_task(self._send_group(group, indexes, items, results), name=f"strictq-send-{group}")
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for group, indexes in by_group.items():
+                    name = f"strictq-send-{group}"
+                    tg.create_task(self._send_group(group, indexes, items, results), name=name)
+        except* SetupError as failed:  # every request fails alike: one error, not a status per entry
+            raise failed.exceptions[0] from None
         sent = [r for r in results if r is not None]
         assert len(sent) == len(results)  # every group's task filled its entries
         return sent
@@ -113,10 +131,14 @@ class Producer:
             for index in chunk:
                 by_queue.setdefault(items[index].queue, []).append(index)
             self.requests += 1
+            batch = {queue: [items[i].payload for i in idx] for queue, idx in by_queue.items()}
+            retry = Retry(f"send to {', '.join(by_queue)}", 0.05, 1.0, idempotent=False)
+            deadline = asyncio.get_running_loop().time() + self.retry_for
             try:
-                await self._client.send_batch(
-                    {queue: [items[i].payload for i in idx] for queue, idx in by_queue.items()}, group=group
-                )
+                send = functools.partial(self._client.send_batch, batch, group=group)
+                await retry.call(send, deadline=deadline)
+            except SetupError:
+                raise
             except GatewayError as exc:
                 for index, status in _statuses(exc, chunk, by_queue):
                     results[index] = SendResult(index, items[index], status, exc)
@@ -145,8 +167,10 @@ class Producer:
     async def flush(self) -> None:
         """Send everything buffered now and wait for every flush in progress."""
         self._start_flush()
-        while self._flushes:
-            await asyncio.gather(*list(self._flushes), return_exceptions=True)
+        # Only the flushes still running: a finished one may wait for its discard callback, and gather of
+        # done tasks completes without yielding (Python 3.12), which would spin here forever.
+        while pending := [task for task in self._flushes if not task.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
 
     def _start_flush(self) -> None:
         if self._timer is not None:
@@ -188,6 +212,6 @@ def _statuses(
         named = by_queue[queue][position]
         others: Status = "sent" if failed == 1 else "unknown"
         return [(i, "failed" if i == named else others) for i in chunk]
-    if 400 <= exc.status < 500 and exc.status not in (408, 429):
+    if not exc.sent or (400 <= exc.status < 500 and exc.status not in (408, 429)):
         return [(i, "failed") for i in chunk]  # refused before anything was sent
     return [(i, "unknown") for i in chunk]

@@ -15,9 +15,14 @@ What it does, against the gateway's EmoDB face:
 - Polls with a claim ttl, declaring `X-Strictq-Capabilities: results, probes` on every poll (it reports
   attempt results and handles probes: failure management applies to it; without the results route, or
   with `report_results=False`, it declares nothing and gets plain EmoDB semantics). An empty poll is
-  followed by a bounded backoff (0.05 s doubling to 0.5 s). A failing poll (gateway down, 5xx) backs off
-  with full jitter (`backoff`, default 0.1 s doubling to 30 s, reset by a poll that works), logged once
-  per step of the backoff, not per retry.
+  followed by a bounded backoff (0.05 s doubling to 0.5 s). A poll that fails for a transient reason
+  (gateway down, 5xx, 429: strictq.sdk.retry decides) backs off with full jitter (`backoff`, default 0.1 s
+  doubling to 30 s, reset by a poll that works), logged once per step of the backoff, not per retry. A
+  permanent failure stops the worker with one clear error (`WorkerError`): the gateway refuses its key
+  (401/403: STRICTQ_WORKER_ID / STRICTQ_WORKER_SECRET), its certificate cannot be verified
+  (STRICTQ_CA_FILE), the queue name is refused, or the answer is not a list of poll items. Missing or
+  invalid settings (`ConfigError`) are raised by `run()`, not by the constructor, so `strictq.sdk.run`
+  reports them as one line too.
   With `wait=` set, each poll long-polls up to that many seconds on the face (a stop then waits for the
   poll in flight, so keep it short).
 - A poll claims whole groups (strict FIFO). The messages of one group are processed one at a time in seq
@@ -86,9 +91,19 @@ from .attempt import (
     result_item,
 )
 from .backoff import Backoff
-from .client import EmoClient, GatewayError, LeaseRefused, ResultsUnsupported
+from .client import EmoClient
 from .config import ClientConfig
+from .errors import (
+    ConfigError,
+    GatewayError,
+    LeaseRefused,
+    MalformedPollItem,
+    ResultsUnsupported,
+    SetupError,
+)
+from .item import PollItem
 from .outbound import CURRENT, Tags, proxy_authorization, tagged_session
+from .retry import Retry, transient
 
 log = logging.getLogger("strictq.sdk")
 
@@ -98,6 +113,9 @@ MAX_ERROR_BACKOFF = 1.0  # retries of one ack / report / renew within the claim'
 CAPABILITY_RESULTS = "results"  # X-Strictq-Capabilities: the worker reports attempt results
 CAPABILITY_PROBES = "probes"  # ... and handles probes (failure management's dummy messages)
 EXIT_SIGINT = 130  # 128 + SIGINT, the shell's convention for Ctrl-C
+EXIT_FAILED = 1  # a worker could not go on (WorkerError)
+EXIT_CONFIG = 2  # settings missing or invalid (ConfigError), as the CLI's usage errors
+WORKER_KEY_SETTING = "STRICTQ_WORKER_ID/STRICTQ_WORKER_SECRET"
 
 
 @dataclass(slots=True)
@@ -114,7 +132,7 @@ class Message:
     payload: Any
     http: aiohttp.ClientSession = field(repr=False)
     worker_id: str = ""
-    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)  # the poll item's JSON (PollItem.raw)
     probe: bool = False  # a dummy message of failure management: exercise the handler path, no real work
     history: History = EMPTY_HISTORY  # prior failed attempts' log data (empty on a first delivery)
     steps: list[dict[str, Any]] = field(default_factory=list)  # completed in this attempt (use step())
@@ -151,7 +169,8 @@ class WorkerStats:
 
 
 class WorkerError(Exception):
-    """The worker cannot go on (e.g. the gateway refuses its credential or the queue name)."""
+    """The worker cannot go on (e.g. the gateway refuses its credential or the queue name); the message is
+    the one line to show, naming the setting to fix when it is one."""
 
 
 class Worker:
@@ -185,9 +204,17 @@ class Worker:
             raise ValueError("ttl must be positive, limit and concurrency at least 1")
         if not 0 < backoff[0] <= backoff[1]:
             raise ValueError("backoff must be (base, cap) with 0 < base <= cap")
-        self.config = config or ClientConfig.from_env()
-        self._api_key = self.config.worker_key()
-        self.worker_id = self.config.worker_id or ""
+        # Settings from the environment are checked here but a problem is raised by run(), so that
+        # `raise SystemExit(run(Worker(...)))` reports it as one line (strictq.sdk.run), not a traceback.
+        self._config: ClientConfig | None = None
+        self._setup_error: ConfigError | None = None
+        self._api_key = ""
+        try:
+            self._config = config or ClientConfig.from_env()
+            self._api_key = self._config.worker_key()
+        except ConfigError as exc:
+            self._setup_error = exc
+        self.worker_id = (self._config.worker_id if self._config is not None else None) or ""
         self.queue = queue
         self.handler = handler
         self.probe_handler = probe
@@ -204,14 +231,17 @@ class Worker:
         # the core's retry policy delays retries; a proxy refusal pauses polling instead (`backoff`).
         self.retry_backoff = retry_backoff
         self.backoff = backoff
-        self._poll_backoff = Backoff(*backoff)  # polls that fail (gateway down, 5xx)
+        self._polls = Retry(f"poll of {queue}", *backoff, log_steps=True)  # gateway down, 5xx, 429
         self._refusals = Backoff(*backoff)  # calls the egress proxy refused (block, stale-lease, 407)
         self._refusal_epoch = 0  # +1 per counted refusal: claims polled before it belong to that episode
         self._paused_until = 0.0  # loop time before which no poll is made (the refusal backoff)
         self.stop_signal: int | None = None  # the signal that stopped the worker (install_signal_handlers)
         self.stats = WorkerStats()
-        self._proxy_headers = proxy_authorization(self.config.worker_id, self.config.worker_secret)
-        self._proxy_url = self.config.proxy_for(self.worker_id)  # one of several proxy processes
+        self._proxy_headers: dict[str, str] = {}
+        self._proxy_url: str | None = None
+        if self._config is not None:
+            self._proxy_headers = proxy_authorization(self._config.worker_id, self._config.worker_secret)
+            self._proxy_url = self._config.proxy_for(self.worker_id)  # one of several proxy processes
         self._stopping = asyncio.Event()
         self._changed = asyncio.Event()  # a run finished or stop was asked: the poller may go on
         self._stop_now = asyncio.Event()  # the grace is over (or a second stop/signal)
@@ -225,6 +255,14 @@ class Worker:
         self._poll_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------------------------- public API
+
+    @property
+    def config(self) -> ClientConfig:
+        """The worker's settings; the `ConfigError` they had when they could not be read."""
+        if self._config is None:
+            assert self._setup_error is not None
+            raise self._setup_error
+        return self._config
 
     @property
     def http(self) -> aiohttp.ClientSession:
@@ -276,11 +314,17 @@ class Worker:
             raise RuntimeError("a Worker runs once; make a new one")
         self._started = True
         loop = asyncio.get_running_loop()
-        self._gateway = EmoClient(self.config, self._api_key, timeout=self.gateway_timeout)
-        self._gateway.open()
-        self._connector = aiohttp.TCPConnector(ssl=self.config.outbound_ssl())
-        self._http = self._session(None)
         try:
+            if self._setup_error is not None:
+                raise self._setup_error
+            outbound = self.config.outbound_ssl()  # a CA file that is not there: ConfigError, nothing open
+            self.config.gateway_ssl()
+            self._gateway = EmoClient(
+                self.config, self._api_key, timeout=self.gateway_timeout, key_setting=WORKER_KEY_SETTING
+            )
+            self._gateway.open()
+            self._connector = aiohttp.TCPConnector(ssl=outbound)
+            self._http = self._session(None)
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
                 self._poll_task = tg.create_task(self._poll_loop(), name=f"strictq-poll-{self.queue}")
@@ -290,15 +334,19 @@ class Worker:
         finally:
             self._tg = None
             _Signals.of(loop).remove(self)  # the signals go back as they were once no worker needs them
-            await self._http.close()
-            await self._connector.close()
-            await self._gateway.close()
+            if self._http is not None:
+                await self._http.close()
+            if self._connector is not None:
+                await self._connector.close()
+            if self._gateway is not None:
+                await self._gateway.close()
             self._http = None
 
     # ---------------------------------------------------------------------------------------- polling
 
     async def _poll_loop(self) -> None:
-        assert self._gateway is not None
+        gateway = self._gateway
+        assert gateway is not None
         loop = asyncio.get_running_loop()
         backoff = MIN_BACKOFF
         while not self._stopping.is_set():
@@ -311,34 +359,22 @@ class Worker:
                 await self._sleep(paused)
                 continue
             started = loop.time()
-            try:
-                messages = await self._gateway.poll(
-                    self.queue,
-                    ttl=self.ttl,
-                    limit=min(self.limit, free),
-                    wait=self.wait,
-                    capabilities=self.capabilities,
+            limit = min(self.limit, free)
+
+            async def poll(limit: int = limit) -> list[PollItem]:
+                return await gateway.poll(
+                    self.queue, ttl=self.ttl, limit=limit, wait=self.wait, capabilities=self.capabilities
                 )
+
+            try:  # transient failures are retried (full jitter, logged once per step): strictq.sdk.retry
+                messages = await self._polls.call(poll, sleep=self._sleep, give_up=self._stopping.is_set)
             except GatewayError as exc:
-                if not exc.transient and exc.status in (400, 401, 403, 404):
-                    self.stop(0)
-                    raise WorkerError(
-                        f"the gateway refuses to let worker {self.worker_id!r} poll: {exc}"
-                    ) from exc
-                delay, grew = self._poll_backoff.fail()
-                if grew:  # once per step of the backoff, not per retry
-                    log.warning(
-                        "poll of %s failed (%s); backing off, up to %.1f s between polls (%d failure(s) "
-                        "in a row)",
-                        self.queue,
-                        exc,
-                        self._poll_backoff.ceiling,
-                        self._poll_backoff.failures,
-                    )
-                await self._sleep(delay)
-                continue
-            if failures := self._poll_backoff.succeed():
-                log.info("poll of %s works again after %d failure(s)", self.queue, failures)
+                if isinstance(exc, MalformedPollItem) and exc.items:
+                    await self._release_polled(exc.items, "the poll answer was malformed")
+                if self._stopping.is_set() and transient(exc):
+                    break
+                self.stop(0)
+                raise WorkerError(self._refused_poll(exc)) from exc
             self.stats.polls += 1
             self.stats.received += len(messages)
             if messages and self._stopping.is_set():
@@ -353,18 +389,27 @@ class Worker:
                 await self._sleep(backoff - elapsed)
             backoff = min(backoff * 2, MAX_BACKOFF)
 
+    def _refused_poll(self, error: GatewayError) -> str:
+        """The one line for a poll that cannot succeed (strictq.sdk.run logs it and exits 1)."""
+        who = f"worker {self.worker_id!r} on queue {self.queue!r}"
+        if isinstance(error, SetupError):  # the message names the setting
+            return f"{who}: {error}"
+        if isinstance(error, MalformedPollItem):
+            hint = "is STRICTQ_URL a strictq gateway?"
+            return f"{who}: the gateway's poll answer cannot be read ({error}); {hint}"
+        return f"the gateway refuses to let {who} poll: {error}"
+
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
 
-    def _dispatch(self, messages: Sequence[dict[str, Any]], claimed_at: float) -> None:
+    def _dispatch(self, messages: Sequence[PollItem], claimed_at: float) -> None:
         assert self._tg is not None
-        by_group: dict[str, list[dict[str, Any]]] = {}
-        for raw in messages:
-            group = raw.get("group")
-            by_group.setdefault(group if isinstance(group, str) and group else raw["id"], []).append(raw)
+        by_group: dict[str, list[PollItem]] = {}
+        for item in messages:
+            by_group.setdefault(item.group, []).append(item)
         for group, items in by_group.items():
-            items.sort(key=_seq)
+            items.sort(key=lambda item: item.seq)
             previous = self._runs.get(group)
             if previous is not None and not previous.finished.is_set():
                 # A new claim on a group this process still works on: the old token is stale.
@@ -382,7 +427,7 @@ class Worker:
             del self._runs[run.group]
         self._changed.set()
 
-    async def _release_polled(self, messages: Sequence[dict[str, Any]], reason: str) -> None:
+    async def _release_polled(self, messages: Sequence[PollItem], reason: str) -> None:
         assert self._gateway is not None
         for token, ids in _by_token(messages).items():
             try:
@@ -490,7 +535,7 @@ class _GroupRun:
         self,
         worker: Worker,
         group: str,
-        messages: list[dict[str, Any]],
+        messages: list[PollItem],
         claimed_at: float,
         previous: _GroupRun | None,
     ) -> None:
@@ -499,7 +544,7 @@ class _GroupRun:
         self.held = messages  # claimed and neither acked nor released, in seq order
         self.expires = claimed_at + worker.ttl  # local, conservative: from when the poll was sent
         self.previous = previous
-        self.probe = any(raw.get("probe") is True for raw in messages)  # not a claim: no heartbeat
+        self.probe = any(m.probe for m in messages)  # not a claim: no heartbeat
         self.finished = asyncio.Event()
         self.lost: str | None = None  # the claim is gone: nothing more to ack, renew or release
         self.release_reason: str | None = None
@@ -552,33 +597,35 @@ class _GroupRun:
                 self.finished.set()
                 worker._run_finished(self)
 
-    async def _process(self, raw: dict[str, Any]) -> bool:
+    async def _process(self, polled: PollItem) -> bool:
         """Run the handler on the group's next message and report how it went; False stops the group."""
         worker = self.worker
         assert worker._tg is not None
-        attempt = raw.get("receive_count") or raw.get("attempt") or 1
-        tags = Tags.for_item(worker.queue, raw, self.group, int(attempt))  # echoes the item's queue_ref
+        attempt = polled.attempt
+        token = polled.token if polled.token is not None else ""
+        # X-Strictq-Queue echoes the item's queue_ref (the worker's queue name from an older gateway)
+        tags = Tags(polled.queue_ref or worker.queue, polled.id, self.group, token, attempt)
         session = worker._session(tags)
-        probe = raw.get("probe") is True
+        probe = polled.probe
         message = Message(
             queue=worker.queue,
-            id=raw["id"],
+            id=polled.id,
             group=self.group,
-            seq=_seq(raw),
-            token=raw.get("token", ""),
-            attempt=int(attempt),
-            payload=raw.get("payload"),
+            seq=polled.seq,
+            token=token,
+            attempt=attempt,
+            payload=polled.payload,
             http=session,
             worker_id=worker.worker_id,
-            raw=raw,
+            raw=dict(polled.raw),
             probe=probe,
-            history=History.from_poll(raw.get("history")),
+            history=polled.history,
         )
         self.current = tags
         loop = asyncio.get_running_loop()
         started = loop.time()
         task = worker._tg.create_task(
-            worker._invoke(message, tags), name=f"strictq-handler-{worker.queue}-{raw['id']}"
+            worker._invoke(message, tags), name=f"strictq-handler-{worker.queue}-{polled.id}"
         )
         tags.task = task
         try:
@@ -594,9 +641,9 @@ class _GroupRun:
             worker.stats.probes += 1
         error = None if task.cancelled() else task.result()
         if tags.fenced is not None:  # a fenced or stale worker backs off instead of polling straight on
-            worker._refused(f"{tags.fenced.action} for message {raw['id']}", self.epoch)
+            worker._refused(f"{tags.fenced.action} for message {polled.id}", self.epoch)
         elif error is not None and _proxy_auth_refused(error):
-            worker._refused(f"407 for message {raw['id']}", self.epoch)
+            worker._refused(f"407 for message {polled.id}", self.epoch)
         elif tags.calls:
             worker._passed(self.epoch)
         if task.cancelled() or tags.aborted:
@@ -604,18 +651,18 @@ class _GroupRun:
             worker.stats.failed += 1
             worker.stats.probes_failed += probe
             if tags.fenced is not None and tags.fenced.action == "stale-lease":
-                self.lose(f"message {raw['id']}: {reason}")
+                self.lose(f"message {polled.id}: {reason}")
             else:  # handed back at once (not_attempted): another worker takes it while this one backs off
-                self.release_reason = f"message {raw['id']}: {reason}"
+                self.release_reason = f"message {polled.id}: {reason}"
             return False
         if error is None:
-            return await self._succeeded(raw, message, duration_ms)
+            return await self._succeeded(polled, message, duration_ms)
         worker.stats.failed += 1
         worker.stats.probes_failed += probe
-        reason = f"message {raw['id']} attempt {attempt}: handler raised {error!r}"
+        reason = f"message {polled.id} attempt {attempt}: handler raised {error!r}"
         log.warning(
             "handler failed on message %s (group %s of %s, attempt %s)%s: %s",
-            raw["id"],
+            polled.id,
             self.group,
             worker.queue,
             attempt,
@@ -624,9 +671,9 @@ class _GroupRun:
             exc_info=None if isinstance(error, AttemptFailed) else error,
         )
         if worker.report_results is not False:
-            item = self._failed_item(raw, message, error, tags, duration_ms)
-            why = f"an earlier message of the group failed ({raw['id']})"
-            rest = [result_item(r["id"], r.get("token"), "not_attempted", reason=why) for r in self.held[1:]]
+            item = self._failed_item(polled, message, error, tags, duration_ms)
+            why = f"an earlier message of the group failed ({polled.id})"
+            rest = [result_item(r.id, r.token, "not_attempted", reason=why) for r in self.held[1:]]
             if await self._report([item, *rest], reason) is not None:
                 worker.stats.note(reason)
                 return False
@@ -636,7 +683,7 @@ class _GroupRun:
         return False
 
     def _failed_item(
-        self, raw: dict[str, Any], message: Message, error: BaseException, tags: Tags, duration_ms: float
+        self, polled: PollItem, message: Message, error: BaseException, tags: Tags, duration_ms: float
     ) -> dict[str, Any]:
         partial = message.partial
         fields = dict(message.fields)
@@ -645,8 +692,8 @@ class _GroupRun:
             fields.update(error.fields)
         progressed = bool(message.steps) or partial is not None
         return result_item(
-            raw["id"],
-            raw.get("token"),
+            polled.id,
+            polled.token,
             "partial" if progressed else "failed",
             reason=failure_reason(error),
             signature=failure_signature(error, tags.last_failed_call),
@@ -656,25 +703,30 @@ class _GroupRun:
             duration_ms=duration_ms,
         )
 
-    async def _succeeded(self, raw: dict[str, Any], message: Message, duration_ms: float) -> bool:
+    async def _succeeded(self, polled: PollItem, message: Message, duration_ms: float) -> bool:
         worker = self.worker
         if worker.report_results is not False:
             item = result_item(
-                raw["id"],
-                raw.get("token"),
+                polled.id,
+                polled.token,
                 "succeeded",
                 steps=message.steps,
                 partial=message.partial,
                 fields=message.fields,
                 duration_ms=duration_ms,
             )
-            reported = await self._report([item], f"message {raw['id']} succeeded")
+            reported = await self._report([item], f"message {polled.id} succeeded")
             if reported is not None:
                 return reported
         if message.probe:  # without the results route a probe has nowhere to go
             self.held.pop(0)
             return True
-        return await self._ack(raw)
+        return await self._ack(polled)
+
+    @staticmethod
+    def _retry(what: str) -> Retry:
+        """Retries of one ack or report: full jitter from 0.05 s up to 1 s, within the claim's ttl."""
+        return Retry(what, MIN_BACKOFF, MAX_ERROR_BACKOFF)
 
     def _backoff(self, attempt: Any) -> float:
         base, ceiling = self.worker.retry_backoff
@@ -685,32 +737,28 @@ class _GroupRun:
         True: all taken (for a single `succeeded`: it is deleted); False: the claim is gone or the report
         could not be made (the rest is handed back by `run`); None: the gateway has no results route."""
         worker = self.worker
-        assert worker._gateway is not None
-        delay = MIN_BACKOFF
+        gateway = worker._gateway
+        assert gateway is not None
         async with self.lock:
-            while True:
-                try:
-                    statuses = await worker._gateway.report(worker.queue, items)
-                    break
-                except ResultsUnsupported as exc:
-                    worker._unsupported(exc)
-                    return None
-                except GatewayError as exc:
-                    loop = asyncio.get_running_loop()
-                    if not exc.transient or loop.time() + delay >= self.expires:
-                        self.release_reason = f"report for {what} failed: {exc}"
-                        log.error("report of %s in %s failed: %s", what, worker.queue, exc)
-                        return False
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, MAX_ERROR_BACKOFF)
+            try:  # transient failures retried within the claim's ttl (strictq.sdk.retry)
+                statuses = await self._retry(f"report of {what}").call(
+                    lambda: gateway.report(worker.queue, items), deadline=self.expires
+                )
+            except ResultsUnsupported as exc:
+                worker._unsupported(exc)
+                return None
+            except GatewayError as exc:
+                self.release_reason = f"report for {what} failed: {exc}"
+                log.error("report of %s in %s failed: %s", what, worker.queue, exc)
+                return False
             if worker.report_results is None:
                 worker.report_results = True
             ok = True
-            for raw, item, status in zip(self.held, items, statuses, strict=False):
+            for polled, item, status in zip(self.held, items, statuses, strict=False):
                 code = status.get("status")
                 if code == "ok" or (code == "gone" and item["outcome"] == "succeeded"):
                     worker.stats.reported += code == "ok"
-                    if raw.get("probe") is True:
+                    if polled.probe:
                         pass
                     elif item["outcome"] == "succeeded":
                         worker.stats.acked += 1
@@ -727,26 +775,22 @@ class _GroupRun:
                 del self.held[: len(items)]
         return ok
 
-    async def _ack(self, raw: dict[str, Any]) -> bool:
+    async def _ack(self, polled: PollItem) -> bool:
         worker = self.worker
-        assert worker._gateway is not None
-        delay = MIN_BACKOFF
+        gateway = worker._gateway
+        assert gateway is not None
         async with self.lock:
-            while True:
-                try:
-                    await worker._gateway.ack(worker.queue, [raw["id"]], raw.get("token"))
-                    break
-                except LeaseRefused as exc:
-                    self.lose(f"ack of {raw['id']} refused: {exc}")
-                    return False
-                except GatewayError as exc:
-                    loop = asyncio.get_running_loop()
-                    if not exc.transient or loop.time() + delay >= self.expires:
-                        self.release_reason = f"ack of {raw['id']} failed: {exc}"
-                        log.error("ack of %s in %s failed: %s", raw["id"], worker.queue, exc)
-                        return False
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, MAX_ERROR_BACKOFF)
+            try:  # transient failures retried within the claim's ttl (strictq.sdk.retry)
+                await self._retry(f"ack of {polled.id}").call(
+                    lambda: gateway.ack(worker.queue, [polled.id], polled.token), deadline=self.expires
+                )
+            except LeaseRefused as exc:
+                self.lose(f"ack of {polled.id} refused: {exc}")
+                return False
+            except GatewayError as exc:
+                self.release_reason = f"ack of {polled.id} failed: {exc}"
+                log.error("ack of %s in %s failed: %s", polled.id, worker.queue, exc)
+                return False
             self.held.pop(0)
         worker.stats.acked += 1
         return True
@@ -757,7 +801,7 @@ class _GroupRun:
         worker = self.worker
         held = list(self.held)
         if worker.report_results is not False:
-            items = [result_item(r["id"], r.get("token"), "not_attempted", reason=reason) for r in held]
+            items = [result_item(r.id, r.token, "not_attempted", reason=reason) for r in held]
             reported = await self._report(items, f"{len(items)} message(s) handed back")
             if reported is not None:
                 if self.held and self.lost is None:  # refused: release what is left the old way
@@ -769,7 +813,7 @@ class _GroupRun:
                         len(held),
                         self.group,
                         worker.queue,
-                        held[0]["id"] if held else "-",
+                        held[0].id if held else "-",
                         reason,
                     )
                 return
@@ -779,7 +823,7 @@ class _GroupRun:
         worker = self.worker
         assert worker._gateway is not None
         async with self.lock:
-            held, self.held = [r for r in self.held if r.get("probe") is not True], []
+            held, self.held = [r for r in self.held if not r.probe], []
             for token, ids in _by_token(held).items():
                 try:
                     await worker._gateway.release(worker.queue, ids, token)
@@ -794,7 +838,7 @@ class _GroupRun:
             len(held),
             self.group,
             worker.queue,
-            held[0]["id"] if held else "-",
+            held[0].id if held else "-",
             reason,
         )
 
@@ -828,7 +872,14 @@ class _GroupRun:
                 except LeaseRefused as exc:
                     self.lose(f"heartbeat refused: {exc}")
                     return
-                except (GatewayError, TimeoutError) as exc:
+                except GatewayError as exc:
+                    if not transient(exc):  # e.g. the key was revoked: no renew can succeed
+                        self.lose(f"heartbeat refused: {exc}")
+                        return
+                    failing = True
+                    log.warning("heartbeat for group %s of %s failed: %s", self.group, worker.queue, exc)
+                    continue
+                except TimeoutError as exc:
                     failing = True
                     log.warning("heartbeat for group %s of %s failed: %s", self.group, worker.queue, exc)
                     continue
@@ -844,7 +895,9 @@ def run(*workers: Worker) -> int:
     """Run the workers in a new event loop until SIGTERM or Ctrl-C stops them gracefully (see
     `Worker.stop`: what they hold and have not finished is handed back, nothing counts as a failure) and
     return the exit status, without a traceback: 0 after SIGTERM, 130 after Ctrl-C (SIGINT), 1 when a
-    worker could not go on (its `WorkerError` is logged as one line). `raise SystemExit(run(worker))`."""
+    worker could not go on (its `WorkerError` is logged as one line: a key the gateway refuses, a
+    certificate it cannot verify, a queue name it refuses), 2 when the settings are missing or invalid
+    (`ConfigError`, one line naming the STRICTQ_* variable). `raise SystemExit(run(worker))`."""
     return asyncio.run(serve(*workers))
 
 
@@ -854,16 +907,20 @@ async def serve(*workers: Worker) -> int:
         raise ValueError("serve() needs at least one Worker")
     for worker in workers:
         worker.install_signal_handlers()
-    failed = False
+    status = 0
     try:
         async with asyncio.TaskGroup() as tg:
             for worker in workers:
                 tg.create_task(worker.run(), name=f"strictq-worker-{worker.queue}")
+    except* ConfigError as group:
+        status = EXIT_CONFIG
+        for line in dict.fromkeys(str(exc) for exc in group.exceptions):  # each setting once
+            log.error("strictq worker: %s", line)
     except* WorkerError as group:
-        failed = True
-        for exc in group.exceptions:
-            log.error("strictq worker: %s", exc)
-    return 1 if failed else max(worker.exit_code for worker in workers)
+        status = status or EXIT_FAILED
+        for line in dict.fromkeys(str(exc) for exc in group.exceptions):
+            log.error("strictq worker: %s", line)
+    return status or max(worker.exit_code for worker in workers)
 
 
 class _Signals:
@@ -928,13 +985,8 @@ def _proxy_auth_refused(error: BaseException) -> bool:
     return False
 
 
-def _seq(raw: dict[str, Any]) -> int:
-    seq = raw.get("seq")
-    return seq if isinstance(seq, int) else 0
-
-
-def _by_token(messages: Iterable[dict[str, Any]]) -> dict[Any, list[str]]:
-    out: dict[Any, list[str]] = {}
-    for raw in messages:
-        out.setdefault(raw.get("token"), []).append(raw["id"])
+def _by_token(messages: Iterable[PollItem]) -> dict[int | None, list[str]]:
+    out: dict[int | None, list[str]] = {}
+    for item in messages:
+        out.setdefault(item.token, []).append(item.id)
     return out
