@@ -4,6 +4,7 @@ wire-log index is spark's: the composition root (strictq.serve) mounts it beside
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 from aiohttp import web
@@ -44,9 +45,11 @@ def make_gateway_app(
     deliveries: DeliveryLog | None = None,
     failures: FailureManager | None = None,
     receipt_key: Path | None = None,
+    sqs_regions: Collection[str] | None = None,
 ) -> web.Application:
     """`deliveries`: write a wire-log record per message handed to a worker (gateway.deliveries).
-    `receipt_key`: the file of the SQS receipt-handle key (gateway.sqs_receipts); None: in memory."""
+    `receipt_key`: the file of the SQS receipt-handle key (gateway.sqs_receipts); None: in memory.
+    `sqs_regions`: the regions SQS requests may be signed for (gateway.sqs_regions); None: any."""
     app = web.Application(client_max_size=MAX_EDGE_BODY, middlewares=[json_http_errors])
     app[SERVICE] = service
     app[KEYS] = keys
@@ -55,7 +58,7 @@ def make_gateway_app(
     app[ROUTER] = PartitionRouter(service, service.partitions)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    sqs.add_routes(app, receipt_key)  # the faces register their own routes
+    sqs.add_routes(app, receipt_key, sqs_regions)  # the faces register their own routes
     emodb.add_routes(app)
     if isinstance(service, QueueService):  # the core is in this process: its control stream and fences too
         hub = control or (failures.hub if failures is not None else ControlHub(service))

@@ -4,13 +4,14 @@ Requests are SigV4-verified against the key file (botocore's signer computes the
 credential's role is checked per action, queue URLs are `<gateway>/<tenant>/<queue>` and names are the
 credential's tenant namespace. Errors are SQS's own, in the JSON dialect (sqs_errors). Modules:
 sqs_auth (SigV4), sqs_call (a call's parameters, URLs, ARNs and the face's state), sqs_admin (queue
-actions), sqs_data (message actions), sqs_messages (attributes, MD5s, rendering), sqs_queues (attributes).
+actions), sqs_data (message actions), sqs_messages (attributes, MD5s, rendering), sqs_queues (attributes),
+sqs_permissions (AddPermission / RemovePermission), sqs_regions (the regions the endpoint answers for).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,13 @@ from queue_core.machine.text import check_json
 
 from . import sqs_admin as admin
 from . import sqs_data as data
+from . import sqs_permissions as permissions
 from .app_keys import KEYS, MAX_EDGE_BODY
 from .sqs_auth import identify, parse_authorization, verify
 from .sqs_call import SQS_STATE, Call, SqsState
 from .sqs_errors import SqsError, error_response, from_core, json_response, new_request_id
 from .sqs_receipts import RECEIPTS, ReceiptSigner
+from .sqs_regions import check_region
 
 log = logging.getLogger("strictq.gateway.sqs")
 TARGET_PREFIX = "AmazonSQS."
@@ -50,6 +53,8 @@ ACTIONS: dict[str, tuple[Action, Permission]] = {
     "StartMessageMoveTask": (admin.start_message_move_task, "admin"),
     "ListMessageMoveTasks": (admin.list_message_move_tasks, "read"),
     "CancelMessageMoveTask": (admin.cancel_message_move_task, "admin"),
+    "AddPermission": (permissions.add_permission, "admin"),
+    "RemovePermission": (permissions.remove_permission, "admin"),
     "SendMessage": (data.send_message, "send"),
     "SendMessageBatch": (data.send_message_batch, "send"),
     "ReceiveMessage": (data.receive_message, "consume"),
@@ -58,14 +63,17 @@ ACTIONS: dict[str, tuple[Action, Permission]] = {
     "ChangeMessageVisibility": (data.change_message_visibility, "consume"),
     "ChangeMessageVisibilityBatch": (data.change_message_visibility_batch, "consume"),
 }
-# Real SQS actions this face does not offer (queue policies): UnsupportedOperation, not InvalidAction.
-UNSUPPORTED = frozenset(["AddPermission", "RemovePermission"])
+# Real SQS actions this face does not offer: UnsupportedOperation, not InvalidAction. (None at present.)
+UNSUPPORTED: frozenset[str] = frozenset()
 
 
-def add_routes(app: web.Application, receipt_key: Path | None = None) -> None:
+def add_routes(
+    app: web.Application, receipt_key: Path | None = None, regions: Collection[str] | None = None
+) -> None:
     """`receipt_key`: the file of the key that authenticates receipt handles (made if missing); None:
-    a key for this process only (sqs_receipts)."""
-    app[SQS_STATE] = SqsState()
+    a key for this process only (sqs_receipts). `regions`: the regions requests may be signed for
+    (sqs_regions); None or empty: any region."""
+    app[SQS_STATE] = SqsState(regions=frozenset(regions) if regions else None)
     app[RECEIPTS] = ReceiptSigner.load(receipt_key) if receipt_key is not None else ReceiptSigner.ephemeral()
     app.router.add_post("/", handle)
 
@@ -98,6 +106,7 @@ async def _dispatch(request: web.Request) -> dict[str, Any]:
         kind = "BatchRequestTooLong" if action == "SendMessageBatch" else "InvalidParameterValue"
         raise SqsError(kind, f"Request body must be at most {MAX_EDGE_BODY} bytes.") from None
     verify(request, body, auth, credential)
+    check_region(request.app[SQS_STATE].regions, auth.region)
     if action in UNSUPPORTED:
         raise SqsError("UnsupportedOperation", f"{action} is not supported by this SQS endpoint.")
     entry = ACTIONS.get(action)

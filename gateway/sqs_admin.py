@@ -84,7 +84,7 @@ async def create_queue(call: Call) -> Result:
     core.setdefault("max_message_size", DEFAULT_MAX_MESSAGE_SIZE)
     new_labels = merged_labels({FIFO_LABEL: "true"} if fifo else {}, labels)
     if tags:  # every tag is set (None, a removal, only comes from UntagQueue)
-        new_labels = merged_labels(new_labels, tag_changes(tags, {}))
+        new_labels = merged_labels(new_labels, tag_changes(tags, {}, name))
     try:
         await service.create_queue(internal, {**core, "labels": new_labels})
     except QueueError as exc:
@@ -152,8 +152,8 @@ async def get_queue_attributes(call: Call) -> Result:
     queue = await call.queue()
     names = call.strings("AttributeNames")
     unknown = [n for n in names if n not in ALL_NAMES and n != "All"]
-    if unknown:
-        raise SqsError("InvalidAttributeName", f"Unknown Attribute {unknown[0]}.")
+    if unknown or call.params.get("AttributeNames") == []:  # an empty list names no attribute, as in SQS
+        raise SqsError("InvalidAttributeName", f"Unknown Attribute {unknown[0] if unknown else ''}.")
     if not names:
         return {}
     created_at = await queue.service.created_at(queue.internal)
@@ -170,11 +170,11 @@ async def set_queue_attributes(call: Call) -> Result:
     if "FifoQueue" in attributes:
         raise SqsError("InvalidAttributeName", "FifoQueue can only be set when the queue is created.")
     core, labels = await to_core(attributes, fifo=queue.fifo, resolve_dlq=_dlq_resolver(call, queue.internal))
-    await _update(queue, core, labels)
+    await update_queue(queue, core, labels)
     return {}
 
 
-async def _update(queue: Queue, core: dict[str, Any], labels: dict[str, str | None]) -> None:
+async def update_queue(queue: Queue, core: dict[str, Any], labels: dict[str, str | None]) -> None:
     changed = merged_labels(queue.attributes.labels, labels)
     changed[MODIFIED_LABEL] = str(int(time.time()))
     try:
@@ -201,17 +201,17 @@ async def purge_queue(call: Call) -> Result:
 
 async def tag_queue(call: Call) -> Result:
     queue = await call.queue()
-    changes = tag_changes(call.params.get("Tags"), tags_of(queue.attributes))
-    await _update(queue, {}, changes)
+    changes = tag_changes(call.params.get("Tags"), tags_of(queue.attributes), queue.name)
+    await update_queue(queue, {}, changes)
     return {}
 
 
 async def untag_queue(call: Call) -> Result:
     queue = await call.queue()
     keys = call.strings("TagKeys")
-    if not keys:
-        raise SqsError("MissingParameter", "The request must contain the parameter TagKeys.")
-    await _update(queue, {}, {f"{TAG}{k}": None for k in keys})
+    if not keys or not all(1 <= len(k) <= 128 for k in keys):
+        raise SqsError("InvalidParameterValue", "Tag keys must be between 1 and 128 characters in length.")
+    await update_queue(queue, {}, {f"{TAG}{k}": None for k in keys})
     return {}
 
 

@@ -51,6 +51,9 @@ class SqsState:
     attempts: OrderedDict[tuple[str, str, str], Attempt] = field(default_factory=OrderedDict)
     purged_at: dict[str, float] = field(default_factory=dict)
     moves: dict[str, MoveRecord] = field(default_factory=dict)
+    # The regions this endpoint answers for (`strictq serve --region`); None: any region. Queues are the same
+    # whatever region a caller signs for; the region only names ARNs (sqs_regions).
+    regions: frozenset[str] | None = None
 
     def attempt(self, key: tuple[str, str, str]) -> Attempt | None:
         now = time.monotonic()
@@ -160,11 +163,12 @@ class Call:
             raise SqsError("InvalidParameterValue", f"Value for parameter {name} must be a map.")
         return value
 
-    def entries(self) -> list[dict[str, Any]]:
-        """A batch's Entries, checked as SQS does: present, 1-10, distinct valid ids."""
+    def entries(self, shape: str) -> list[dict[str, Any]]:
+        """A batch's Entries, checked as SQS does: present, 1-10, distinct valid ids. `shape`: the entry's
+        name in SQS's texts (`SendMessageBatchRequestEntry`)."""
         entries = self.params.get("Entries")
         if entries is None or entries == []:
-            raise SqsError("EmptyBatchRequest", "There should be at least one entry in the request.")
+            raise SqsError("EmptyBatchRequest", f"There should be at least one {shape} in the request.")
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
             raise SqsError(
                 "InvalidParameterValue", "Value for parameter Entries must be a list of structures."
@@ -190,19 +194,21 @@ class Call:
 
     # -------------------------------------------------------------------------------- queues
     async def queue(self, param: str = "QueueUrl") -> Queue:
+        """The queue a QueueUrl names, in the forms SQS takes: `<endpoint>/<account>/<name>` (any host: the
+        path names the queue) or a bare queue name. Anything else names no queue of this endpoint:
+        QueueDoesNotExist (HTTP 400), as SQS answers `http://whatever-incorrect-queue-address`."""
         url = self.string(param)
         if CONTROL_RE.search(url):  # urlsplit drops CR, LF and TAB anywhere: `.../ta/s\nq1` would be `sq1`
             raise SqsError(
                 "InvalidParameterValue", f"Value for parameter {param} must not contain control characters."
             )
         parts = urlsplit(url)
+        if not parts.scheme and not parts.netloc and "/" not in url:
+            return await self.queue_named(url)  # a bare name, as SQS accepts it
         segments = parts.path.strip("/").split("/")
-        if not parts.scheme or len(segments) != 2:
-            raise SqsError("InvalidAddress", f"The address {url} is not valid for this endpoint.")
-        owner, name = segments
-        if not self.is_own_account(owner):
+        if len(segments) != 2 or not self.is_own_account(segments[0]):
             raise SqsError("QueueDoesNotExist", NO_QUEUE)
-        return await self.queue_named(name)
+        return await self.queue_named(segments[1])
 
     async def queue_named(self, name: str, missing: str = "QueueDoesNotExist") -> Queue:
         try:
@@ -215,7 +221,13 @@ class Call:
 
     async def queue_from_arn(self, arn: str, missing: str = "ResourceNotFoundException") -> Queue:
         parts = arn.split(":")
-        if len(parts) != 6 or parts[:3] != ["arn", "aws", "sqs"] or not self.is_own_account(parts[4]):
+        regions = self.state.regions
+        if (
+            len(parts) != 6
+            or parts[:3] != ["arn", "aws", "sqs"]
+            or (regions is not None and parts[3] not in regions)
+            or not self.is_own_account(parts[4])
+        ):
             raise SqsError(missing, f"The resource {arn} does not exist.")
         try:
             return await self.queue_named(parts[5], missing)

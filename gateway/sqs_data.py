@@ -72,20 +72,16 @@ def _prepare(call: Call, queue: Queue, params: dict[str, Any]) -> Prepared:
                 f"Value {group} for parameter MessageGroupId is invalid. Reason: {exc.message}.",
             ) from None
     if queue.fifo:
-        if delay is not None:
+        # FIFO queues take a delay per queue only: SQS accepts DelaySeconds=0 per message (it changes
+        # nothing: the queue's delay applies) and refuses any other value.
+        if delay:
             raise SqsError(
                 "InvalidParameterValue",
                 f"Value {delay} for parameter DelaySeconds is invalid. Reason: The request include parameter"
                 " that is not valid for this queue type.",
             )
-        if group is None:
-            raise SqsError("MissingParameter", "The request must contain the parameter MessageGroupId.")
-        if dedup is None and not queue.attributes.content_based_dedup:
-            raise SqsError(
-                "InvalidParameterValue",
-                "The queue should either have ContentBasedDeduplication enabled or MessageDeduplicationId"
-                " provided explicitly",
-            )
+        delay = None
+        _check_fifo_ids(queue, group, dedup)
         if dedup is not None and not GROUP_RE.fullmatch(dedup):
             raise SqsError(
                 "InvalidParameterValue",
@@ -119,6 +115,17 @@ def _prepare(call: Call, queue: Queue, params: dict[str, Any]) -> Prepared:
         md5_of_attributes(attributes) if attributes else None,
         md5_of_attributes(system) if system else None,
     )
+
+
+def _check_fifo_ids(queue: Queue, group: str | None, dedup: str | None) -> None:
+    if group is None:
+        raise SqsError("MissingParameter", "The request must contain the parameter MessageGroupId.")
+    if dedup is None and not queue.attributes.content_based_dedup:
+        raise SqsError(
+            "InvalidParameterValue",
+            "The queue should either have ContentBasedDeduplication enabled or MessageDeduplicationId"
+            " provided explicitly",
+        )
 
 
 def _optional_text(params: dict[str, Any], name: str) -> str | None:
@@ -167,7 +174,13 @@ async def send_message(call: Call) -> Result:
 
 async def send_message_batch(call: Call) -> Result:
     queue = await call.queue()
-    entries = call.entries()
+    entries = call.entries("SendMessageBatchRequestEntry")
+    if queue.fifo:
+        # SQS refuses the whole request (not just the entry) when a FIFO entry lacks its MessageGroupId, or
+        # its MessageDeduplicationId on a queue without content-based deduplication.
+        for entry in entries:
+            group = _optional_text(entry, "MessageGroupId")
+            _check_fifo_ids(queue, group, _optional_text(entry, "MessageDeduplicationId"))
     failed: list[Result] = []
     ready: list[tuple[str, Prepared]] = []
     total = 0
@@ -266,15 +279,18 @@ async def _retry(call: Call, queue: Queue, key: tuple[str, str, str]) -> list[Re
 
 
 # ------------------------------------------------------------------------------ delete and visibility
-def _receipt(call: Call, queue: Queue, params: dict[str, Any]) -> tuple[str, int]:
+def _receipt(call: Call, queue: Queue, params: dict[str, Any], *, batch: bool = False) -> tuple[str, int]:
     """(message id, token) of a handle this face issued for this queue; its MAC is checked in constant
     time (sqs_receipts), so a guessed token or an edited handle is refused as SQS refuses one it never
-    issued. A verified handle is the proof of holding the claim: the core then only checks its token."""
+    issued. A verified handle is the proof of holding the claim: the core then only checks its token.
+    SQS's texts: a batch entry quotes the handle, a single call does not."""
     receipt = params.get("ReceiptHandle")
     if receipt is None or receipt == "":
         raise SqsError("MissingParameter", "The request must contain the parameter ReceiptHandle.")
     item = call.request.app[RECEIPTS].verify(queue.internal, receipt)
     if item is None:
+        if not batch:
+            raise SqsError("ReceiptHandleIsInvalid", "The input receipt handle is invalid.")
         shown = str(receipt)[:160].encode("ascii", "backslashreplace").decode("ascii")
         raise SqsError(
             "ReceiptHandleIsInvalid", f'The input receipt handle "{shown}" is not a valid receipt handle.'
@@ -328,9 +344,9 @@ async def delete_message_batch(call: Call) -> Result:
     failed: list[Result] = []
     ids: list[str] = []
     items: list[tuple[str, int]] = []
-    for entry in call.entries():
+    for entry in call.entries("DeleteMessageBatchRequestEntry"):
         try:
-            items.append(_receipt(call, queue, entry))
+            items.append(_receipt(call, queue, entry, batch=True))
             ids.append(entry["Id"])
         except SqsError as error:
             failed.append(error.batch_entry(entry["Id"]))
@@ -350,9 +366,9 @@ async def change_message_visibility_batch(call: Call) -> Result:
     queue = await call.queue()
     failed: list[Result] = []
     by_ttl: dict[int, list[tuple[str, tuple[str, int]]]] = {}
-    for entry in call.entries():
+    for entry in call.entries("ChangeMessageVisibilityBatchRequestEntry"):
         try:
-            item = _receipt(call, queue, entry)
+            item = _receipt(call, queue, entry, batch=True)
             ttl = call.integer("VisibilityTimeout", 0, MAX_VISIBILITY, entry)
             if ttl is None:
                 raise SqsError(

@@ -192,12 +192,15 @@ def decode_extra(extra: bytes) -> dict[str, Any]:
 def select_attributes(
     attributes: dict[str, dict[str, str]], wanted: Collection[str]
 ) -> dict[str, dict[str, str]]:
-    """MessageAttributeNames: exact names, `All` / `.*` for everything, `prefix.*` for a prefix."""
+    """MessageAttributeNames as SQS reads them: exact names; `All`, `.*` or `*` for every attribute; and
+    `<prefix>.*` for every name starting with <prefix>: `.*` is "anything", so `bar.*` returns `bar.baz`
+    and `Hel.*` returns both `Hello` and `Help.Me` (the API reference's "all message attributes starting
+    with a prefix, for example bar.*", as SQS answers it)."""
     if not attributes or not wanted:
         return {}
-    if "All" in wanted or ".*" in wanted:
+    if "All" in wanted or ".*" in wanted or "*" in wanted:
         return dict(attributes)
-    prefixes = tuple(w[:-1] for w in wanted if w.endswith(".*"))
+    prefixes = tuple(w[:-2] for w in wanted if w.endswith(".*"))
     return {n: v for n, v in attributes.items() if n in wanted or (prefixes and n.startswith(prefixes))}
 
 

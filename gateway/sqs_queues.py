@@ -237,7 +237,7 @@ def tags_of(attributes: QueueAttributes) -> dict[str, str]:
     return {k[len(TAG) :]: v for k, v in attributes.labels.items() if k.startswith(TAG)}
 
 
-def tag_changes(tags: Any, current: dict[str, str]) -> dict[str, str | None]:
+def tag_changes(tags: Any, current: dict[str, str], queue: str) -> dict[str, str | None]:
     if not isinstance(tags, dict) or not tags:
         raise SqsError("MissingParameter", "The request must contain the parameter Tags.")
     for key, value in tags.items():
@@ -250,6 +250,6 @@ def tag_changes(tags: Any, current: dict[str, str]) -> dict[str, str | None]:
                 "InvalidParameterValue",
                 f"Tag {key!r} is invalid: keys and values must not hold control characters.",
             )
-    if len(current.keys() | tags.keys()) > TAG_LIMIT:
-        raise SqsError("InvalidParameterValue", f"Too many tags: a queue can have at most {TAG_LIMIT}.")
+    if len(current.keys() | tags.keys()) > TAG_LIMIT:  # SQS's text; a queue has at most 50 tags
+        raise SqsError("InvalidParameterValue", f"Too many tags added for queue {queue}.")
     return {f"{TAG}{k}": v for k, v in tags.items()}

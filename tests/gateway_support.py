@@ -65,9 +65,13 @@ async def delivery_gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
 
 @contextlib.asynccontextmanager
 async def serve_gateway(
-    tmp_path: Path, deliveries: DeliveryLog | None = None, receipt_key: Path | None = None
+    tmp_path: Path,
+    deliveries: DeliveryLog | None = None,
+    receipt_key: Path | None = None,
+    sqs_regions: frozenset[str] | None = None,
 ) -> AsyncIterator[Gateway]:
-    """`receipt_key`: the SQS receipt-handle key file (as `strictq serve` keeps it); None: in memory."""
+    """`receipt_key`: the SQS receipt-handle key file (as `strictq serve` keeps it); None: in memory.
+    `sqs_regions`: the regions SQS requests may be signed for (gateway.sqs_regions); None: any."""
     ca = trustme.CA()
     ca_file = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
@@ -76,7 +80,9 @@ async def serve_gateway(
     service = QueueService(tmp_path / "queue")
     await service.start()
     keys = KeyRing(list(CREDENTIALS))
-    app = make_gateway_app(service, keys, deliveries=deliveries, receipt_key=receipt_key)
+    app = make_gateway_app(
+        service, keys, deliveries=deliveries, receipt_key=receipt_key, sqs_regions=sqs_regions
+    )
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)

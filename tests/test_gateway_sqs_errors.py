@@ -105,16 +105,7 @@ async def test_malformed_json_unknown_actions_and_unsupported_ones(gateway: Gate
     assert status == 200 and body == {}
     status, _, body = await asyncio.to_thread(raw, gateway, "SendMessage", b'{"QueueUrl": 7}')
     assert status == 400 and body["__type"] == "com.amazonaws.sqs#InvalidParameterValueException"
-    sqs = sqs_client(gateway)
-    url = (await call(sqs.create_queue, QueueName="q"))["QueueUrl"]
-    await expect(
-        sqs.exceptions.UnsupportedOperation,
-        sqs.add_permission,
-        QueueUrl=url,
-        Label="l",
-        AWSAccountIds=["123456789012"],
-        Actions=["SendMessage"],
-    )
+    # AddPermission / RemovePermission are offered (test_sqs_fidelity), no longer UnsupportedOperation.
 
 
 # ------------------------------------------------------------------------------------------ SigV4
@@ -184,7 +175,7 @@ async def test_every_error_is_the_one_sqs_returns(gateway: Gateway) -> None:
     await expect(ex.QueueDoesNotExist, producer.send_message, QueueUrl=missing, MessageBody="x")
     await expect(ex.QueueDoesNotExist, worker.receive_message, QueueUrl=missing)
     await expect(ex.QueueDoesNotExist, sqs.delete_queue, QueueUrl=missing)
-    await expect(ex.InvalidAddress, sqs.get_queue_attributes, QueueUrl="not-a-url")
+    await expect(ex.QueueDoesNotExist, sqs.get_queue_attributes, QueueUrl="not-a-url")  # a bare name, as SQS
     await expect(ex.QueueNameExists, sqs.create_queue, QueueName="plain", Attributes={"DelaySeconds": "5"})
     assert await code(sqs.create_queue, QueueName="x.fifo") == "InvalidParameterValue"  # no FifoQueue=true
     assert await code(sqs.create_queue, QueueName="bad name") == "InvalidParameterValue"
@@ -347,7 +338,7 @@ async def test_every_error_is_the_one_sqs_returns(gateway: Gateway) -> None:
         == "InvalidParameterValue"
     )
     # tags
-    assert await code(sqs.untag_queue, QueueUrl=plain, TagKeys=[]) == "MissingParameter"
+    assert await code(sqs.untag_queue, QueueUrl=plain, TagKeys=[]) == "InvalidParameterValue"  # as SQS
     too_many = {f"k{i}": "v" for i in range(51)}
     assert await code(sqs.tag_queue, QueueUrl=plain, Tags=too_many) == "InvalidParameterValue"
 
