@@ -1,9 +1,11 @@
 """`strictq index`, `strictq search` and `strictq errors`.
 
 Only argparse and the stdlib at module level: `strictq` builds its parser on every run. `search`
-imports pyarrow (never pyspark, mitmproxy or aiohttp); `index` and `errors` start Spark. Exit status:
-0 done (search: something found), 1 search found nothing, 2 usage error (bad id, time, status, missing
-or mismatched index, bad alert rules), with a one-line message and no traceback.
+imports pyarrow (never pyspark, mitmproxy or aiohttp); `index` and `errors` start Spark (after one line
+saying so: the JVM takes seconds). Exit status: 0 done (search: something found), 1 search found nothing
+or `index` found no closed segment to index (said on stderr, with the file names it looks for; before any
+JVM starts), 2 usage error (bad id, time, status, missing or mismatched index, bad alert rules), with a
+one-line message and no traceback.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ def register(commands: Any) -> None:
         help="index closed wire-log segments by message id (Spark)",
         description="Index closed wire-log segments into bucketed, sorted Parquet (a Spark job; local[2] by "
         "default, any master with --master; also runnable with spark-submit spark/submit.py index ...). "
-        "Incremental: only segments not indexed yet; a killed run can simply be run again.",
+        "Incremental: only segments not indexed yet; a killed run can simply be run again. A running server "
+        "closes its segments within 30 s ($STRICTQ_WIRELOG_SEGMENT_AGE). Exit status 0 done, 1 no closed "
+        "segment in the wire-log directory, 2 usage error.",
     )
     _dirs(index, wirelog=True)
     index.add_argument(
@@ -157,11 +161,15 @@ def _times(args: argparse.Namespace) -> tuple[float | None, float | None]:
     return since, until
 
 
-def _session(args: argparse.Namespace) -> Any:
-    from .session import build_session
+def _session(args: argparse.Namespace, command: str = "index") -> Any:
+    from .session import DEFAULT_MASTER, under_spark_submit
 
     if args.shuffle_partitions is not None and args.shuffle_partitions < 1:
         raise UsageError("--shuffle-partitions must be >= 1")
+    master = args.master or ("spark-submit's master" if under_spark_submit() else DEFAULT_MASTER)
+    print(f"strictq: {command}: starting Spark ({master}) ...", file=sys.stderr, flush=True)
+    from .session import build_session
+
     return build_session(
         master=args.master, driver_memory=args.driver_memory, shuffle_partitions=args.shuffle_partitions
     )
@@ -198,6 +206,11 @@ def _index(args: argparse.Namespace) -> int:
         hint = "" if args.wirelog is not None else f" (give --wirelog or set ${ENV_WIRELOG})"
         raise UsageError(f"wire-log directory {wirelog} does not exist{hint}")
     interval = _interval(args.interval)
+    if not args.compact and not args.follow:
+        missing = _no_closed_segments(wirelog)
+        if missing:
+            print(f"strictq: index: {missing}", file=sys.stderr)
+            return 1
     try:  # refuse a mismatched index before paying for a JVM
         load_state(index) if args.compact else open_for_write(index, args.buckets)
     except IndexLayoutError as exc:
@@ -259,6 +272,34 @@ def _index_with(spark: Any, args: argparse.Namespace, wirelog: Path, index: Path
         f"{state.buckets} buckets, at most {state.max_files_per_bucket()} file(s) per bucket"
     )
     return 0
+
+
+def _no_closed_segments(wirelog: Path) -> str | None:
+    """Why there is nothing to index (one line naming the files looked for), or None if there is."""
+    from wirelog.files import SEGMENT_DIRS
+    from wirelog.layout import OPEN
+    from wirelog.reader import segments
+    from wirelog.writer import ENV_SEGMENT_AGE
+
+    found = segments(wirelog)
+    open_ones = sum(p.name.endswith(OPEN) for p in found)
+    if len(found) > open_ones:
+        return None
+    if open_ones:
+        return (
+            f"no closed wire-log segment in {wirelog} yet, {open_ones} still open (*.jsonl.open): a running "
+            f"server closes a segment 30 s after its first record (${ENV_SEGMENT_AGE}) and all of them when "
+            "it stops; run again then"
+        )
+    looked = (
+        "<writer>.<stamp>.<seq>.jsonl or .jsonl.gz, e.g. gateway.20261122T100000123456Z.000001.jsonl.gz"
+    )
+    hint = ""
+    for sub in SEGMENT_DIRS:  # given the data dir instead of its wire-log directory?
+        if (wirelog / sub).is_dir() and segments(wirelog / sub):
+            hint = f"; did you mean --wirelog {wirelog / sub}?"
+            break
+    return f"no wire-log segments in {wirelog} (looked for files named {looked}){hint}"
 
 
 def _report_skips(result: Any) -> None:
@@ -363,7 +404,7 @@ def _errors(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if rules and not args.no_events and not wirelog.is_dir():
         raise UsageError(f"wire-log directory {wirelog} (for alert events) does not exist; give --wirelog")
-    spark = _session(args)
+    spark = _session(args, "errors")
     try:
         report = run_errors(spark, index, since=since, until=until, windows=tuple(r.window for r in rules))
     finally:

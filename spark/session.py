@@ -5,14 +5,24 @@ so `spark.driver.memory` is a flag applied before the first session. SPARK_LOCAL
 the driver off non-loopback addresses; PYSPARK_PYTHON pins Python workers to this interpreter (the
 jobs use SQL functions only, but a worker version mismatch would otherwise fail any Python fallback).
 Under `spark-submit` the master and memory come from spark-submit, so they are not overridden.
+
+Quiet by default: the JVM's log4j2 configuration logs errors only, and names PySpark's gateway logger so
+Spark does not announce `Setting default log level to "WARN"` with its setLogLevel advice (Spark prints
+that when the gateway's logger has no level of its own and the root level differs from WARN). The one
+line log4j cannot reach, the JVM's own `WARNING: Using incubator modules` (Spark 4 starts it with
+`--add-modules=jdk.incubator.vector`), is dropped from the JVM's stderr by a relay thread; everything
+else the JVM prints passes through. `STRICTQ_SPARK_LOG_LEVEL=WARN` (or INFO) shows more.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +44,11 @@ logger.executor.name = org.apache.spark.executor.Executor
 logger.executor.level = off
 logger.tasks.name = org.apache.spark.scheduler.TaskSetManager
 logger.tasks.level = off
+logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.gateway.level = error
 """
+# Lines of the JVM's stderr that are noise to a user of `strictq index` (not log4j's: the JVM's own).
+JVM_NOISE = (b"WARNING: Using incubator modules:",)
 
 
 def log4j_config() -> Path:
@@ -98,6 +112,68 @@ def build_session(
     }
     for key, value in settings.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    with _quiet_jvm_start():
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel(os.environ.get("STRICTQ_SPARK_LOG_LEVEL", "ERROR"))
     return session
+
+
+@contextlib.contextmanager
+def _quiet_jvm_start() -> Iterator[None]:
+    """While a new JVM starts, make fd 2 a pipe read by a relay thread that drops `JVM_NOISE` lines.
+
+    The JVM inherits the pipe as its stderr for its whole life (so do its Python workers); this process
+    gets its own stderr back as soon as the session exists. No-op when a JVM is already running (a second
+    session, spark-submit) or fd 2 cannot be duplicated."""
+    from pyspark import SparkContext
+
+    if getattr(SparkContext, "_gateway", None) is not None or under_spark_submit():
+        yield
+        return
+    try:
+        original = os.dup(2)
+    except OSError:
+        yield
+        return
+    read_end, write_end = os.pipe()
+    threading.Thread(
+        target=_relay, args=(read_end, original), name="strictq-spark-stderr", daemon=True
+    ).start()
+    sys.stderr.flush()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(original, 2)  # the JVM (and its children) are now the pipe's only writers
+
+
+def _relay(read_end: int, target: int) -> None:
+    """Copy whole lines from `read_end` to `target`, without the JVM's noise, until every writer is gone."""
+    pending = b""
+    while True:
+        try:
+            chunk = os.read(read_end, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            break
+        pending += chunk
+        lines = pending.split(b"\n")
+        pending = lines.pop()
+        out = b"".join(line + b"\n" for line in lines if not line.startswith(JVM_NOISE))
+        if len(pending) > 65536:  # a very long line without an end yet: pass it on as it is
+            out, pending = out + pending, b""
+        _write(target, out)
+    if pending and not pending.startswith(JVM_NOISE):
+        _write(target, pending)
+    os.close(read_end)
+    os.close(target)
+
+
+def _write(fd: int, data: bytes) -> None:
+    with contextlib.suppress(OSError):  # our stderr is gone (a closed pipe): nothing to tell anyone
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]

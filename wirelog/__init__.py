@@ -1,9 +1,9 @@
-"""Wire log: schema-v1 records (shared/design.md), a crash-safe rotating writer, redaction, a reader.
+"""Wire log: schema-v1 records (docs/wirelog.md), a crash-safe rotating writer, redaction, a reader.
 
 Modules: `record` (codec, compat, builders), `writer` (WireLogWriter), `reader` (segments, read_records,
-RecordFilter, Follower), `redaction` (RedactionConfig, Redactor), `times`, `errors`, `cli`
-(`strictq wirelog`). Names below are re-exported lazily so `import wirelog` (and the CLI) stays cheap.
-See docs/wirelog.md.
+merged_records, tail_records, RecordFilter, Follower), `redaction` (RedactionConfig, Redactor), `times`,
+`errors`, `cli` (`strictq wirelog`). Names below are re-exported lazily so `import wirelog` (and the CLI)
+stays cheap. See docs/wirelog.md.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ _EXPORTS = {
     "WireLogWriter": "writer",
     "segments": "reader",
     "read_records": "reader",
+    "merged_records": "reader",
     "ReadStats": "reader",
     "RecordFilter": "reader",
     "RedactionConfig": "redaction",

@@ -45,8 +45,9 @@ def register(commands: Any) -> None:
     tail = sub.add_parser(
         "tail",
         help="print the last records (and follow new ones)",
-        description="Print the last N records by time; with --follow keep printing records as they are "
-        "written, across segment rotation and compression. Stop with Ctrl-C.",
+        description="Print the last N records by time, across every writer (gateway, core, proxy); with "
+        "--follow keep printing records as they are written, across segment rotation and compression. Stop "
+        "with Ctrl-C.",
     )
     _common_arguments(tail)
     tail.add_argument("-n", "--lines", type=int, default=10, help="how many records (default %(default)s)")
@@ -56,8 +57,9 @@ def register(commands: Any) -> None:
     grep = sub.add_parser(
         "grep",
         help="print the records matching all given filters",
-        description="Stream over every segment and print the records matching ALL given filters, in "
-        "segment order. Exit status 0 if any record matched, 1 if none, 2 on a usage error.",
+        description="Stream over every segment and print the records matching ALL given filters, in time "
+        "order (each writer's segments in order, the writers merged by time). Exit status 0 if any record "
+        "matched, 1 if none, 2 on a usage error.",
     )
     _common_arguments(grep)
     grep.add_argument("--closed-only", action="store_true", help="skip segments still being written")
@@ -109,12 +111,12 @@ def _run(args: argparse.Namespace, body: Any) -> int:
 
 
 def _grep(args: argparse.Namespace) -> int:
-    from wirelog.reader import ReadStats, read_records
+    from wirelog.reader import ReadStats, merged_records
 
     directory, where = _prepare(args)
     stats = ReadStats()
     printer = _printer(args.json)
-    for record in read_records(directory, include_open=not args.closed_only, stats=stats, where=where):
+    for record in merged_records(directory, include_open=not args.closed_only, stats=stats, where=where):
         printer(record)
     sys.stdout.flush()
     _report(stats)

@@ -2,18 +2,21 @@
 
 `read_records` decodes chunk by chunk (never a whole segment in memory) and skips, *and counts in
 `ReadStats`*, torn last lines (an open segment mid-write, a truncated gzip), lines that are not JSON
-records and records of unknown schema versions. `Follower` reads what is appended after a point,
-across rotation and compression (for `tail --follow`). `RecordFilter` is the one record predicate
-shared by the CLI, and later by replay.
+records and records of unknown schema versions. `merged_records` gives a directory's records in time
+order (the writers' streams merged), `tail_records` the newest ones. `Follower` reads what is appended
+after a point, across rotation and compression (for `tail --follow`). `RecordFilter` is the one record
+predicate shared by the CLI, and later by replay.
 """
 
 from __future__ import annotations
 
 import gzip
+import heapq
 import io
 import os
 import re
 import zlib
+from collections import deque
 from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -384,26 +387,71 @@ class Follower:
 def tail_records(
     directory: Path, count: int, *, where: RecordFilter | None = None, stats: ReadStats | None = None
 ) -> tuple[list[Record], Follower]:
-    """The last `count` (matching) records by time, and a Follower positioned right after them.
+    """The last `count` (matching) records by time, across every writer, and a Follower positioned right
+    after them.
 
-    Reads closed segments newest first only until it has `count` records, plus every open segment
-    (live writers interleave in time), so a large directory costs a few segments, not all of them.
+    Segment names order a writer's own segments in time, but not different writers' (a name carries its
+    writer instance's start, and a proxy started after the core writes segments named later than the
+    core's newest). So each writer's stream is read newest segment first until it has given `count`
+    records; the newest `count` overall are among those. Open segments are always read (the follower
+    goes on from their end). Memory: `count` records per writer, whatever the segments' sizes.
     """
     follower = Follower(directory, stats=stats, where=where)
-    names = sorted(_best_segments(Path(directory)).values(), key=lambda n: n.key)
+    directory = Path(directory)
     collected: list[Record] = []
-    for name in names:
-        if name.state == OPEN:
-            collected.extend(follower.read_segment(name))
-    for name in reversed(names):
-        if name.state == OPEN:
-            continue
-        if len(collected) < count:
-            collected.extend(follower.read_segment(name))
-        else:
-            follower.skip(name.key)
+    for names in _by_writer(directory, include_open=True).values():
+        have = 0
+        for name in reversed(names):
+            if name.state == OPEN:
+                got = follower.read_segment(name)
+            elif have < count:
+                follower.skip(name.key)  # closed: nothing more will be appended
+                recent: deque[Record] = deque(maxlen=count)
+                recent.extend(_read_one(directory / name.filename(name.state), follower.stats, where))
+                got = list(recent)
+            else:
+                follower.skip(name.key)
+                continue
+            if count > 0:
+                collected.extend(got[-count:])
+                have += len(got)
     collected.sort(key=_ts_key)
     return (collected[-count:] if count > 0 else []), follower
+
+
+def merged_records(
+    directory: Path | str,
+    *,
+    include_open: bool = True,
+    stats: ReadStats | None = None,
+    where: RecordFilter | None = None,
+) -> Iterator[Record]:
+    """Every (matching) record of a directory in time order, streamed: each writer's segments are read in
+    order (a writer appends in time order) and the writers' streams are merged by `ts` (heapq.merge). One
+    open segment per writer at a time, so memory stays bounded whatever the directory holds."""
+    stats = stats if stats is not None else ReadStats()
+    directory = Path(directory)
+    streams = [
+        _chain(directory, names, stats, where)
+        for names in _by_writer(directory, include_open=include_open).values()
+    ]
+    return heapq.merge(*streams, key=_ts_key)
+
+
+def _by_writer(directory: Path, *, include_open: bool) -> dict[str, list[SegmentName]]:
+    """Each writer name's segments in time order (writer start stamp, then sequence)."""
+    streams: dict[str, list[SegmentName]] = {}
+    for name in sorted(_best_segments(directory).values(), key=lambda n: n.key):
+        if include_open or name.state != OPEN:
+            streams.setdefault(name.writer, []).append(name)
+    return streams
+
+
+def _chain(
+    directory: Path, names: list[SegmentName], stats: ReadStats, where: RecordFilter | None
+) -> Iterator[Record]:
+    for name in names:
+        yield from _read_one(directory / name.filename(name.state), stats, where)
 
 
 def _ts_key(record: Mapping[str, Any]) -> float:

@@ -1,4 +1,4 @@
-"""Wire-log record schema v1 (shared/design.md): the line codec, version compatibility and builders.
+"""Wire-log record schema v1 (docs/wirelog.md): the line codec, version compatibility and builders.
 
 A record is one JSON object per line, encoded with orjson (UTF-8, no raw newlines inside a line, so a
 newline always ends a record). Readers call `decode_line` and then `compat`, which upgrades any older

@@ -45,7 +45,7 @@ TOKEN_PREFIX = "redacted:"
 
 
 class Level(StrEnum):
-    """How much of an endpoint's traffic is logged (design note: reduced levels still get a record)."""
+    """How much of an endpoint's traffic is logged (reduced levels still get a record: docs/wirelog.md)."""
 
     FULL = "full"
     HEADERS_OMITTED = "headers-omitted"

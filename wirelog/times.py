@@ -1,4 +1,4 @@
-"""Times on command lines (design note): ISO-8601 (`2026-11-22T10:00:00Z`) or relative (`15m` ago).
+"""Times on command lines (docs/contracts.md): ISO-8601 (`2026-11-22T10:00:00Z`) or relative (`15m` ago).
 
 Stdlib only: the CLI imports this before deciding anything else.
 """

@@ -10,6 +10,10 @@ Guarantees (docs/wirelog.md has the details):
   `.jsonl.open` to `.jsonl` (closed, complete), then a background thread gzips it to `.jsonl.gz.tmp`,
   fsyncs, renames it to `.jsonl.gz` and removes the `.jsonl`. At every instant either the complete
   plain segment or the complete gzip exists under its final name, never a half-written gzip.
+- The age defaults to 30 s (`$STRICTQ_WIRELOG_SEGMENT_AGE` overrides it), so a running server's records
+  are in a closed, indexable segment within a minute (`strictq index` reads closed segments only: it
+  tracks what it indexed by whole segment). A segment is opened by a write, never by a timer, so an idle
+  writer creates no files.
 - On start-up the writer recovers its own name's leftovers: `.open` segments of a crashed predecessor
   lose their torn last line (counted and logged) and are closed and compressed; stale `.gz.tmp` files
   are removed; a `.jsonl` whose `.jsonl.gz` already exists is removed.
@@ -59,6 +63,30 @@ FSYNC_POLICIES: tuple[FsyncPolicy, ...] = ("always", "interval", "never")
 FILE_MODE = 0o640  # the wire log holds (redacted) traffic: not world-readable
 DIR_MODE = 0o750
 COPY_CHUNK = 1 * MiB
+DEFAULT_SEGMENT_AGE = 30.0  # seconds: `strictq index` sees a running server's records within a minute
+ENV_SEGMENT_AGE = "STRICTQ_WIRELOG_SEGMENT_AGE"
+
+
+def default_segment_age() -> float:
+    """The segment age of writers not given one: `$STRICTQ_WIRELOG_SEGMENT_AGE` (`30`, `30s`, `2m`, `0.2`),
+    else 30 s. One variable reaches every writer of `strictq serve` (gateway, core, the proxy child); a bad
+    value is one WARNING line and the default, never a server that does not start."""
+    text = os.environ.get(ENV_SEGMENT_AGE, "").strip()
+    if not text:
+        return DEFAULT_SEGMENT_AGE
+    from wirelog.times import TimeParseError, parse_duration
+
+    try:
+        age = parse_duration(text)
+    except TimeParseError as exc:
+        age = -1.0
+        problem = str(exc)
+    else:
+        problem = "must be > 0"
+    if age > 0:
+        return age
+    log.warning("%s=%r: %s; using %g s", ENV_SEGMENT_AGE, text, problem, DEFAULT_SEGMENT_AGE)
+    return DEFAULT_SEGMENT_AGE
 
 
 @dataclass(slots=True)
@@ -90,7 +118,7 @@ class WireLogWriter:
         writer: str,
         *,
         max_segment_bytes: int = 64 * MiB,
-        max_segment_age: float = 300.0,
+        max_segment_age: float | None = None,
         fsync: FsyncPolicy = "interval",
         fsync_interval: float = 1.0,
         compress: bool = True,
@@ -100,6 +128,8 @@ class WireLogWriter:
     ) -> None:
         if not WRITER_NAME.fullmatch(writer):
             raise ValueError(f"writer name {writer!r}: use 1-64 of A-Z a-z 0-9 _ - (it names files)")
+        if max_segment_age is None:
+            max_segment_age = default_segment_age()
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {fsync!r}")
         if max_segment_bytes <= 0 or max_segment_age <= 0 or fsync_interval < 0 or buffer_bytes < 0:

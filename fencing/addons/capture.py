@@ -28,7 +28,7 @@ from mitmproxy.addonmanager import Loader
 from fencing.context import CallContext, ensure_context
 from fencing.runtime import ProxyRuntime
 from wirelog.record import http_record
-from wirelog.writer import FSYNC_POLICIES, WireLogWriter
+from wirelog.writer import FSYNC_POLICIES, WireLogWriter, default_segment_age
 
 log = logging.getLogger("strictq.proxy.capture")
 
@@ -47,7 +47,9 @@ class Capture:
         add("strictq_wirelog_fsync", str, "interval", "fsync policy: always | interval | never.")
         add("strictq_wirelog_fsync_interval", float, 1.0, "Seconds between fsyncs (policy interval).")
         add("strictq_wirelog_segment_bytes", int, 64 * 1024 * 1024, "Rotate segments at this size.")
-        add("strictq_wirelog_segment_age", float, 300.0, "Rotate segments at this age (seconds).")
+        add(  # the writers' default (30 s, $STRICTQ_WIRELOG_SEGMENT_AGE): indexable within a minute
+            "strictq_wirelog_segment_age", float, default_segment_age(), "Rotate segments at this age (s)."
+        )
         add("strictq_wirelog_compress", bool, True, "gzip closed segments.")
         add("strictq_wirelog_tick", float, 0.25, "Seconds between flushes of buffered records.")
 
