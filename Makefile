@@ -15,6 +15,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 HOST ?= 127.0.0.1
 PORT ?= 8443
+# The egress proxy's port (strictq serve's default: 8480); its admin port is PROXY_PORT + 10.
+PROXY_PORT ?=
 DATA_DIR ?= var/strictq
 
 .PHONY: help run test demo bench lint venv clean
@@ -37,7 +39,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/strictq serve --host $(HOST) --port $(PORT) --data-dir $(DATA_DIR)
+	$(VENV)/bin/strictq serve --host $(HOST) --port $(PORT) $(if $(PROXY_PORT),--proxy-port $(PROXY_PORT) )--data-dir $(DATA_DIR)
 
 # Two workers (this machine and CI have 2 cores); the 25 slowest tests are listed at the end.
 TEST_WORKERS ?= 2

@@ -15,8 +15,16 @@ KEY_SIZE = 2048
 PUBLIC_NAMES = ("ca-cert.pem", "ca-cert.cer", "ca-cert.p12", "dhparam.pem")  # the rest holds the key: 0600
 
 
+SERVE_PROXY_DIR = "proxy"  # `strictq serve`'s proxy child keeps its state in <serve data dir>/proxy
+
+
 def confdir(data_dir: Path) -> Path:
     return data_dir / "ca"
+
+
+def serve_proxy_dir(serve_data_dir: Path) -> Path:
+    """The data dir of the proxy `strictq serve --data-dir DIR` runs as its child."""
+    return serve_data_dir / SERVE_PROXY_DIR
 
 
 def ca_cert_path(data_dir: Path) -> Path:

@@ -73,10 +73,12 @@ async def start_proxy_child(
     stop: asyncio.Event | None = None,
     extra_args: Sequence[str] = (),
     stderr: int | IO[bytes] | None = None,
+    upstream_ca: Sequence[Path] = (),
 ) -> ProxyChild:
     """Start `strictq proxy` and wait for its start-up lines (or for `stop`: then it is stopped again).
     `extra_args`: more `strictq proxy` flags (replay passes `--replay-from DIR`); `stderr`: where its
-    log goes (a file or descriptor; default: ours)."""
+    log goes (a file or descriptor; default: ours); `upstream_ca`: private CAs (PEM) it trusts for
+    upstream certificates besides the system roots (`--upstream-ca`)."""
     argv = [
         *(sys.executable, "-m", "strictq", "proxy"),
         *("--host", host, "--port", str(port), "--admin-port", str(admin_port)),
@@ -90,6 +92,8 @@ async def start_proxy_child(
         argv += ["--wirelog", str(wirelog)]
     if redaction_key_dir is not None:
         argv += ["--redaction-key-dir", str(redaction_key_dir)]
+    for ca in upstream_ca:
+        argv += ["--upstream-ca", str(ca)]
     argv += extra_args
     proc = await asyncio.create_subprocess_exec(
         *argv,

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_DATA_DIR = Path("var/proxy")
+DEFAULT_SERVE_DATA_DIR = Path("var/strictq")  # `strictq serve`'s (and `make run`'s) data dir
 DEFAULT_KEYS = Path("var/strictq/keys.toml")  # `strictq serve`'s development key file
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,56}$")  # a wire-log writer name, with room for "-<index>"
 
@@ -48,9 +49,9 @@ def register(commands: Any) -> None:
     proxy.add_argument(
         "--data-dir",
         type=Path,
-        default=DEFAULT_DATA_DIR,
+        default=None,  # DEFAULT_DATA_DIR; None tells `strictq proxy ca` it was not given
         help="state directory: the CA (<data-dir>/ca), the redaction key, the default wire log "
-        "(default: %(default)s)",
+        f"(default: {DEFAULT_DATA_DIR})",
     )
     proxy.add_argument(
         "--keys",
@@ -148,17 +149,21 @@ def register(commands: Any) -> None:
     sub = proxy.add_subparsers(title="subcommands", metavar="SUBCOMMAND")
     ca = sub.add_parser(
         "ca",
-        help="print the path of the proxy's CA certificate (created if missing)",
-        description="Print the path of the CA certificate the proxy signs intercepted HTTPS with "
-        "(<data-dir>/ca/mitmproxy-ca-cert.pem), creating the CA on first use. Workers trust it "
-        "(STRICTQ_PROXY_CA_FILE).",
+        help="print the path of the egress proxy's CA certificate (created if missing)",
+        description="Print the path of the CA certificate the egress proxy signs intercepted HTTPS with, "
+        "creating the CA on first use; workers trust it (STRICTQ_PROXY_CA_FILE). By default the CA of "
+        f"the proxy `strictq serve` (and `make run`) runs, in {DEFAULT_SERVE_DATA_DIR}/proxy/ca; "
+        "--data-dir names another serve data dir. `strictq proxy --data-dir DIR ca` names a standalone "
+        "proxy's data dir (DIR/ca). The path goes to stdout; which proxy's CA it is, to stderr.",
     )
     ca.add_argument(
         "--data-dir",
         dest="ca_data_dir",
         type=Path,
         default=None,
-        help="state directory (default: the proxy's)",
+        metavar="DIR",
+        help="the data dir of `strictq serve --data-dir DIR` (its proxy's CA is DIR/proxy/ca), or of a "
+        f"standalone `strictq proxy` (DIR/ca, when DIR has no proxy/) (default: {DEFAULT_SERVE_DATA_DIR})",
     )
     ca.set_defaults(handler=cmd_proxy_ca)
 
@@ -166,6 +171,8 @@ def register(commands: Any) -> None:
 def cmd_proxy(args: argparse.Namespace) -> int:
     from fencing.process import ProxyCommand, run
 
+    if args.data_dir is None:
+        args.data_dir = DEFAULT_DATA_DIR
     for name in ("port", "admin_port"):
         value = getattr(args, name)
         if not (-1 if name == "admin_port" else 0) <= value <= 65535:
@@ -256,12 +263,28 @@ def _check_files(args: argparse.Namespace) -> str | None:
 
 
 def cmd_proxy_ca(args: argparse.Namespace) -> int:
-    from fencing.ca import ensure_ca
+    from fencing.ca import confdir, ensure_ca
 
-    data_dir = args.ca_data_dir if args.ca_data_dir is not None else args.data_dir
+    data_dir, whose = proxy_ca_dir(args.ca_data_dir, args.data_dir)
     try:
-        print(ensure_ca(data_dir))
+        path = ensure_ca(data_dir)
     except OSError as exc:
-        print(f"strictq: {exc}", file=sys.stderr)
+        print(f"strictq: {confdir(data_dir)}: cannot create the CA ({exc.strerror or exc})", file=sys.stderr)
         return 1
+    print(path)
+    print(f"strictq: the CA of {whose} (workers trust it: STRICTQ_PROXY_CA_FILE)", file=sys.stderr)
     return 0
+
+
+def proxy_ca_dir(ca_data_dir: Path | None, proxy_data_dir: Path | None) -> tuple[Path, str]:
+    """The proxy data dir whose CA `strictq proxy ca` prints, and whose proxy that is (for the user):
+    `strictq proxy --data-dir P ca` -> P; `ca --data-dir D` -> D/proxy (a serve data dir), or D itself
+    when D is a standalone proxy's (it has ca/ and no proxy/); neither -> var/strictq/proxy."""
+    from fencing.ca import confdir, serve_proxy_dir
+
+    if ca_data_dir is None and proxy_data_dir is not None:
+        return proxy_data_dir, f"the proxy of `strictq proxy --data-dir {proxy_data_dir}`"
+    serve_dir = ca_data_dir if ca_data_dir is not None else DEFAULT_SERVE_DATA_DIR
+    if confdir(serve_dir).is_dir() and not serve_proxy_dir(serve_dir).exists():
+        return serve_dir, f"the proxy of `strictq proxy --data-dir {serve_dir}`"
+    return serve_proxy_dir(serve_dir), f"the egress proxy of `strictq serve --data-dir {serve_dir}`"

@@ -197,7 +197,9 @@ async def start_master(master: Master, runtime: ProxyRuntime) -> tuple[asyncio.T
     addrs = proxyserver.listen_addrs() if proxyserver is not None else []
     problems = list(runtime.startup_errors)
     if not addrs:
-        problems.insert(0, "the proxy server is not listening (port in use or address not available?)")
+        host, port = master.options.listen_host, master.options.listen_port
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        problems.insert(0, f"cannot listen on {address} (in use, or not an address of this host): --port")
     if problems:
         master.shutdown()
         try:

@@ -66,7 +66,7 @@ class ProxyCommand:
     control_key_id: str | None = None  # the control stream's credential (default: first proxy one)
 
     def replay_options(self) -> dict[str, object]:
-        """The fence addon's replay options (fencing.addons.fence), or none."""
+        """The mimic addon's replay options (fencing.addons.mimic), or none."""
         if self.replay_from is None:
             return {}
         return {
@@ -80,6 +80,13 @@ def configure_logging() -> None:
     logsafe.install()  # control characters escaped, malformed requests one WARNING line (issue 11)
     # mitmproxy logs every client connect/disconnect at INFO: too much for a busy egress proxy.
     logging.getLogger("mitmproxy").setLevel(logging.WARNING)
+    logging.getLogger("mitmproxy.addons.proxyserver").addFilter(_drop_listen_advice)
+
+
+def _drop_listen_advice(record: logging.LogRecord) -> bool:
+    """mitmproxy's "failed to listen ... Try `--mode regular@PORT`" is advice for its own command line;
+    the start-up check (fencing.master.start_master) reports the port with our flag instead."""
+    return "failed to listen" not in record.getMessage()
 
 
 def run(command: ProxyCommand) -> int:
@@ -159,7 +166,8 @@ async def _serve(settings: ProxySettings, ca: Path) -> int:
     else:
         stop_requested.cancel()
     await task
-    print(f"strictq: proxy {settings.name} stopped", file=sys.stderr, flush=True)
+    named = "" if settings.name == "proxy" else f" ({settings.name})"  # not "proxy proxy stopped"
+    print(f"strictq: proxy stopped{named}", file=sys.stderr, flush=True)
     return 0
 
 

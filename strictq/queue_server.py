@@ -32,6 +32,7 @@ from queue_core.startup import (
     start_service,
     warn_loose_modes,
 )
+from strictq.startup_guard import Port, check_ports, data_dir_lock
 from wirelog import logsafe
 
 
@@ -118,6 +119,10 @@ def run(
     limits: ConnectionLimits = DEFAULT_LIMITS,
 ) -> None:
     logsafe.install()  # control characters escaped, malformed requests one WARNING line (issue 11)
-    # uvloop is pinned, as for `strictq serve`; an ImportError raised while serving is a fault to report,
-    # not a reason to start the server a second time on plain asyncio.
-    uvloop.run(serve(host, port, data_dir, partitions, keys, health, init, limits))
+    # The data dir locked first (another server on it is refused before its store is touched), then the
+    # port checked (strictq.startup_guard).
+    with data_dir_lock(data_dir, "queue-server"):
+        check_ports(host, [Port(port, "the internal API's --port", "--port")])
+        # uvloop is pinned, as for `strictq serve`; an ImportError raised while serving is a fault to
+        # report, not a reason to start the server a second time on plain asyncio.
+        uvloop.run(serve(host, port, data_dir, partitions, keys, health, init, limits))

@@ -15,8 +15,11 @@
   the claim).
 - The worker command gets the design note's environment (STRICTQ_URL, STRICTQ_CA_FILE, STRICTQ_API_KEY,
   STRICTQ_WORKER_ID, STRICTQ_WORKER_SECRET, STRICTQ_PROXY_URL, STRICTQ_PROXY_CA_FILE) and runs in its own
-  process group; it is stopped with SIGTERM (then SIGKILL after `grace`) when every message is done or
-  `timeout` is over. Everything started here is stopped here.
+  process group; the whole group is stopped with SIGTERM (then SIGKILL after `grace`) when every message
+  is done or `timeout` is over, and also when the worker has exited by itself: children it left behind
+  (even ones ignoring SIGTERM) go with it. Everything started here is stopped here.
+- A worker that exits before it took any message could not run: that is a RunError (`strictq replay`
+  exits 2, naming the command, its exit code and the last line of its output), not a divergence.
 """
 
 from __future__ import annotations
@@ -285,12 +288,14 @@ class IsolatedRun:
                 if exited in finished and not self._done.is_set():
                     code = exited.result()
                     self.result.worker_exit = code
+                    await asyncio.sleep(0.2)  # a delivery record may still be on its way
+                    if not self._done.is_set() and not any(t.deliveries for t in self._tracks.values()):
+                        raise RunError(self._could_not_start(code))
                     self.result.notes.append(
                         f"the {self.settings.name} worker exited with code {code} before every message was "
                         f"done (its output: {self.result.worker_log})"
                     )
-                    await asyncio.sleep(0.2)  # its last acks may still be on their way
-                    for track in self._open():
+                    for track in self._open():  # its last acks had the 0.2 s above
                         await self._time_out(track, f"worker exited with code {code}")
                     break
                 if loop.time() >= deadline:
@@ -309,6 +314,20 @@ class IsolatedRun:
             for task in list(self._tasks):
                 with contextlib.suppress(Exception, asyncio.CancelledError):
                     await task
+
+    def _could_not_start(self, code: int) -> str:
+        """One line: the command, its exit code and the last line it wrote (usually the reason)."""
+        last = ""
+        with contextlib.suppress(OSError):
+            with open(self.result.worker_log, "rb") as out:
+                out.seek(max(0, out.seek(0, os.SEEK_END) - 4096))
+                lines = [line.strip() for line in out.read().decode(errors="replace").splitlines()]
+            last = next((line for line in reversed(lines) if line), "")
+        said = f": {last[:200]}" if last else ""
+        return (
+            f"the {self.settings.name} worker exited with code {code} before it took any message, so nothing "
+            f"was replayed: {shlex.join(self.settings.command)}{said} (its output: {self.result.worker_log})"
+        )
 
     def _open(self) -> list[_Track]:
         return [t for t in self._tracks.values() if t.state != "done"]
@@ -388,18 +407,55 @@ class IsolatedRun:
             self._done.set()
 
     async def _stop_worker(self, worker: asyncio.subprocess.Process) -> None:
-        """SIGTERM to its process group (the SDK hands its claims back), SIGKILL after the grace."""
-        if worker.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(worker.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(worker.wait(), self.settings.grace)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(worker.pid, signal.SIGKILL)
-                await worker.wait()
+        """SIGTERM to its whole process group (the SDK hands its claims back), SIGKILL after the grace to
+        whatever of the group is left: whether the worker still runs or has exited and left children."""
+        await stop_group(worker, self.settings.grace)
         if self.result.worker_exit is None:
             self.result.worker_exit = worker.returncode
+
+
+async def stop_group(leader: asyncio.subprocess.Process, grace: float) -> None:
+    """Stop the process group `leader` leads (started with start_new_session): SIGTERM to the group, up
+    to `grace` seconds for the leader and every other member to exit, then SIGKILL to what is left.
+    The group outlives its leader while a member lives (and its id is not reused meanwhile), so this
+    also reaches children of a leader that has already exited."""
+    pgid = leader.pid
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(leader.wait(), grace)
+    while group_alive(pgid) and loop.time() < deadline:  # noqa: ASYNC110 - other processes, polled
+        await asyncio.sleep(POLL_INTERVAL)
+    if leader.returncode is None or group_alive(pgid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+    await leader.wait()
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` still runs (zombies, dead and waiting to be reaped by whoever
+    adopted them, do not count where /proc tells them apart)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
 
 
 async def _wait_ready(url: str) -> None:

@@ -18,12 +18,13 @@ import logging
 import signal
 import ssl
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from aiohttp import web
 
-from access.keys import Credential, KeyRing, write_development_keys
+from access.keys import Credential, KeyFileError, KeyRing, write_development_keys
+from fencing.ca import serve_proxy_dir
 from fencing.child import ProxyChild, ProxyStartError, start_proxy_child
 from gateway.app import make_gateway_app
 from gateway.deliveries import DeliveryLog
@@ -49,8 +50,9 @@ from queue_core.startup import (
     warn_loose_modes,
 )
 from spark.admin_endpoint import add_search_route
+from strictq.startup_guard import Port, StartupLine, check_ports, data_dir_lock
 from wirelog import logsafe
-from wirelog.files import file_faults, write_private
+from wirelog.files import StartupError, file_faults, write_private
 from wirelog.redaction import load_or_create_key
 
 log = logging.getLogger("strictq.gateway")
@@ -65,11 +67,19 @@ def make_edge_app(
     deliveries: DeliveryLog | None = None,
     failures: FailureManager | None = None,
     receipt_key: Path | None = None,
+    sqs_regions: tuple[str, ...] = (),
 ) -> web.Application:
     """The gateway's app (gateway.app) with, given `index`, GET /admin/v1/search over the wire-log index
-    (spark.admin_endpoint; `strictq index` builds it) mounted beside its faces."""
+    (spark.admin_endpoint; `strictq index` builds it) mounted beside its faces. `sqs_regions`: the regions
+    SQS requests may be signed for (gateway.sqs_regions); empty: any."""
     app = make_gateway_app(
-        service, keys, control=control, deliveries=deliveries, failures=failures, receipt_key=receipt_key
+        service,
+        keys,
+        control=control,
+        deliveries=deliveries,
+        failures=failures,
+        receipt_key=receipt_key,
+        sqs_regions=sqs_regions,
     )
     if index is not None:
         add_search_route(app, index, keys)
@@ -90,11 +100,13 @@ class ServeOptions:
     queue_server: str | None = None  # URL of a `strictq queue-server`; None: the core runs in-process
     proxy: bool = True  # start the egress proxy as a child process
     proxy_port: int | None = None  # default: 8480, or 0 (a free port) when `port` is 0
+    upstream_ca: tuple[Path, ...] = ()  # private CAs the proxy trusts for upstream certificates
     index: Path | None = None  # wire-log index for GET /admin/v1/search; default <data-dir>/index
     # Failure management (docs/failure-management.md §3) with the core in-process; None: off.
     health: HealthSettings | None = None
     init: bool = False  # start with an empty store although the data dir shows an earlier one
     limits: ConnectionLimits = DEFAULT_LIMITS  # head timeout, keep-alive (queue_core.http_guard)
+    regions: tuple[str, ...] = ()  # SQS: the regions requests may be signed for; empty: any (--region)
 
 
 def client_env(
@@ -145,6 +157,9 @@ def prepare(options: ServeOptions) -> tuple[KeyRing, Path, TlsFiles | None, ssl.
         check_store(data_dir, data_dir / "queue", options.init)
         check_state_files(data_dir, options.health is not None)
     check_wirelog_dir(data_dir / "wirelog")  # the delivery log's, in both modes
+    for ca in options.upstream_ca if options.proxy else ():
+        if not ca.is_file():
+            raise StartupError(ca, "is not a file", "give --upstream-ca the PEM of a backend's CA")
     check_output_file(data_dir / "client.env")  # written once the gateway listens
     tls: TlsFiles | None = None
     context: ssl.SSLContext | None = None
@@ -197,6 +212,7 @@ async def serve(options: ServeOptions) -> None:
             deliveries=deliveries,
             failures=failures,
             receipt_key=data_dir / "receipt.key",  # SQS receipt handles stay valid across restarts
+            sqs_regions=options.regions,
         ),
         access_log=None,
         handle_signals=False,
@@ -287,13 +303,13 @@ async def _start_proxy(
 ) -> ProxyChild | None:
     """`strictq proxy` as a child: same key file, our control stream (the queue server's with
     --queue-server) and CA, wire log and redaction key in our data directory."""
-    port = options.proxy_port if options.proxy_port is not None else (8480 if options.port else 0)
+    port, admin_port = proxy_ports(options)
     try:
         return await start_proxy_child(
             host=options.host,
             port=port,
-            admin_port=port + 10 if port else 0,
-            data_dir=options.data_dir / "proxy",
+            admin_port=admin_port,
+            data_dir=serve_proxy_dir(options.data_dir),
             keys=keys_path,
             control=options.queue_server or url,
             control_ca=tls.ca if tls is not None and options.queue_server is None else None,
@@ -301,6 +317,7 @@ async def _start_proxy(
             redaction_key_dir=options.data_dir,
             stop=stop,
             extra_args=proxy_control_args(keys),
+            upstream_ca=options.upstream_ca,
         )
     except ProxyStartError as exc:
         if not stop.is_set():
@@ -308,8 +325,57 @@ async def _start_proxy(
         return None
 
 
+def proxy_ports(options: ServeOptions) -> tuple[int, int]:
+    """The egress proxy's port and its admin port (the proxy port + 10; both 0, free ports, with --port 0
+    unless --proxy-port is given)."""
+    port = options.proxy_port if options.proxy_port is not None else (8480 if options.port else 0)
+    return port, port + 10 if port else 0
+
+
+def listening_ports(options: ServeOptions) -> list[Port]:
+    """Every port this serve listens on, with the flag that changes it (checked before anything starts)."""
+    ports = [Port(options.port, "the gateway's --port", "--port", "PORT")]
+    if options.proxy:
+        port, admin = proxy_ports(options)
+        ports += [
+            Port(port, "the egress proxy's --proxy-port", "--proxy-port", "PROXY_PORT"),
+            Port(admin, "the egress proxy's admin port, --proxy-port + 10", "--proxy-port", "PROXY_PORT"),
+        ]
+    return ports
+
+
+def without_unusable_proxy(options: ServeOptions) -> ServeOptions:
+    """A key file with no credential the proxy can read the control stream with (a `proxy` one, or an
+    `operator` one when it has several tenants): the gateway runs without the proxy, and says so in one
+    line, rather than printing `listening on` and exiting when the proxy child refuses to start."""
+    keys_path = options.keys or options.data_dir / "keys.toml"
+    if not options.proxy or not keys_path.exists():  # development keys, written at start, have one
+        return options
+    try:
+        keys = KeyRing.load(keys_path)
+    except (KeyFileError, OSError):
+        return options  # prepare() names the fault
+    several_tenants = len({c.tenant for c in keys.credentials if c.role != "operator"}) > 1
+    if _first(keys, "proxy") is not None or (several_tenants and _first(keys, "operator") is not None):
+        return options
+    print(
+        f"strictq: {keys_path} has no proxy-role credential: running without the egress proxy (add one "
+        "for workers' outbound calls to be fenced and recorded, docs/security.md; --no-proxy to say so)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return replace(options, proxy=False)
+
+
 def run(options: ServeOptions) -> None:
+    """`strictq serve`: the data dir locked first (another serve on it is refused before anything is
+    read), then every port checked, then the server (strictq.startup_guard)."""
     logsafe.install()  # control characters escaped, malformed requests one WARNING line (issue 11)
     import uvloop
 
-    uvloop.run(serve(options))
+    if options.upstream_ca and not options.proxy:
+        raise StartupLine(options.data_dir, "--upstream-ca is for the egress proxy: drop it or --no-proxy")
+    with data_dir_lock(options.data_dir, "serve"):
+        options = without_unusable_proxy(options)
+        check_ports(options.host, listening_ports(options))
+        uvloop.run(serve(options))

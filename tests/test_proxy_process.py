@@ -74,7 +74,8 @@ def test_port_in_use_fails_with_a_reason(tmp_path: Path, proxy_keys: Path) -> No
         done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "listening on" not in done.stdout
-    assert "cannot start the proxy" in done.stderr
+    assert f"cannot start the proxy: cannot listen on 127.0.0.1:{port} (in use" in done.stderr
+    assert "--port" in done.stderr and "regular@" not in done.stderr  # our flag, not mitmproxy's advice
 
 
 def test_bad_key_file_fails_with_a_reason(tmp_path: Path) -> None:
@@ -86,13 +87,24 @@ def test_bad_key_file_fails_with_a_reason(tmp_path: Path) -> None:
 
 
 def test_proxy_ca_command_prints_the_ca(tmp_path: Path) -> None:
+    """`proxy ca --data-dir D`: the CA of the proxy `strictq serve --data-dir D` runs (D/proxy/ca);
+    `proxy --data-dir P ca`: a standalone proxy's (P/ca). The path on stdout, whose it is on stderr."""
     argv = [sys.executable, "-m", "strictq", "proxy", "ca", "--data-dir", str(tmp_path / "d")]
     first = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
     path = Path(first.stdout.strip())
+    assert path == (tmp_path / "d" / "proxy" / "ca" / "mitmproxy-ca-cert.pem").resolve()
     assert path.is_file() and b"BEGIN CERTIFICATE" in path.read_bytes()
     assert b"PRIVATE KEY" not in path.read_bytes()  # workers get the certificate only
+    assert f"the egress proxy of `strictq serve --data-dir {tmp_path / 'd'}`" in first.stderr
     again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
     assert again.stdout == first.stdout  # created once, then reused
+    standalone = [sys.executable, "-m", "strictq", "proxy", "--data-dir", str(tmp_path / "p"), "ca"]
+    alone = subprocess.run(standalone, cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    assert Path(alone.stdout.strip()) == (tmp_path / "p" / "ca" / "mitmproxy-ca-cert.pem").resolve()
+    assert f"`strictq proxy --data-dir {tmp_path / 'p'}`" in alone.stderr
+    again = [sys.executable, "-m", "strictq", "proxy", "ca", "--data-dir", str(tmp_path / "p")]
+    found = subprocess.run(again, cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    assert found.stdout == alone.stdout  # a standalone proxy's data dir (ca/, no proxy/) is found too
 
 
 def test_sdk_picks_one_proxy_per_worker() -> None:

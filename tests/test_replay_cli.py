@@ -8,6 +8,10 @@ connection while replay ran: nothing leaves the machine.
 from __future__ import annotations
 
 import gzip
+import os
+import shlex
+import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -231,3 +235,78 @@ def test_the_html_report_is_self_contained(recording: Recording, tmp_path: Path)
     lines = [line for s in segments for line in gzip.decompress(s.read_bytes()).split(b"\n") if line]
     candidate_calls = [orjson.loads(line) for line in lines]
     assert candidate_calls and all(r["action"] == "mimic" and r["replayed_from"] for r in candidate_calls)
+
+
+# A worker wrapper: starts a child that ignores SIGTERM (its pid into PIDFILE), then either exits at once
+# (`--exit CODE`, after a last line naming why) or becomes the worker `--run ARGV...` (exec, same pid).
+WRAPPER = """\
+import os, signal, subprocess, sys
+pid_file, mode, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
+stubborn = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('ready', flush=True); time.sleep(300)"
+)
+child = subprocess.Popen([sys.executable, "-c", stubborn], stdout=subprocess.PIPE)
+assert child.stdout is not None and child.stdout.readline() == b"ready\\n"  # its SIGTERM handler is set
+open(pid_file, "w").write(str(child.pid))
+if mode == "--exit":
+    print("myworker: cannot connect to the payments service", flush=True)
+    sys.exit(int(rest[0]))
+os.execv(rest[0], rest)
+"""
+
+
+def wrapped_worker(tmp_path: Path, *args: str) -> tuple[str, Path]:
+    script, pid_file = tmp_path / "wrapper.py", tmp_path / "stubborn.pid"
+    script.write_text(WRAPPER)
+    return shlex.join([sys.executable, str(script), str(pid_file), *args]), pid_file
+
+
+def gone(pid_file: Path) -> bool:
+    """The stubborn child is not running (a zombie waiting for its reaper counts as gone)."""
+    pid = int(pid_file.read_text())
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def kill_leftover(pid_file: Path) -> None:
+    """If the test fails, the child it proved left behind is not left running."""
+    if pid_file.exists() and not gone(pid_file):
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_a_worker_that_exits_before_taking_a_message_could_not_run(
+    recording: Recording, tmp_path: Path
+) -> None:
+    """Exit 2 (could not run), not 1 (divergence): nothing was compared. Its last line says why, and the
+    child it left behind (ignoring SIGTERM) is killed with its process group."""
+    command, pid_file = wrapped_worker(tmp_path, "--exit", "3")
+    try:
+        result = replay(recording, tmp_path, "--queue", "orders", "--worker", command, "--grace", "0.5")
+        assert result.code == 2, result.stderr + result.stdout
+        line = result.stderr.strip()
+        assert "\n" not in line and "Traceback" not in line, result.stderr
+        assert "worker exited with code 3 before it took any message" in line
+        assert "myworker: cannot connect to the payments service" in line
+        assert gone(pid_file), "the worker's child outlived the replay"
+    finally:
+        kill_leftover(pid_file)
+
+
+def test_the_worker_process_group_is_stopped_whole(recording: Recording, tmp_path: Path) -> None:
+    """A worker whose child ignores SIGTERM: the run completes as usual, and the child is SIGKILLed after
+    --grace with the rest of the worker's process group."""
+    real = worker_command("--queue", "orders")
+    command, pid_file = wrapped_worker(tmp_path, "--run", *shlex.split(real))
+    try:
+        result = replay(recording, tmp_path, "--queue", "orders", "--worker", command, "--grace", "0.5")
+        assert result.code == 0, result.stderr + result.stdout
+        assert gone(pid_file), "the worker's child outlived the replay"
+    finally:
+        kill_leftover(pid_file)

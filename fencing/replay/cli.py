@@ -1,8 +1,10 @@
 """`strictq replay`: registered into the strictq command by `register()`; imports nothing heavy until run.
 
-Exit status: 0 when no replayed message diverged, 1 when one did, 2 on a usage error (bad flags, a
-directory that is not there, a selection that matches nothing, a worker command that cannot start),
-always with a one-line message and no traceback.
+Exit status: 0 when no replayed message diverged (same), 1 when one did (divergence), 2 when the replay
+could not run (bad flags, a directory that is not there, a selection that matches nothing, a worker
+command that cannot start or exits before it takes any message, a proxy that does not start), always
+with a one-line message and no traceback. CI can tell "the new worker differs" (1) from "nothing was
+compared" (2).
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ outbound calls (method, host, path, body hash after redaction and masks) and lat
 --baseline-worker the old worker is run the same way and the two runs are compared instead.
 
 Writes <report>/report.json (CI), <report>/report.html (self-contained, per-message diffs) and each run's
-wire log and worker output under <report>/runs/. Exit 0: no divergence; 1: divergence; 2: usage error.
+wire log and worker output under <report>/runs/.
+
+exit status: 0 same (no divergence); 1 divergence; 2 could not run (usage error, or the worker or the
+proxy could not start: a worker that exits before it takes any message counts as not started).
 """
 
 EPILOG = """\
@@ -144,9 +149,13 @@ def register(commands: Any, runner: Runner) -> None:
     parser.set_defaults(handler=cmd_replay, replay_runner=runner)
 
 
+EXIT_SAME, EXIT_DIVERGED, EXIT_COULD_NOT_RUN = 0, 1, 2
+
+
 def usage(message: str) -> int:
+    """One line on stderr; exit 2 (could not run: nothing was compared)."""
     print(f"strictq replay: {message}", file=sys.stderr)
-    return 2
+    return EXIT_COULD_NOT_RUN
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 
 
 class RunError(Exception):
-    """The run could not be set up (worker command cannot start, proxy did not start); the message says
-    why."""
+    """The run could not be set up (worker command cannot start or exits before it takes any message,
+    proxy did not start); the message says why. `strictq replay` exits 2 (could not run), never 1 (a
+    divergence)."""
 
 
 @dataclass(slots=True)
