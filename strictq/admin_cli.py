@@ -1,7 +1,8 @@
 """`strictq fence`, `strictq unfence`, `strictq fences`: the operator's side of the fence API.
 
-Cheap to import (argparse only): `strictq --help` builds every parser, so aiohttp and orjson are imported
-inside the handlers. Wire contract: docs/control-stream.md.
+Cheap to import (stdlib only): `strictq --help` builds every parser, so aiohttp and orjson are imported
+inside the handlers. Answers print as tables with ISO-8601 times (UTC); `--json` prints the server's JSON.
+Wire contract: docs/control-stream.md.
 """
 
 from __future__ import annotations
@@ -12,14 +13,18 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-DEFAULT_URL = "http://127.0.0.1:8470"
+from .cli_endpoint import DEFAULT_GATEWAY, CliError, endpoint, explain, ssl_context
+
+ADMIN_KEY_ENV = "STRICTQ_ADMIN_KEY"
 ENV_HELP = (
-    f"Talks to STRICTQ_URL (default {DEFAULT_URL}; the process holding the queue core: `strictq serve` or "
-    "`strictq queue-server`) with the admin key in STRICTQ_ADMIN_KEY (--admin-key overrides; `strictq "
-    "serve` writes it to <data-dir>/client.env, `strictq queue-server` has it in <data-dir>/keys.toml), "
-    "trusting the CA in STRICTQ_CA_FILE for HTTPS."
+    f"Talks to `strictq serve` at STRICTQ_URL (default {DEFAULT_GATEWAY}), or to a `strictq queue-server` "
+    "at --queue-server URL or STRICTQ_QUEUE_URL (either wins over STRICTQ_URL), trusting the CA in "
+    "STRICTQ_CA_FILE for HTTPS. The admin key: --admin-key, else the file --admin-key-file, else "
+    f"${ADMIN_KEY_ENV} (`strictq serve` writes it to <data-dir>/client.env; `strictq queue-server` has it in "
+    "<data-dir>/keys.toml); prefer the environment or the file: a flag's value shows in `ps`."
 )
 
 
@@ -45,6 +50,7 @@ def register(commands: Any) -> None:
         help="lift the fence automatically after this long: seconds (600) or with a unit (90s, 30m, 2h, 7d); "
         "default: until unfenced",
     )
+    _json_flag(fence, "the server's answer as JSON (times in epoch seconds) instead of a table")
     _common(fence)
     fence.set_defaults(handler=cmd_fence)
 
@@ -54,6 +60,7 @@ def register(commands: Any) -> None:
         description="Lift WORKER's fence; the proxies let its calls through again. " + ENV_HELP,
     )
     unfence.add_argument("worker", metavar="WORKER", help="worker id")
+    _json_flag(unfence, "the server's answer as JSON instead of a line")
     _common(unfence)
     unfence.set_defaults(handler=cmd_unfence)
 
@@ -62,13 +69,55 @@ def register(commands: Any) -> None:
         help="list fenced workers",
         description="List the fences the queue core holds, as a table (or JSON with --json). " + ENV_HELP,
     )
-    fences.add_argument("--json", action="store_true", help="one JSON object per fence instead of a table")
+    _json_flag(fences, "one JSON object per fence (times in epoch seconds) instead of a table")
     _common(fences)
     fences.set_defaults(handler=cmd_fences)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--admin-key", help="admin secret (default: $STRICTQ_ADMIN_KEY)")
+    keys = parser.add_mutually_exclusive_group()
+    keys.add_argument(
+        "--admin-key", help=f"admin secret (wins over --admin-key-file and ${ADMIN_KEY_ENV}; visible in `ps`)"
+    )
+    keys.add_argument(
+        "--admin-key-file",
+        type=Path,
+        metavar="PATH",
+        help=f"file whose first line is the admin secret (wins over ${ADMIN_KEY_ENV})",
+    )
+    parser.add_argument(
+        "--queue-server",
+        metavar="URL",
+        help="a `strictq queue-server` at URL instead of `strictq serve` (default: $STRICTQ_QUEUE_URL; "
+        "unset: $STRICTQ_URL)",
+    )
+
+
+def admin_key(args: argparse.Namespace) -> str:
+    """--admin-key, else the first line of --admin-key-file, else $STRICTQ_ADMIN_KEY; UsageError if none."""
+    if getattr(args, "admin_key", None):
+        return str(args.admin_key)
+    path: Path | None = getattr(args, "admin_key_file", None)
+    if path is not None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"--admin-key-file {path}: cannot read it ({exc.__class__.__name__})") from None
+        key = text.strip().splitlines()[0].strip() if text.strip() else ""
+        if not key:
+            raise UsageError(f"--admin-key-file {path} is empty: put the admin secret on its first line")
+        return key
+    key = os.environ.get(ADMIN_KEY_ENV, "").strip()
+    if not key:
+        raise UsageError(
+            f"no admin key: set {ADMIN_KEY_ENV} (load <data-dir>/client.env of `strictq serve`: "
+            "set -a; . var/strictq/client.env; set +a), or pass --admin-key-file"
+        )
+    return key
+
+
+def _json_flag(parser: argparse.ArgumentParser, text: str) -> None:
+    parser.add_argument("--json", action="store_true", help=text)
 
 
 def parse_ttl(text: str) -> float:
@@ -92,11 +141,23 @@ def cmd_fence(args: argparse.Namespace) -> int:
             data["ttl"] = parse_ttl(args.ttl)
         return data
 
-    return _run(args, "PUT", f"/admin/v1/fences/{_quote(args.worker)}", body, _print_json)
+    def show(result: Any) -> None:
+        if args.json:
+            _print_json(result)
+        else:
+            _print_table([result] if isinstance(result, dict) else [])
+
+    return _run(args, "PUT", f"/admin/v1/fences/{_quote(args.worker)}", body, show)
 
 
 def cmd_unfence(args: argparse.Namespace) -> int:
-    return _run(args, "DELETE", f"/admin/v1/fences/{_quote(args.worker)}", None, _print_json)
+    def show(result: Any) -> None:
+        if args.json:
+            _print_json(result)
+        else:
+            print_line(f"{_field(result, 'worker', args.worker)}: unfenced")
+
+    return _run(args, "DELETE", f"/admin/v1/fences/{_quote(args.worker)}", None, show)
 
 
 def cmd_fences(args: argparse.Namespace) -> int:
@@ -127,44 +188,49 @@ def _run(
 ) -> int:
     """One request to the admin API; exit 0 on success, 1 on a refusal or no server, 2 on bad usage."""
     try:
-        key = args.admin_key or os.environ.get("STRICTQ_ADMIN_KEY")
-        if not key:
-            raise UsageError("no admin key: set STRICTQ_ADMIN_KEY or pass --admin-key")
+        key = admin_key(args)
         data = body() if body is not None else None
+        found = endpoint(getattr(args, "queue_server", None))
+        context = ssl_context(found)
     except UsageError as exc:
         print(f"strictq: {exc}", file=sys.stderr)
         return 2
-    url = os.environ.get("STRICTQ_URL", DEFAULT_URL).rstrip("/") + path
-    ca_file = os.environ.get("STRICTQ_CA_FILE") or None
+    except CliError as exc:
+        print(f"strictq: {exc}", file=sys.stderr)
+        return exc.exit_code
     import aiohttp
 
+    async def go() -> tuple[int, Any]:
+        try:
+            return await _request(method, found.url + path, key, context, data)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise CliError(await explain(exc, found)) from None
+
     try:
-        status, result = asyncio.run(_request(method, url, key, ca_file, data))
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        reason = str(exc) or type(exc).__name__
-        print(
-            f"strictq: cannot reach {url} ({reason}); is the server running? Set STRICTQ_URL.",
-            file=sys.stderr,
-        )
-        return 1
+        status, result = asyncio.run(go())
+    except CliError as exc:
+        print(f"strictq: {exc}", file=sys.stderr)
+        return exc.exit_code
     if status >= 400:
         from protocol.errors import parse_error  # `{"error": {...}}`, or an older server's flat body
 
         error = parse_error(result, default_code="error")
         message = error.message or ("" if isinstance(result, dict) else str(result))
-        print(f"strictq: {status} {error.code}: {message}", file=sys.stderr)
+        if error.code == "no_such_route" and not found.internal:  # a gateway without the core in-process
+            message += (
+                f"; {found.url} has no admin routes: with `strictq serve --queue-server URL` the queue "
+                "server holds them: set STRICTQ_QUEUE_URL (or --queue-server) to its URL"
+            )
+        print(f"strictq: {status} {error.code}: {' '.join(message.split())}", file=sys.stderr)
         return 1
     show(result)
     return 0
 
 
-async def _request(method: str, url: str, key: str, ca_file: str | None, data: Any) -> tuple[int, Any]:
-    import ssl
-
+async def _request(method: str, url: str, key: str, context: Any, data: Any) -> tuple[int, Any]:
     import aiohttp
     import orjson
 
-    context: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca_file) if ca_file else True
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(ssl=context)) as session:
         from protocol.headers import API_KEY
@@ -215,6 +281,19 @@ def _print_table(fences: Sequence[dict[str, Any]]) -> None:
 
 
 def _when(value: Any) -> str:
-    if not isinstance(value, int | float):
+    """An epoch time as ISO 8601 in UTC (`2026-05-01T12:00:00Z`); '-' when there is none."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
         return "-"
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
+
+
+def _field(result: Any, name: str, default: str) -> str:
+    value = result.get(name) if isinstance(result, dict) else None
+    return str(value) if value is not None else default
+
+
+def print_line(text: str) -> None:
+    """One line of client text (names, reasons) for a terminal: control characters escaped."""
+    from wirelog.logsafe import escape_controls
+
+    print(escape_controls(text))

@@ -21,20 +21,30 @@ INIT_HELP = (
     "as its messages would be gone. A new data dir needs no --init"
 )
 CLIENT_ENV_HELP = (
-    "Client commands read STRICTQ_URL (default http://127.0.0.1:8470), STRICTQ_CA_FILE, STRICTQ_API_KEY "
-    "and STRICTQ_WORKER_ID from the environment."
+    "Client commands (send, poll, ack, peek, size, queues) talk to `strictq serve` at STRICTQ_URL "
+    "(default https://127.0.0.1:8443), trusting the CA in STRICTQ_CA_FILE, each with the key of the role "
+    "it needs: send STRICTQ_API_KEY (a producer), poll and ack STRICTQ_WORKER_SECRET (a worker), peek and "
+    "size STRICTQ_ADMIN_KEY (an admin); queues signs SQS ListQueues with AWS_ACCESS_KEY_ID and "
+    "AWS_SECRET_ACCESS_KEY. `strictq serve` writes all of them to <data-dir>/client.env: load it with "
+    "`set -a; . var/strictq/client.env; set +a` (make run's data dir). With --queue-server URL or "
+    "STRICTQ_QUEUE_URL they talk to a `strictq queue-server`'s internal API instead (the flag wins over "
+    "STRICTQ_QUEUE_URL, which wins over STRICTQ_URL), with STRICTQ_API_KEY and STRICTQ_WORKER_ID."
 )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    # Bodies may follow options (`send q --group g BODY BODY`), which plain parse_args refuses.
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        if getattr(args, "handler", None) is cmd_send and not any(e.startswith("--") for e in extra):
-            args.bodies = [*args.bodies, *extra]
-        else:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args_list = sys.argv[1:] if argv is None else list(argv)
+    if _command_of(args_list) == "send":
+        # Bodies may follow options (`send q --group g BODY BODY`), which plain parse_args refuses.
+        args, extra = parser.parse_known_args(args_list)
+        if extra:
+            if getattr(args, "handler", None) is cmd_send and not any(e.startswith("--") for e in extra):
+                args.bodies = [*args.bodies, *extra]
+            else:
+                parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    else:
+        args = parser.parse_args(args_list)
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2
@@ -42,12 +52,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     return handler(args)
 
 
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand's name: the first word not an option (the top level's options take no values)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+class StrictqParser(argparse.ArgumentParser):
+    """Every `strictq` parser, sub-parsers included (add_subparsers makes them of this class): long
+    options must be spelled out (`--mod` is not `--mode`), so a typo is an error, not a guess."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("strictq")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = StrictqParser(
         prog="strictq",
         description="A strict queue with failure management: per-group order, fencing tokens, durable store.",
         epilog=CLIENT_ENV_HELP,
     )
+    parser.add_argument("--version", action="version", version=f"strictq {version()}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
 
     server = commands.add_parser(
@@ -137,7 +172,25 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="egress proxy port (default: 8480, or a free one with --port 0); its admin port is this + 10",
     )
+    serve.add_argument(
+        "--upstream-ca",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="extra CA (PEM) the egress proxy trusts for upstream certificates, besides the system roots "
+        "(a private HTTPS backend; repeatable)",
+    )
     serve.add_argument("--init", action="store_true", help=INIT_HELP)
+    serve.add_argument(
+        "--region",
+        dest="regions",
+        action="append",
+        default=[],
+        metavar="REGION",
+        help="SQS: a region requests may be signed for (repeatable); others are refused as SQS refuses "
+        "them. Default: any region (queues are the same in every region; ARNs carry the caller's)",
+    )
     add_health_arguments(serve)
     add_connection_arguments(serve)
     serve.set_defaults(handler=cmd_serve)
@@ -150,20 +203,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     send.add_argument("queue")
     send.add_argument(
-        "bodies", nargs="*", metavar="BODY", help="message body (text); '-' reads lines from stdin"
+        "bodies",
+        nargs="*",
+        metavar="BODY",
+        help="message body (text: through the gateway a JSON string, see --json); '-' reads lines from stdin",
     )
     send.add_argument(
         "--group",
         help="strict order parameter: same-group messages are delivered in order, one claim at a time",
     )
     send.add_argument(
-        "--json", action="store_true", help="bodies are JSON values (validated, stored as application/json)"
+        "--json",
+        action="store_true",
+        help="bodies are JSON values (validated, stored as application/json; the EmoDB face's payloads)",
     )
     send.add_argument(
-        "--dedup-id", help="deduplication id (duplicates within the queue's window are dropped)"
+        "--dedup-id",
+        help="deduplication id (duplicates within the queue's window are dropped; queue server only)",
     )
-    send.add_argument("--id", dest="message_id", help="message id to use (default: assigned by the queue)")
-    send.add_argument("--delay", type=float, help="seconds before the message can be received (0-900)")
+    send.add_argument(
+        "--id",
+        dest="message_id",
+        help="message id to use (default: assigned by the queue; queue server only)",
+    )
+    send.add_argument(
+        "--delay", type=float, help="seconds before the message can be received (0-900; queue server only)"
+    )
+    add_queue_server_argument(send)
     send.set_defaults(handler=cmd_send)
 
     poll = commands.add_parser(
@@ -181,20 +247,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     poll.add_argument("--wait", type=float, default=0.0, help="long-poll up to this many seconds (max 20)")
     poll.add_argument(
-        "--worker", default="", help="worker id recorded with the claim (default: $STRICTQ_WORKER_ID)"
+        "--worker",
+        help="queue server only: worker id recorded with the claim (default: $STRICTQ_WORKER_ID); through "
+        "the gateway the claim goes to the key's credential",
     )
+    add_queue_server_argument(poll)
     poll.set_defaults(handler=cmd_poll)
 
     ack = commands.add_parser(
         "ack",
         help="acknowledge (delete) claimed messages",
         description="Delete messages by receipt handle (refused if the claim was "
-        "superseded), or by --id (EmoDB semantics). " + CLIENT_ENV_HELP,
+        "superseded), or by --id (EmoDB semantics: without --token the gateway answers success whatever "
+        "happened to each id, printed as 'accepted'). " + CLIENT_ENV_HELP,
     )
     ack.add_argument("queue")
-    ack.add_argument("receipts", nargs="*", metavar="RECEIPT", help="receipt handles printed by 'poll'")
+    ack.add_argument(
+        "receipts",
+        nargs="*",
+        metavar="RECEIPT",
+        help="receipt handles printed by 'poll'; '-' reads them from stdin, one per line or poll's JSON "
+        "lines (`strictq poll q | strictq ack q -`)",
+    )
     ack.add_argument("--id", dest="ids", action="append", default=[], help="message id (repeatable)")
     ack.add_argument("--token", type=int, help="with --id: fencing token; a stale one is refused")
+    add_queue_server_argument(ack)
     ack.set_defaults(handler=cmd_ack)
 
     peek = commands.add_parser(
@@ -202,16 +279,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     peek.add_argument("queue")
     peek.add_argument("--limit", type=int, default=10, help="at most this many (1-1000, default %(default)s)")
+    add_queue_server_argument(peek)
     peek.set_defaults(handler=cmd_peek)
 
     size = commands.add_parser(
         "size", help="count messages and claims in a queue", description=CLIENT_ENV_HELP
     )
     size.add_argument("queue")
+    add_queue_server_argument(size)
     size.set_defaults(handler=cmd_size)
 
-    queues = commands.add_parser("queues", help="list queues", description=CLIENT_ENV_HELP)
+    queues = commands.add_parser(
+        "queues", help="list queues", description="Print the queue names, one per line. " + CLIENT_ENV_HELP
+    )
     queues.add_argument("--prefix", default="", help="only names starting with this")
+    queues.add_argument("--json", action="store_true", help="one JSON string per line")
+    add_queue_server_argument(queues)
     queues.set_defaults(handler=cmd_queues)
     register_proxy_commands(commands)  # strictq proxy / proxy ca (fencing.cli)
     register_admin_commands(commands)  # strictq fence / unfence / fences
@@ -226,8 +309,25 @@ def build_parser() -> argparse.ArgumentParser:
     from spark.cli import register as register_spark  # strictq index / search / errors (stdlib imports only)
 
     register_spark(commands)
-    __import__("strictq.demo").demo.register(commands)  # strictq demo (the failover scenario, narrated)
+    _plugin_commands(commands)  # strictq demo (scenarios.demo: the failover scenario, narrated)
     return parser
+
+
+PLUGIN_GROUP = "strictq.commands"
+
+
+def _plugin_commands(commands: Any) -> None:
+    """Add the subcommands that packages above strictq declare in the `strictq.commands` entry-point group
+    (pyproject.toml: `demo = "scenarios.demo:register"`): found by name, so strictq never imports them
+    and stays the lower layer. One that cannot load is left out with one line on stderr, not a traceback
+    that would take every other command down with it."""
+    from importlib.metadata import entry_points
+
+    for entry in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        try:
+            entry.load()(commands)
+        except Exception as exc:
+            print(f"strictq: command {entry.name!r} ({entry.value}) is unavailable: {exc}", file=sys.stderr)
 
 
 # ------------------------------------------------------------------------------------------ server
@@ -300,6 +400,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     limits = _connection_limits(args)
     if health is False or limits is None:
         return 2
+    from gateway.sqs_regions import parse_regions
+
+    try:
+        regions = parse_regions(args.regions)
+    except ValueError as exc:
+        print(f"strictq: --region: {exc}", file=sys.stderr)
+        return 2
     options = ServeOptions(
         host=args.host,
         port=args.port,
@@ -313,10 +420,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         queue_server=args.queue_server,
         proxy=args.proxy,
         proxy_port=args.proxy_port,
+        upstream_ca=tuple(args.upstream_ca),
         index=args.index,
         health=health,
         init=args.init,
         limits=limits,
+        regions=tuple(sorted(regions or ())),
     )
     if args.queue_server is not None and not args.queue_server.startswith(("http://", "https://")):
         print("strictq: --queue-server must be an http:// or https:// URL", file=sys.stderr)
@@ -339,29 +448,104 @@ def _health_settings(args: argparse.Namespace) -> Any:
 
 
 # ------------------------------------------------------------------------------------------ client
-def run_client(work: Callable[[Any], Coroutine[Any, Any, int]]) -> int:
-    import aiohttp
+def add_queue_server_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--queue-server",
+        metavar="URL",
+        help="talk to a `strictq queue-server`'s internal API at URL instead of `strictq serve` "
+        "(default: $STRICTQ_QUEUE_URL; unset: the gateway at $STRICTQ_URL)",
+    )
 
-    from queue_core.client import QueueClient, QueueClientError
+
+def run_client(
+    args: argparse.Namespace,
+    internal: Callable[[Any], Coroutine[Any, Any, int]],
+    gateway: Callable[[Any], Coroutine[Any, Any, int]],
+) -> int:
+    """Run a client command against the queue server's internal API (`internal(QueueClient)`) or the
+    gateway of `strictq serve` (`gateway(EdgeClient)`); every failure is one line on stderr, exit 1 (2 for
+    a setting to fix before anything is sent)."""
+    from .cli_endpoint import CliError, endpoint, explain
+
+    try:
+        found = endpoint(getattr(args, "queue_server", None))
+    except CliError as exc:
+        return _fail(str(exc), exc.exit_code)
 
     async def go() -> int:
-        async with QueueClient() as client:
-            return await work(client)
+        import aiohttp
+
+        try:
+            if found.internal:
+                return await _run_internal(found, internal)
+            from .edge_client import EdgeClient
+
+            async with EdgeClient(found) as client:
+                return await gateway(client)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise CliError(await explain(exc, found)) from None
 
     try:
         return asyncio.run(go())
-    except QueueClientError as exc:
-        print(f"strictq: {exc.status} {exc.code}: {exc.message}", file=sys.stderr)
-        return 1
-    except aiohttp.ClientError as exc:  # connection refused, bad URL, server gone mid-request
-        from queue_core.client import ClientConfig
+    except CliError as exc:
+        message = str(exc)
+        if getattr(exc, "code", None) == "no_such_route":  # the other server's API
+            message += f"; {_other_server(found)}"
+        return _fail(message, exc.exit_code)
 
-        print(
-            f"strictq: cannot reach {ClientConfig.from_env().url} ({exc}); is the server running? "
-            "Set STRICTQ_URL.",
-            file=sys.stderr,
+
+async def _run_internal(found: Any, work: Callable[[Any], Coroutine[Any, Any, int]]) -> int:
+    import os
+
+    from queue_core.client import ClientConfig, QueueClient, QueueClientError
+
+    from .cli_endpoint import ssl_context
+    from .edge_client import EdgeError
+
+    if found.https:
+        ssl_context(found)  # a missing or bad STRICTQ_CA_FILE named before anything is sent
+    config = ClientConfig(
+        url=found.url,
+        ca_file=found.ca_file,
+        api_key=os.environ.get("STRICTQ_API_KEY") or None,
+        worker_id=os.environ.get("STRICTQ_WORKER_ID") or None,
+    )
+    try:
+        async with QueueClient(config=config) as client:
+            return await work(client)
+    except QueueClientError as exc:
+        raise EdgeError(exc.status, exc.code, exc.message) from None
+
+
+def _other_server(found: Any) -> str:
+    if found.internal:
+        return (
+            f"{found.url} is not a `strictq queue-server` ({found.source}); for `strictq serve` unset "
+            "STRICTQ_QUEUE_URL and set STRICTQ_URL"
         )
-        return 1
+    return (
+        f"{found.url} is not the gateway of `strictq serve` (STRICTQ_URL); for a `strictq queue-server` set "
+        "STRICTQ_QUEUE_URL or pass --queue-server"
+    )
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"strictq: {' '.join(message.split())}", file=sys.stderr)
+    return code
+
+
+def _key(kind: str) -> str:
+    from .edge_client import key_for
+
+    return key_for(kind)[1]
+
+
+async def _must_exist(client: Any, queue: str) -> None:
+    """The EmoDB face answers an unknown queue as an empty one; the CLI says the name is unknown."""
+    from .cli_endpoint import CliError
+
+    if await client.exists(queue) is False:
+        raise CliError(f"queue {queue!r} does not exist (`strictq queues` lists them)")
 
 
 def emit(obj: Any) -> None:
@@ -398,7 +582,7 @@ def cmd_send(args: argparse.Namespace) -> int:
                 entry["id" if name == "message_id" else name] = value
         messages.append(entry)
 
-    async def work(client: Any) -> int:
+    async def internal(client: Any) -> int:
         failed = 0
         for start in range(0, len(messages), 100):
             for result in await client.send(args.queue, messages[start : start + 100]):
@@ -406,58 +590,167 @@ def cmd_send(args: argparse.Namespace) -> int:
                 failed += "error" in result
         return 1 if failed else 0
 
-    return run_client(work)
+    async def gateway(client: Any) -> int:
+        from .cli_endpoint import CliError
+
+        only_internal = {"--dedup-id": args.dedup_id, "--id": args.message_id, "--delay": args.delay}
+        for flag, value in only_internal.items():
+            if value is not None:
+                raise CliError(
+                    f"{flag} is not on the gateway's EmoDB face: give it to a `strictq queue-server` "
+                    "(--queue-server URL or STRICTQ_QUEUE_URL), or send through the SQS face",
+                    2,
+                )
+        payloads = [m["json"] if "json" in m else m["body"] for m in messages]
+        await client.send(args.queue, payloads, args.group, _key("send"))
+        emit({"queue": args.queue, "group": args.group, "sent": len(payloads)})
+        return 0
+
+    return run_client(args, internal, gateway)
 
 
 def cmd_poll(args: argparse.Namespace) -> int:
-    async def work(client: Any) -> int:
-        for message in await client.receive(args.queue, args.limit, args.ttl, args.worker, args.wait):
+    async def internal(client: Any) -> int:
+        for message in await client.receive(args.queue, args.limit, args.ttl, args.worker or "", args.wait):
             emit(message)
         return 0
 
-    return run_client(work)
+    async def gateway(client: Any) -> int:
+        from .cli_endpoint import CliError
+
+        if args.worker is not None:
+            raise CliError(
+                "--worker is for a `strictq queue-server`: through the gateway the claim goes to the "
+                "credential of STRICTQ_WORKER_SECRET (its id: STRICTQ_WORKER_ID)",
+                2,
+            )
+        messages = await client.poll(args.queue, args.limit, args.ttl, args.wait, _key("consume"))
+        if not messages:
+            await _must_exist(client, args.queue)
+        for message in messages:
+            emit(message)
+        return 0
+
+    return run_client(args, internal, gateway)
 
 
 def cmd_ack(args: argparse.Namespace) -> int:
+    if "-" in args.receipts:
+        try:
+            piped = receipts_from(sys.stdin.read())
+        except ValueError as exc:
+            print(f"strictq: standard input: {exc}", file=sys.stderr)
+            return 2
+        args.receipts = [r for r in args.receipts if r != "-"] + piped
+        if not args.receipts and not args.ids:
+            return 0  # nothing was polled: nothing to acknowledge
     if not args.receipts and not args.ids:
         print("strictq: give RECEIPT arguments or --id", file=sys.stderr)
         return 2
 
-    async def work(client: Any) -> int:
+    def finish(results: list[dict[str, Any]]) -> int:
+        for result in results:
+            emit(result)
+        return 0 if all(r["status"] in ("ok", "gone", "accepted") for r in results) else 1
+
+    async def internal(client: Any) -> int:
         results = []
         if args.receipts:
             results += await client.ack(args.queue, args.receipts)
         if args.ids:
             results += await client.ack_ids(args.queue, args.ids, args.token)
-        for result in results:
-            emit(result)
-        return 0 if all(r["status"] in ("ok", "gone") for r in results) else 1
+        return finish(results)
 
-    return run_client(work)
+    async def gateway(client: Any) -> int:
+        from .edge_client import parse_receipt
+
+        key = _key("consume")
+        results: list[dict[str, Any]] = []
+        by_token: dict[int, list[str]] = {}
+        for text in args.receipts:
+            parsed = parse_receipt(text)
+            if parsed is None:
+                results.append({"receipt": text, "status": "invalid_receipt", "message": "not a receipt"})
+            else:
+                by_token.setdefault(parsed[1], []).append(parsed[0])
+        for token, ids in by_token.items():  # one fenced ack per claim
+            results += await client.ack(args.queue, ids, token, key)
+        if args.ids:
+            results += await client.ack(args.queue, args.ids, args.token, key)
+        return finish(results)
+
+    return run_client(args, internal, gateway)
+
+
+def receipts_from(text: str) -> list[str]:
+    """Receipts from standard input: one per line, or `strictq poll`'s JSON lines (their `receipt`)."""
+    import orjson
+
+    receipts: list[str] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("{"):
+            try:
+                found = orjson.loads(line).get("receipt")
+            except (orjson.JSONDecodeError, AttributeError):
+                found = None
+            if not isinstance(found, str):
+                raise ValueError(f"line {number} is a JSON object without a 'receipt'")
+            line = found
+        receipts.append(line)
+    return receipts
 
 
 def cmd_peek(args: argparse.Namespace) -> int:
-    async def work(client: Any) -> int:
+    async def internal(client: Any) -> int:
         for message in await client.peek(args.queue, args.limit):
             emit(message)
         return 0
 
-    return run_client(work)
+    async def gateway(client: Any) -> int:
+        messages = await client.peek(args.queue, args.limit, _key("admin"))
+        if not messages:
+            await _must_exist(client, args.queue)
+        for message in messages:
+            emit(message)
+        return 0
+
+    return run_client(args, internal, gateway)
 
 
 def cmd_size(args: argparse.Namespace) -> int:
-    async def work(client: Any) -> int:
+    async def internal(client: Any) -> int:
         info = await client.queue_info(args.queue)
         emit(info["metrics"])
         return 0
 
-    return run_client(work)
+    async def gateway(client: Any) -> int:
+        counts = await client.size(args.queue, _key("admin"))
+        if not counts["total"]:
+            await _must_exist(client, args.queue)
+        emit(counts)
+        return 0
+
+    return run_client(args, internal, gateway)
 
 
 def cmd_queues(args: argparse.Namespace) -> int:
-    async def work(client: Any) -> int:
-        for name in await client.list_queues(args.prefix):
-            emit(name)
+    def show(names: list[str]) -> int:
+        from wirelog.logsafe import escape_controls  # names are client text: no terminal escapes
+
+        for name in names:
+            if args.json:
+                emit(name)
+            else:
+                print(escape_controls(name))
         return 0
 
-    return run_client(work)
+    async def internal(client: Any) -> int:
+        return show(await client.list_queues(args.prefix))
+
+    async def gateway(client: Any) -> int:
+        return show(await client.list_queues(args.prefix))
+
+    return run_client(args, internal, gateway)

@@ -12,7 +12,17 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .admin_cli import ENV_HELP, UsageError, _common, _print_json, _quote, _run, parse_ttl
+from .admin_cli import (
+    ENV_HELP,
+    UsageError,
+    _common,
+    _json_flag,
+    _print_json,
+    _quote,
+    _run,
+    parse_ttl,
+    print_line,
+)
 
 # flag -> (HealthSettings field, type, help); defaults are HealthSettings' own (docs/failure-management.md)
 SETTINGS_FLAGS: dict[str, tuple[str, str, str]] = {
@@ -126,6 +136,7 @@ def register(commands: Any) -> None:
     )
     suspend.add_argument("queue", metavar="QUEUE")
     suspend.add_argument("--reason", required=True, help="why (shown in events and status)")
+    _json_flag(suspend, "the server's answer as JSON instead of a table")
     _common(suspend)
     suspend.set_defaults(handler=cmd_suspend)
 
@@ -136,6 +147,7 @@ def register(commands: Any) -> None:
     )
     resume.add_argument("queue", metavar="QUEUE")
     resume.add_argument("--reason", default="operator", help="why (default: %(default)s)")
+    _json_flag(resume, "the server's answer as JSON instead of a line")
     _common(resume)
     resume.set_defaults(handler=cmd_resume)
 
@@ -146,6 +158,7 @@ def register(commands: Any) -> None:
         "restores it (`strictq unfence` restores it at once). " + ENV_HELP,
     )
     unblacklist.add_argument("worker", metavar="WORKER")
+    _json_flag(unblacklist, "the server's answer as JSON instead of a line")
     _common(unblacklist)
     unblacklist.set_defaults(handler=cmd_unblacklist)
 
@@ -161,27 +174,40 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_suspend(args: argparse.Namespace) -> int:
-    return _run(
-        args,
-        "POST",
-        f"/admin/v1/queues/{_quote(args.queue)}/suspend",
-        lambda: {"reason": args.reason},
-        _print_json,
-    )
+    def show(result: Any) -> None:
+        if args.json:
+            _print_json(result)
+            return
+        answer = result if isinstance(result, dict) else {}
+        row = (str(answer.get("queue", args.queue)), "suspended", str(answer.get("reason", args.reason)))
+        for line in _table([("QUEUE", "STATE", "REASON"), row]):
+            print_line(line.removeprefix("  "))
+
+    path = f"/admin/v1/queues/{_quote(args.queue)}/suspend"
+    return _run(args, "POST", path, lambda: {"reason": args.reason}, show)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    return _run(
-        args,
-        "POST",
-        f"/admin/v1/queues/{_quote(args.queue)}/resume",
-        lambda: {"reason": args.reason},
-        _print_json,
-    )
+    def show(result: Any) -> None:
+        if args.json:
+            _print_json(result)
+        else:
+            queue = result.get("queue", args.queue) if isinstance(result, dict) else args.queue
+            print_line(f"{queue}: resumed")
+
+    path = f"/admin/v1/queues/{_quote(args.queue)}/resume"
+    return _run(args, "POST", path, lambda: {"reason": args.reason}, show)
 
 
 def cmd_unblacklist(args: argparse.Namespace) -> int:
-    return _run(args, "DELETE", f"/admin/v1/blacklist/{_quote(args.worker)}", None, _print_json)
+    def show(result: Any) -> None:
+        if args.json:
+            _print_json(result)
+        else:
+            worker = result.get("worker", args.worker) if isinstance(result, dict) else args.worker
+            print_line(f"{worker}: blacklist lifted (still fenced, probed again)")
+
+    return _run(args, "DELETE", f"/admin/v1/blacklist/{_quote(args.worker)}", None, show)
 
 
 # ------------------------------------------------------------------------------------------- output
@@ -258,6 +284,7 @@ def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
 
 
 def _clock(at: Any) -> str:
-    if not isinstance(at, int | float):
+    """An event's epoch time as ISO 8601 in UTC with milliseconds (`2026-05-01T12:00:00.250Z`)."""
+    if not isinstance(at, int | float) or isinstance(at, bool):
         return "-"
-    return time.strftime("%H:%M:%S", time.gmtime(at)) + f".{int(at * 10) % 10}"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at * 1000) % 1000:03d}Z"

@@ -1,4 +1,6 @@
-"""The `strictq` command as a user runs it: a subprocess talking to the real server through STRICTQ_URL."""
+"""The `strictq` command as a user runs it: a subprocess talking to a real `strictq queue-server` through
+STRICTQ_QUEUE_URL (its internal API). Against `strictq serve` (the gateway, STRICTQ_URL):
+tests/test_cli_gateway.py."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ def strictq_command() -> list[str]:
 def run(url: str | None, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRICTQ_")}
     if url is not None:
-        env["STRICTQ_URL"] = url
+        env["STRICTQ_QUEUE_URL"] = url
     return subprocess.run(
         [*strictq_command(), *args],
         input=stdin,
@@ -49,6 +51,11 @@ def ok(result: subprocess.CompletedProcess[str]) -> list[Any]:
     assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
     return lines(result)
+
+
+def names(result: subprocess.CompletedProcess[str]) -> list[str]:
+    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
+    return result.stdout.splitlines()
 
 
 def dead_url() -> str:
@@ -109,9 +116,10 @@ def test_send_poll_ack_peek_size_queues(server: ServerProcess) -> None:
     as_json = ok(run(url, "send", "orders", "--group", "customer-3", "--json", '{"order": 1}'))
     assert len(as_json) == 1
 
-    assert ok(run(url, "queues")) == ["orders"]
-    assert ok(run(url, "queues", "--prefix", "ord")) == ["orders"]
-    assert ok(run(url, "queues", "--prefix", "zzz")) == []
+    assert names(run(url, "queues")) == ["orders"]  # plain names, one per line
+    assert ok(run(url, "queues", "--json")) == ["orders"]
+    assert names(run(url, "queues", "--prefix", "ord")) == ["orders"]
+    assert names(run(url, "queues", "--prefix", "zzz")) == []
     (size,) = ok(run(url, "size", "orders"))
     assert "orders" in (size.get("name"), size.get("queue"))
     assert size["total"] == 8 and size["in_flight"] == 0
@@ -189,7 +197,7 @@ def test_dead_url_is_a_clear_error(args: list[str]) -> None:
     assert result.returncode == 1
     assert "Traceback" not in result.stderr, result.stderr
     assert "cannot reach" in result.stderr and url in result.stderr
-    assert "STRICTQ_URL" in result.stderr
+    assert "STRICTQ_QUEUE_URL" in result.stderr and "strictq queue-server" in result.stderr
     assert result.stdout == ""
 
 
@@ -198,4 +206,4 @@ def test_malformed_url_is_a_clear_error(url: str) -> None:
     result = run(url, "size", "q")
     assert result.returncode in (1, 2)
     assert "Traceback" not in result.stderr, result.stderr
-    assert "STRICTQ_URL" in result.stderr
+    assert "STRICTQ_QUEUE_URL" in result.stderr

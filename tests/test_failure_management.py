@@ -355,7 +355,7 @@ async def strictq(h: Health, *args: str) -> tuple[int, str, str]:
 async def test_cli_status_suspend_resume_unblacklist(health: Health) -> None:
     h = health
     await fence_worker_1(h)
-    code, out, err = await strictq(h, "suspend", QUEUE, "--reason", "backend maintenance")
+    code, out, err = await strictq(h, "suspend", QUEUE, "--reason", "backend maintenance", "--json")
     assert code == 0, err
     assert json.loads(out) == {"queue": QUEUE, "suspended": True, "reason": "backend maintenance"}
     code, out, err = await strictq(h, "status")
@@ -368,7 +368,7 @@ async def test_cli_status_suspend_resume_unblacklist(health: Health) -> None:
     assert "fence" in out and "suspend" in out
     code, out, _ = await strictq(h, "status", "--json")
     assert code == 0 and json.loads(out)["queues"][0]["suspended"] is True
-    code, out, err = await strictq(h, "resume", QUEUE)
+    code, out, err = await strictq(h, "resume", QUEUE, "--json")
     assert (code, json.loads(out)) == (0, {"queue": QUEUE, "resumed": True}), err
     code, _, err = await strictq(h, "resume", QUEUE)
     assert code == 1 and "404 not_suspended" in err

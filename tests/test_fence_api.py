@@ -197,7 +197,8 @@ def test_cli_fence_fences_unfence(server: ServerProcess) -> None:
     keys = server_keys(server.data_dir)
     admin = secret_of(keys, "admin")
     done = strictq(
-        server, "fence", "worker-1", "--mode", "mimic", "--reason", "flaky backend", "--ttl", "30m", key=admin
+        server, "fence", "worker-1", "--mode", "mimic", "--reason", "flaky backend", "--ttl", "30m", "--json",
+        key=admin,
     )
     assert done.returncode == 0, done.stderr
     fence = orjson.loads(done.stdout)
@@ -214,7 +215,7 @@ def test_cli_fence_fences_unfence(server: ServerProcess) -> None:
     assert [orjson.loads(line) for line in listed.stdout.splitlines()] == [fence]
 
     # --admin-key overrides the environment.
-    done = strictq(server, "unfence", "worker-1", "--admin-key", admin, key="wrong-key-0123456789")
+    done = strictq(server, "unfence", "worker-1", "--json", "--admin-key", admin, key="wrong-key-0123456789")
     assert done.returncode == 0, done.stderr
     assert orjson.loads(done.stdout) == {"worker": "worker-1", "unfenced": True}
     assert strictq(server, "fences", key=admin).stdout.strip() == "no fenced workers"
