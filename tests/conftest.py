@@ -62,7 +62,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     fixture (a proxy, a `strictq serve`, a recording) run on one worker, so it is set up once."""
     loadgroup = bool(getattr(config.option, "loadgroup", False))  # set on xdist workers only
     for item in items:
-        if "spark" in getattr(item, "fixturenames", ()):
+        marked = item.get_closest_marker("xdist_group")
+        if marked is not None and marked.args:
+            group = str(marked.args[0])  # a test's own @pytest.mark.xdist_group("name")
+        elif "spark" in getattr(item, "fixturenames", ()):
             group = "spark"
         else:
             info = getattr(item, "_fixtureinfo", None)
@@ -73,6 +76,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.xdist_group(group))
         if loadgroup:
             _join_group(item, group)
+    if loadgroup:
+        # Longest first: xdist hands out groups by size, then single tests in this order. The `crash`
+        # tests (SIGKILL loops, real Spark processes, 20 s and more each) start at once beside the groups
+        # instead of last on one worker while the other has nothing left to do.
+        items.sort(key=lambda item: item.get_closest_marker("crash") is None)
 
 
 def _join_group(item: pytest.Item, group: str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,8 +16,11 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
+from kit.inprocess import InProcessServer, serve_in_process
 from kit.process import LISTENING, ChildProcess, launch, strictq
 from kit.until import until
+
+from access.keys import KeyRing
 
 KEY = "proxy-secret-0123456789"  # proxy_support.PROXY_CREDENTIAL's secret
 
@@ -196,6 +199,18 @@ def running_queue_server(data_dir: Path, keys: Path) -> Iterator[QueueServer]:
         server.stop()
 
 
+@contextlib.asynccontextmanager
+async def queue_server_in_process(data_dir: Path, keys: Path) -> AsyncIterator[InProcessServer]:
+    """The core with its control stream and fence API as the queue server composes them, served in this
+    event loop (kit.inprocess): for tests about a proxy process, where the core's process is not the point
+    (the test must be async: the core answers only while the test awaits)."""
+    async with serve_in_process(data_dir, keys=KeyRing.load(keys)) as server:
+        yield server
+
+
+Core = QueueServer | InProcessServer  # what the admin helpers below need: `url`, `control_url`
+
+
 async def admin_call(
     url: str, secret: str, method: str, path: str, body: Any = None
 ) -> tuple[int, dict[str, Any]]:
@@ -204,7 +219,7 @@ async def admin_call(
             return resp.status, orjson.loads(await resp.read() or b"{}")
 
 
-async def fence_worker(server: QueueServer, admin_secret: str, worker: str, mode: str) -> dict[str, Any]:
+async def fence_worker(server: Core, admin_secret: str, worker: str, mode: str) -> dict[str, Any]:
     status, body = await admin_call(
         server.url, admin_secret, "PUT", f"/admin/v1/fences/{worker}", {"mode": mode, "reason": "test"}
     )
@@ -212,7 +227,7 @@ async def fence_worker(server: QueueServer, admin_secret: str, worker: str, mode
     return body
 
 
-async def unfence_worker(server: QueueServer, admin_secret: str, worker: str) -> None:
+async def unfence_worker(server: Core, admin_secret: str, worker: str) -> None:
     status, body = await admin_call(server.url, admin_secret, "DELETE", f"/admin/v1/fences/{worker}")
     assert status == 200, body
 
@@ -243,7 +258,7 @@ async def wait_proxy_saw(admin_url: str, event_id: str | None, within: float = 1
 
 
 async def proxy_caught_up(
-    server: QueueServer, admin_url: str, predicate: Callable[[Any], bool], within: float = 15.0
+    server: Core, admin_url: str, predicate: Callable[[Any], bool], within: float = 15.0
 ) -> None:
     """Until the core's stream satisfies `predicate(state)` for our own subscriber, and then until the
     proxy has processed that same event: waits on event ids, never on time."""

@@ -1,9 +1,10 @@
 """`strictq serve --queue-server URL`: the gateway in front of a separate `strictq queue-server`.
 
-The module's `gateway` fixture replaces the in-process core with a real queue-server process reached
-over its internal API, and re-runs a cross-section of the faces' own tests against it (imported below,
-so they are collected here a second time). The tests written here cover what only exists remotely: the
-queue server going away and coming back.
+The module's `gateway` fixture replaces the in-process core with a queue server reached over its internal API
+(its real app on a loopback socket, served in process by kit.inprocess), and re-runs a cross-section of the
+faces' own tests against it (imported below, so they are collected here a second time). The tests written here
+cover what only exists remotely, with a real `strictq queue-server` process: the queue server going away and
+coming back, `--queue-server`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import trustme
 from aiohttp import web
 from conftest import ServerProcess, running_server, start_server
 from gateway_support import CREDENTIALS, Gateway
+from kit.inprocess import InProcessServer, serve_in_process
 from kit.process import CLIENT_ENV, LISTENING, launch, strictq
 from test_gateway_emodb import emo, session
 from test_gateway_emodb import test_bad_input_is_a_json_4xx_and_serving_goes_on as test_remote_emodb_bad_input
@@ -81,9 +83,18 @@ async def _serve_gateway(tmp_path: Path, backend: RemoteQueueService) -> tuple[w
 
 
 @pytest.fixture
-async def gateway(tmp_path: Path, queue_server: ServerProcess) -> AsyncIterator[Gateway]:
-    """The faces' fixture, with the core in another process."""
-    backend = RemoteQueueService(queue_server.url, probe_interval=0.2)
+async def internal_api(tmp_path: Path) -> AsyncIterator[InProcessServer]:
+    """The queue server's internal API (its real app over a real loopback socket) served in this process:
+    the remote faces' tests are about the gateway talking HTTP to it, not about its process (the tests
+    below that stop and restart it, or start `strictq serve --queue-server`, use a real process)."""
+    async with serve_in_process(tmp_path / "queue-server") as served:
+        yield served
+
+
+@pytest.fixture
+async def gateway(tmp_path: Path, internal_api: InProcessServer) -> AsyncIterator[Gateway]:
+    """The faces' fixture, with the core behind its internal API (RemoteQueueService over HTTP)."""
+    backend = RemoteQueueService(internal_api.url, probe_interval=0.2)
     await backend.start()
     runner, url, ca_file = await _serve_gateway(tmp_path, backend)
     try:

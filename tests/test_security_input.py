@@ -1,12 +1,12 @@
 """Input hygiene (issue 11, items 1, 5, 10b) through the real servers: one request fails only itself.
 
-The embedded gateway (real TLS, tenants t1 and t2; tests/gateway_support.py) and the real queue-server
-process (tests/conftest.py). Pinned here: text that cannot be encoded (a lone surrogate, valid JSON) is
-refused at the edge with a 400 JSON body naming the field, and afterwards the other tenant still writes,
-/readyz is 200 and earlier messages are intact; names are matched whole (a trailing newline is refused)
-and hold no control characters; numbers in query strings are plain ASCII; unknown routes and wrong
-methods answer JSON. Plus the core's own refusal and the group commit's isolation of one submission's
-bad data from a real SQLite failure.
+The embedded gateway (real TLS, tenants t1 and t2; tests/gateway_support.py) and the queue server's internal
+API and admin routes (its real app, served in process: kit.inprocess). Pinned here: text that cannot be
+encoded (a lone surrogate, valid JSON) is refused at the edge with a 400 JSON body naming the field, and
+afterwards the other tenant still writes, /readyz is 200 and earlier messages are intact; names are matched
+whole (a trailing newline is refused) and hold no control characters; numbers in query strings are plain
+ASCII; unknown routes and wrong methods answer JSON. Plus the core's own refusal and the group commit's
+isolation of one submission's bad data from a real SQLite failure.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ import boto3
 import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
-from conftest import ServerProcess
-from gateway_support import Gateway, delivery_gateway  # noqa: F401 (fixture)
+from gateway_support import CREDENTIALS, Gateway, delivery_gateway  # noqa: F401 (fixture)
+from kit.inprocess import InProcessServer, serve_in_process
 
+from access.keys import KeyRing
 from queue_core.durability import DurableLog, commit
 from queue_core.machine import InvalidArgument, QueueCore, SendRequest
 from queue_core.machine.effects import MessageInserted
@@ -289,14 +290,22 @@ async def test_the_sqs_face_keeps_its_dialect_for_post_root(
 
 
 # --------------------------------------------------------------------------------- internal API
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[InProcessServer]:
+    """The queue server's internal API and admin routes as its process composes them, served in process
+    (kit.inprocess; overrides conftest's subprocess): the requests are the point, not the process."""
+    async with serve_in_process(tmp_path / "data", keys=KeyRing(list(CREDENTIALS))) as served:
+        yield served
+
+
 async def raw(
-    server: ServerProcess, method: str, path: str, body: Any = None, **kwargs: Any
+    server: InProcessServer, method: str, path: str, body: Any = None, **kwargs: Any
 ) -> tuple[int, Any, Any]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
         return await call(session, method, server.url + path, body, **kwargs)
 
 
-async def test_the_internal_api_refuses_bad_text_and_keeps_serving(server: ServerProcess) -> None:
+async def test_the_internal_api_refuses_bad_text_and_keeps_serving(server: InProcessServer) -> None:
     q = "/v1/queues/jobs"
     status, _, _ = await raw(server, "POST", q + "/send", {"create": True, "messages": [{"body": "kept"}]})
     assert status == 200
@@ -336,7 +345,7 @@ async def test_the_internal_api_refuses_bad_text_and_keeps_serving(server: Serve
     ],
 )
 async def test_unknown_routes_and_wrong_methods_answer_json_on_the_queue_server(
-    server: ServerProcess, method: str, path: str, status: int
+    server: InProcessServer, method: str, path: str, status: int
 ) -> None:
     code, body, headers = await raw(server, method, path)
     assert code == status, body

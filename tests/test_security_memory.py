@@ -24,6 +24,10 @@ GROWTH_BOUND_MB = 400  # while they are connected (before the fix: +646 MB)
 RETURN_BOUND_MB = 60  # after they closed (before the fix: +644 MB, kept)
 HEADER_TIMEOUT = 1.0
 WAIT = 15.0  # bounded waits; no timing is asserted
+SAMPLING = 8.0  # at most this long watching the RSS while the readers are connected
+SAMPLE_EVERY = 0.1
+FLAT_SAMPLES = 15  # RSS within FLAT_MB over this many samples in a row: the server sent what it could
+FLAT_MB = 10.0  # allocator noise is a few MB; unbounded buffering grows tens of MB a second
 
 
 def rss_mb(pid: int) -> float:
@@ -75,9 +79,17 @@ def test_slow_readers_do_not_pin_memory(serve: Serve) -> None:
             except BlockingIOError:
                 pass
             sockets.append(sock)
-        for _ in range(16):  # the server works through what it can send, then waits on them
-            time.sleep(0.5)
-            peak = max(peak, rss_mb(serve.pid))
+        # The server works through what it can send, then waits on them: sample its RSS until it has
+        # stayed flat for a while (a server that buffers without bound keeps growing), at most SAMPLING s.
+        samples = [rss_mb(serve.pid)]
+        deadline = time.monotonic() + SAMPLING
+        while time.monotonic() < deadline:
+            time.sleep(SAMPLE_EVERY)
+            samples.append(rss_mb(serve.pid))
+            flat = samples[-FLAT_SAMPLES:]
+            if len(flat) == FLAT_SAMPLES and max(flat) - min(flat) < FLAT_MB:
+                break
+        peak = max(peak, *samples)
         assert serve.call("GET", "/readyz", admin)[0] == 200  # a normal request still gets through
     finally:
         for sock in sockets:
@@ -85,7 +97,7 @@ def test_slow_readers_do_not_pin_memory(serve: Serve) -> None:
     assert peak - baseline < GROWTH_BOUND_MB, (baseline, peak)
     deadline = time.monotonic() + WAIT
     while rss_mb(serve.pid) - baseline >= RETURN_BOUND_MB and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(SAMPLE_EVERY)
     after = rss_mb(serve.pid)
     assert after - baseline < RETURN_BOUND_MB, (baseline, peak, after)
 

@@ -4,6 +4,8 @@ port. Service-level tests use it instead of a `strictq queue-server` subprocess 
 process itself (SIGTERM, SIGKILL, restarts, start-up faults) keep the subprocess (kit.process).
 
 `clock`: the service's clock (a kit.clock.FakeClock to move time by hand); the wall clock by default.
+`keys`: a key ring, to mount the admin routes (control stream, fences) as the queue server does; without
+it, only the internal API.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from pathlib import Path
 
 from aiohttp.test_utils import TestServer
 
+from access.keys import KeyRing
+from queue_core.admin_routes import add_admin_routes
+from queue_core.control import ControlHub
 from queue_core.server import make_app
 from queue_core.service import QueueService
 
@@ -29,6 +34,12 @@ class InProcessServer:
     data_dir: Path
     service: QueueService
     _server: TestServer
+    hub: ControlHub | None = None  # with `keys`: the control hub behind the admin routes
+
+    @property
+    def control_url(self) -> str:
+        """The control stream's URL (with `keys`), as control_support.QueueServer names it."""
+        return f"{self.url}/admin/v1/control"
 
     def running(self) -> bool:
         """Still serving (the in-process twin of ChildProcess.running)."""
@@ -37,15 +48,20 @@ class InProcessServer:
 
 @contextlib.asynccontextmanager
 async def serve_in_process(
-    data_dir: Path, *, clock: Callable[[], float] = time.time
+    data_dir: Path, *, clock: Callable[[], float] = time.time, keys: KeyRing | None = None
 ) -> AsyncIterator[InProcessServer]:
     await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True, mode=0o700)
     service = QueueService(data_dir, clock=clock)
     await service.start()
-    server = TestServer(make_app(service), host="127.0.0.1")
+    app = make_app(service)
+    hub = None
+    if keys is not None:  # as strictq.queue_server composes it (no failure management)
+        hub = ControlHub(service)
+        add_admin_routes(app, hub, keys, untenanted=True)
+    server = TestServer(app, host="127.0.0.1")
     try:
         await server.start_server()
-        yield InProcessServer(str(server.make_url("")).rstrip("/"), data_dir, service, server)
+        yield InProcessServer(str(server.make_url("")).rstrip("/"), data_dir, service, server, hub)
     finally:
         service.stop_waiting()  # long polls answer now, as the process does on SIGTERM
         await server.close()
