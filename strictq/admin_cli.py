@@ -16,7 +16,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .cli_endpoint import DEFAULT_GATEWAY, CliError, endpoint, explain, ssl_context
+from .cli_endpoint import (
+    DEFAULT_GATEWAY,
+    CliError,
+    EdgeError,
+    Endpoint,
+    endpoint,
+    explain,
+    refusal,
+    ssl_context,
+)
 
 ADMIN_KEY_ENV = "STRICTQ_ADMIN_KEY"
 ENV_HELP = (
@@ -186,68 +195,66 @@ def _run(
     body: Callable[[], dict[str, Any]] | None,
     show: Callable[[Any], None],
 ) -> int:
-    """One request to the admin API; exit 0 on success, 1 on a refusal or no server, 2 on bad usage."""
+    """One admin command (also strictq.health_cli's): exit 0 on success, 1 on a refusal or no server, 2 on
+    bad usage; the request and its failures are admin_call's."""
     try:
         key = admin_key(args)
         data = body() if body is not None else None
         found = endpoint(getattr(args, "queue_server", None))
-        context = ssl_context(found)
+        ssl_context(found)  # a missing or bad STRICTQ_CA_FILE named before anything is sent
     except UsageError as exc:
         print(f"strictq: {exc}", file=sys.stderr)
         return 2
     except CliError as exc:
         print(f"strictq: {exc}", file=sys.stderr)
         return exc.exit_code
-    import aiohttp
-
-    async def go() -> tuple[int, Any]:
-        try:
-            return await _request(method, found.url + path, key, context, data)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise CliError(await explain(exc, found)) from None
-
     try:
-        status, result = asyncio.run(go())
+        result = asyncio.run(admin_call(found, key, method, path, data))
     except CliError as exc:
         print(f"strictq: {exc}", file=sys.stderr)
         return exc.exit_code
-    if status >= 400:
-        from protocol.errors import parse_error  # `{"error": {...}}`, or an older server's flat body
-
-        error = parse_error(result, default_code="error")
-        message = error.message or ("" if isinstance(result, dict) else str(result))
-        if error.code == "no_such_route" and not found.internal:  # a gateway without the core in-process
-            message += (
-                f"; {found.url} has no admin routes: with `strictq serve --queue-server URL` the queue "
-                "server holds them: set STRICTQ_QUEUE_URL (or --queue-server) to its URL"
-            )
-        print(f"strictq: {status} {error.code}: {' '.join(message.split())}", file=sys.stderr)
-        return 1
     show(result)
     return 0
 
 
-async def _request(method: str, url: str, key: str, context: Any, data: Any) -> tuple[int, Any]:
+async def admin_call(found: Endpoint, key: str, method: str, path: str, data: Any = None) -> Any:
+    """The CLI's one admin-API call: `data` as JSON with the admin key, the JSON answer back. A refusal is
+    `EdgeError` (cli_endpoint.refusal: `<status> <code>: <message>`); no answer, explain's one line."""
     import aiohttp
     import orjson
 
-    timeout = aiohttp.ClientTimeout(total=30)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(ssl=context)) as session:
-        from protocol.headers import API_KEY
+    from protocol.errors import BAD_RESPONSE, NO_SUCH_ROUTE, error_body
+    from protocol.headers import API_KEY
 
-        headers = {API_KEY: key}
-        payload = None
-        if data is not None:
-            payload = orjson.dumps(data)
-            headers["Content-Type"] = "application/json"
-        async with session.request(method, url, data=payload, headers=headers) as response:
-            raw = await response.read()
-            try:
-                return response.status, orjson.loads(raw) if raw else {}
-            except orjson.JSONDecodeError:
-                from protocol.errors import BAD_RESPONSE, error_body
-
-                return response.status, error_body(BAD_RESPONSE, raw[:200].decode(errors="replace"))
+    headers = {API_KEY: key}
+    payload = None
+    if data is not None:
+        payload = orjson.dumps(data)
+        headers["Content-Type"] = "application/json"
+    connector = aiohttp.TCPConnector(ssl=ssl_context(found))
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30), connector=connector) as session,
+            session.request(method, found.url + path, data=payload, headers=headers) as response,
+        ):
+            status, raw = response.status, await response.read()
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise CliError(await explain(exc, found)) from None
+    try:
+        result = orjson.loads(raw) if raw else {}
+    except orjson.JSONDecodeError:
+        result = error_body(BAD_RESPONSE, raw[:200].decode(errors="replace"))
+    if status < 400:
+        return result
+    fallback = "" if isinstance(result, dict) else str(result)  # a JSON answer that is no error body
+    error = refusal(status, result, default_code="error", fallback=fallback)
+    if error.code == NO_SUCH_ROUTE and not found.internal:  # a gateway without the core in-process
+        hint = (
+            f"; {found.url} has no admin routes: with `strictq serve --queue-server URL` the queue "
+            "server holds them: set STRICTQ_QUEUE_URL (or --queue-server) to its URL"
+        )
+        raise EdgeError(status, error.code, error.message + hint, result)
+    raise error
 
 
 def _print_json(obj: Any) -> None:

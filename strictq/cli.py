@@ -499,8 +499,7 @@ async def _run_internal(found: Any, work: Callable[[Any], Coroutine[Any, Any, in
 
     from queue_core.client import ClientConfig, QueueClient, QueueClientError
 
-    from .cli_endpoint import ssl_context
-    from .edge_client import EdgeError
+    from .cli_endpoint import EdgeError, ssl_context
 
     if found.https:
         ssl_context(found)  # a missing or bad STRICTQ_CA_FILE named before anything is sent

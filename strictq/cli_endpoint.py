@@ -7,7 +7,11 @@ Two servers speak to the CLI:
 - `strictq queue-server` (the queue core's internal API, plain HTTP on loopback): `STRICTQ_QUEUE_URL` or a
   command's `--queue-server URL`. When one is given, the commands speak the internal API instead.
 
-Cheap to import (stdlib only): `strictq --help` builds every parser; aiohttp is imported where it is used.
+A server's refusal reads the same for every command (`EdgeError`, built by `refusal` from the one error
+body shape of protocol.errors): `strictq: <status> <code>: <message>`, exit 1.
+
+Cheap to import (stdlib and protocol only): `strictq --help` builds every parser; aiohttp is imported where
+it is used.
 """
 
 from __future__ import annotations
@@ -16,8 +20,12 @@ import os
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
+
+from protocol.errors import HTTP_ERROR, parse_error
 
 GATEWAY_ENV = "STRICTQ_URL"
 QUEUE_SERVER_ENV = "STRICTQ_QUEUE_URL"
@@ -34,6 +42,31 @@ class CliError(Exception):
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class EdgeError(CliError):
+    """A server refused a call: `strictq: <status> <code>: <message>` (exit 1); `body` is its answer."""
+
+    def __init__(self, status: int, code: str, message: str, body: Any = None) -> None:
+        self.message = " ".join(message.split())  # one line, whatever the server put in it
+        super().__init__(f"{status} {code}: {self.message}", 1)
+        self.status = status
+        self.code = code
+        self.body = body
+
+
+def refusal(
+    status: int, body: Any, *, default_code: str = HTTP_ERROR, fallback: str | None = None
+) -> EdgeError:
+    """The one line for a 4xx/5xx answer: the code and message of its error body (`{"error": {...}}`, or an
+    older server's flat one), else `default_code` and `fallback` (None: the status's reason phrase)."""
+    error = parse_error(body, default_code=default_code)
+    if fallback is None:
+        try:
+            fallback = HTTPStatus(status).phrase
+        except ValueError:  # a status no RFC names
+            fallback = ""
+    return EdgeError(status, error.code, error.message or fallback, body)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,26 +4,32 @@ face cannot. Each command uses the key of the role it needs, as `<data-dir>/clie
 (`KEYS`). Poll answers carry a `receipt` in the queue server's form (`<token hex>.<id>`), so `strictq ack`
 takes the same receipts whichever server printed them.
 
-The worker SDK has its own EmoDB client (strictq.sdk.client): it keeps a session for a worker's life and
-declares capabilities; this one makes a command's few calls and renders failures for a terminal.
+The EmoDB calls go through the SDK's client (strictq.sdk.client.EmoClient, one per role key, trusting the
+CLI's STRICTQ_CA_FILE): one client of the face, one error path. What is the CLI's own lives here: the keys,
+the receipts, chunking a send, the SigV4 ListQueues, and turning the SDK's errors into one line for a
+terminal (`EdgeError` for a refusal, cli_endpoint.explain for no answer).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any
 
 import aiohttp
 import orjson
 
-from protocol import headers
-from protocol.errors import BAD_RESPONSE, error_body, parse_error
+from protocol.errors import BAD_RESPONSE, error_body
 
-from .cli_endpoint import CliError, Endpoint, ssl_context
+from .cli_endpoint import CliError, EdgeError, Endpoint, explain, refusal, ssl_context
+from .sdk.client import EmoClient, PollItem
+from .sdk.config import ClientConfig
+from .sdk.errors import ConfigError, GatewayError
 
-PREFIX = "/queue/1"
+__all__ = ["KEYS", "EdgeClient", "EdgeError", "key_for", "parse_receipt", "receipt", "sqs_key"]
+
 SEND_CHUNK = 500  # messages per _sendbatch request (the edge caps the body)
 # What each kind of call needs (access.permissions): the client.env variables holding such a key, in order.
 KEYS: dict[str, tuple[str, ...]] = {
@@ -34,16 +40,6 @@ KEYS: dict[str, tuple[str, ...]] = {
 # SQS ListQueues is signed with an access key id (the credential id) and its secret.
 SQS_KEYS = (("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"), ("STRICTQ_WORKER_ID", "STRICTQ_WORKER_SECRET"))
 WHAT = {"send": "a producer's", "consume": "a worker's", "admin": "an admin's"}
-
-
-class EdgeError(CliError):
-    """A server refused a call: `strictq: <status> <code>: <message>` (exit 1)."""
-
-    def __init__(self, status: int, code: str, message: str, body: Any = None) -> None:
-        super().__init__(f"{status} {code}: {message}", 1)
-        self.status = status
-        self.code = code
-        self.body = body
 
 
 def key_for(kind: str, environ: Mapping[str, str] | None = None) -> tuple[str, str]:
@@ -68,8 +64,8 @@ def sqs_key(environ: Mapping[str, str] | None = None) -> tuple[str, str] | None:
     return None
 
 
-def receipt(message: Mapping[str, Any]) -> str:
-    return f"{int(message['token']):x}.{message['id']}"
+def receipt(item: PollItem) -> str:
+    return f"{item.token or 0:x}.{item.id}"
 
 
 def parse_receipt(text: str) -> tuple[str, int] | None:
@@ -84,77 +80,78 @@ def parse_receipt(text: str) -> tuple[str, int] | None:
 
 
 class EdgeClient:
+    """A command's calls to `strictq serve`: the EmoDB face through one SDK client per key, SQS beside."""
+
     def __init__(self, found: Endpoint, *, timeout: float = 60.0) -> None:
         self.endpoint = found
         self._ssl = ssl_context(found)  # CliError naming STRICTQ_CA_FILE before anything is sent
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
-        self._session: aiohttp.ClientSession | None = None
+        self._timeout = timeout
+        self._clients: dict[str, EmoClient] = {}
+        self._session: aiohttp.ClientSession | None = None  # the SQS call's, opened on first use
 
     async def __aenter__(self) -> EdgeClient:
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=self._ssl), timeout=self._timeout
-        )
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.close()
         if self._session is not None:
-            await self._session.close()
-        self._session = None
+            session, self._session = self._session, None
+            await session.close()
 
-    async def call(
-        self,
-        method: str,
-        path: str,
-        key: str,
-        *,
-        params: Mapping[str, str] | None = None,
-        body: Any = None,
-        extra: Mapping[str, str] | None = None,
-    ) -> Any:
-        """One EmoDB-face call; EdgeError for a 4xx/5xx answer."""
-        assert self._session is not None, "use `async with EdgeClient(...)`"
-        sent = {headers.API_KEY: key, **(extra or {})}
-        data = None
-        if body is not None:
-            data = orjson.dumps(body)
-            sent["Content-Type"] = "application/json"
-        url = self.endpoint.url + PREFIX + path
-        async with self._session.request(method, url, params=params, data=data, headers=sent) as answer:
-            raw = await answer.read()
-            status, reason = answer.status, answer.reason or ""
+    def _emo(self, key: str) -> EmoClient:
+        """The SDK client that calls with `key` (a command uses one role's key; one client per key)."""
+        client = self._clients.get(key)
+        if client is None:
+            try:
+                config = ClientConfig(url=self.endpoint.url, ca_file=self.endpoint.ca_file)
+            except ConfigError as exc:
+                raise CliError(str(exc), 2) from None
+            client = EmoClient(config, key, timeout=self._timeout, ssl_context=self._ssl)
+            client.open()
+            self._clients[key] = client
+        return client
+
+    @asynccontextmanager
+    async def _one_line(self) -> AsyncIterator[None]:
+        """The SDK's errors as the CLI's: a refusal is `EdgeError` (`<status> <code>: <message>`), no
+        answer is cli_endpoint.explain's line (the aiohttp error the SDK chained), anything else its text."""
         try:
-            payload = orjson.loads(raw) if raw else None
-        except orjson.JSONDecodeError:
-            payload = error_body(BAD_RESPONSE, raw[:200].decode(errors="replace"))
-        if status >= 400:
-            error = parse_error(payload)
-            raise EdgeError(status, error.code, error.message or reason, payload)
-        return payload
+            yield
+        except GatewayError as exc:
+            if exc.status >= 400:
+                body = exc.body
+                if isinstance(body, str):  # the SDK keeps a body that is not JSON as text
+                    body = error_body(BAD_RESPONSE, body[:200])
+                raise refusal(exc.status, body) from None
+            cause = exc.__cause__ or exc.__context__  # TLSFailed is raised `from None`: its context
+            if exc.status == 0 and cause is not None:
+                raise CliError(await explain(cause, self.endpoint)) from None
+            raise CliError(str(exc)) from None
 
     # --------------------------------------------------------------------------------- EmoDB face
     async def send(self, queue: str, payloads: Sequence[Any], group: str | None, key: str) -> None:
-        params = {"group": group} if group is not None else None
-        for start in range(0, len(payloads), SEND_CHUNK):
-            chunk = list(payloads[start : start + SEND_CHUNK])
-            await self.call("POST", "/_sendbatch", key, params=params, body={queue: chunk})
+        async with self._one_line():
+            for start in range(0, len(payloads), SEND_CHUNK):
+                chunk = list(payloads[start : start + SEND_CHUNK])
+                await self._emo(key).send_batch({queue: chunk}, group=group)
 
     async def poll(
         self, queue: str, limit: int, ttl: float | None, wait: float, key: str
     ) -> list[dict[str, Any]]:
-        params = {"limit": str(limit), "wait": f"{wait:g}"}
-        if ttl is not None:
-            params["ttl"] = f"{ttl:g}"
-        answer = await self.call("GET", f"/{_path(queue)}/poll", key, params=params)
-        return [{**m, "receipt": receipt(m)} for m in answer]
+        async with self._one_line():
+            items = await self._emo(key).poll(queue, ttl=ttl, limit=limit, wait=wait)
+        return [{**item.raw, "receipt": receipt(item)} for item in items]
 
     async def ack(self, queue: str, ids: Sequence[str], token: int | None, key: str) -> list[dict[str, Any]]:
         """Per-id results. With a token the gateway refuses superseded claims (409 naming them); without
         one it answers EmoDB's success whatever happened to each id: `accepted`."""
-        extra = {headers.LEASE: str(token)} if token is not None else None
         try:
-            await self.call("POST", f"/{_path(queue)}/ack", key, body=list(ids), extra=extra)
+            async with self._one_line():
+                await self._emo(key).ack(queue, ids, token)
         except EdgeError as exc:
             results = exc.body.get("results") if isinstance(exc.body, dict) else None
             if exc.status != 409 or not isinstance(results, list):
@@ -163,12 +160,14 @@ class EdgeClient:
         return [{"id": i, "status": "ok" if token is not None else "accepted"} for i in ids]
 
     async def peek(self, queue: str, limit: int, key: str) -> list[dict[str, Any]]:
-        return list(await self.call("GET", f"/{_path(queue)}/peek", key, params={"limit": str(limit)}))
+        async with self._one_line():
+            return await self._emo(key).peek(queue, limit)
 
     async def size(self, queue: str, key: str) -> dict[str, Any]:
-        total = await self.call("GET", f"/{_path(queue)}/size", key)
-        in_flight = await self.call("GET", f"/{_path(queue)}/claimcount", key)
-        return {"name": queue, "total": total, "in_flight": in_flight}
+        async with self._one_line():
+            client = self._emo(key)
+            total = await client.size(queue)
+            return {"name": queue, "total": total, "in_flight": await client.claimcount(queue)}
 
     # ------------------------------------------------------------------------------------ SQS face
     async def sqs(self, action: str, params: Mapping[str, Any], key_id: str, secret: str) -> dict[str, Any]:
@@ -177,7 +176,11 @@ class EdgeClient:
         from botocore.awsrequest import AWSRequest
         from botocore.credentials import Credentials
 
-        assert self._session is not None, "use `async with EdgeClient(...)`"
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=self._ssl),
+                timeout=aiohttp.ClientTimeout(total=self._timeout),
+            )
         region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or "us-east-1"
         body = orjson.dumps(dict(params))
         request = AWSRequest(
@@ -239,9 +242,3 @@ class EdgeClient:
             return queue in await self.list_queues(queue)
         except EdgeError:
             return None
-
-
-def _path(queue: str) -> str:
-    from urllib.parse import quote
-
-    return quote(queue, safe="")

@@ -1,7 +1,8 @@
 """Failure management on the command line: the settings flags of `strictq serve` / `strictq queue-server`,
 and `strictq status`, `strictq suspend`, `strictq resume`, `strictq unblacklist` (docs/failure-management.md).
 
-Cheap to import (argparse only), like strictq.admin_cli, whose request plumbing these commands share.
+Cheap to import (argparse only), like strictq.admin_cli, whose request plumbing (`_run`, `admin_call`:
+the admin key, the refusal line) these commands share.
 """
 
 from __future__ import annotations

@@ -8,12 +8,19 @@ is `LeaseRefused` (the claim was superseded or is no longer in flight). Two are 
 setting to fix (strictq.sdk.errors): `AuthRefused` (401/403: the key, named by `key_setting`) and
 `TLSFailed` (the gateway's certificate cannot be verified with STRICTQ_CA_FILE, or the scheme is wrong).
 Whether a failure is worth retrying is strictq.sdk.retry's decision, not this module's.
+
+The `strictq` CLI's EmoDB calls go through this client too (strictq.edge_client: one client per role key,
+its own verification context via `ssl_context`), so the face has one client and one error path; it adds
+what only an admin asks (`peek`, `size`, `claimcount`). A transport failure (status 0, `TLSFailed`
+included) keeps aiohttp's exception as its `__cause__` or `__context__`, for a caller that explains it.
 """
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import orjson
@@ -49,7 +56,8 @@ CAPABILITIES_HEADER = headers.CAPABILITIES
 
 
 class EmoClient:
-    """`send`, `send_batch`, `poll`, `ack`, `renew` and `release` against one gateway."""
+    """`send`, `send_batch`, `poll`, `ack`, `renew`, `release`, `report`, and an admin's `peek`, `size`
+    and `claimcount`, against one gateway with one API key."""
 
     def __init__(
         self,
@@ -59,12 +67,15 @@ class EmoClient:
         timeout: float = 30.0,
         prefix: str = "/queue/1",
         key_setting: str = "STRICTQ_API_KEY",
+        ssl_context: ssl.SSLContext | bool | None = None,
     ) -> None:
-        """`key_setting`: where `api_key` came from, named when the gateway refuses it."""
+        """`key_setting`: where `api_key` came from, named when the gateway refuses it. `ssl_context`:
+        the verification to use instead of `config.gateway_ssl()` (True: the system's CAs)."""
         self.config = config
         self.base = config.url + prefix
         self.key_setting = key_setting
         self._api_key = api_key
+        self._ssl = ssl_context
         self._timeout = timeout
         self._session: aiohttp.ClientSession | None = None
 
@@ -77,7 +88,8 @@ class EmoClient:
 
     def open(self) -> None:
         if self._session is None:
-            connector = aiohttp.TCPConnector(ssl=self.config.gateway_ssl() or False)
+            verify = self._ssl if self._ssl is not None else self.config.gateway_ssl() or False
+            connector = aiohttp.TCPConnector(ssl=verify)
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 headers={API_KEY_HEADER: self._api_key},
@@ -160,7 +172,7 @@ class EmoClient:
 
     async def send(self, queue: str, message: Any, *, group: str | None = None) -> None:
         params = {"group": group} if group is not None else None
-        await self._call("POST", f"/{queue}/send", params=params, body=message)
+        await self._call("POST", f"/{_q(queue)}/send", params=params, body=message)
 
     async def send_batch(self, batches: Mapping[str, Sequence[Any]], *, group: str | None = None) -> None:
         """EmoDB `_sendbatch`: `{"<queue>": [messages]}`, one group (or none) for the whole request."""
@@ -173,28 +185,29 @@ class EmoClient:
         self,
         queue: str,
         *,
-        ttl: float,
+        ttl: float | None,
         limit: int,
         wait: float | None = None,
         capabilities: Sequence[str] = (),
     ) -> list[PollItem]:
-        """Claim up to `limit` messages for `ttl` seconds. `capabilities` (e.g. `("results", "probes")`) are
-        declared in `X-Strictq-Capabilities`: the worker opts in to failure management for this poll.
+        """Claim up to `limit` messages for `ttl` seconds (None: the queue's default). `capabilities` (e.g.
+        `("results", "probes")`) are declared in `X-Strictq-Capabilities`: the worker opts in to failure
+        management for this poll.
         An answer that is not a list of poll items raises `MalformedPollItem` (naming the item and field;
         its `items` are the ones of the answer that could be read, claimed all the same)."""
-        params = {"ttl": f"{ttl:g}", "limit": str(limit)}
+        params = {"limit": str(limit)} if ttl is None else {"ttl": f"{ttl:g}", "limit": str(limit)}
         headers = {CAPABILITIES_HEADER: ", ".join(capabilities)} if capabilities else None
         timeout = None
         if wait is not None:
             params["wait"] = f"{wait:g}"
             timeout = self._timeout + wait
         answer = await self._call(
-            "GET", f"/{queue}/poll", params=params, headers=headers, request_timeout=timeout
+            "GET", f"/{_q(queue)}/poll", params=params, headers=headers, request_timeout=timeout
         )
         return parse_poll(answer, queue)
 
     async def ack(self, queue: str, ids: Sequence[str], token: int | str | None) -> None:
-        await self._call("POST", f"/{queue}/ack", body=list(ids), headers=_lease(token))
+        await self._call("POST", f"/{_q(queue)}/ack", body=list(ids), headers=_lease(token))
 
     async def renew(self, queue: str, ids: Sequence[str], token: int | str | None, ttl: float) -> None:
         """Extend-only renew; ttl 0 releases (EmoDB's unclaim).
@@ -204,7 +217,7 @@ class EmoClient:
         body), any status but `ok` is a `LeaseRefused`. Today's face answers a bare `{"success": true}`
         for gone messages, which cannot be told apart (reported)."""
         answer = await self._call(
-            "POST", f"/{queue}/renew", params={"ttl": f"{ttl:g}"}, body=list(ids), headers=_lease(token)
+            "POST", f"/{_q(queue)}/renew", params={"ttl": f"{ttl:g}"}, body=list(ids), headers=_lease(token)
         )
         if ttl > 0 and isinstance(answer, dict) and isinstance(answer.get("results"), list):
             bad = [r for r in answer["results"] if isinstance(r, dict) and r.get("status") != "ok"]
@@ -224,7 +237,7 @@ class EmoClient:
         result, `{"id", "status": "ok" | "gone" | "stale_claim" | "not_in_flight" | "out_of_order", ...}`,
         in the order given. A gateway without the route raises `ResultsUnsupported`."""
         try:
-            answer = await self._call("POST", f"/{queue}/results", body={"results": list(results)})
+            answer = await self._call("POST", f"/{_q(queue)}/results", body={"results": list(results)})
         except GatewayError as exc:
             if exc.status in (404, 405) and exc.code in (None, "no_such_route", "method_not_allowed"):
                 raise ResultsUnsupported(str(exc), exc.status, exc.body) from exc
@@ -233,6 +246,35 @@ class EmoClient:
         if not isinstance(items, list) or len(items) != len(results):
             raise GatewayError(f"results of {queue}: unexpected answer {answer!r}"[:300], 200, answer)
         return [i if isinstance(i, dict) else {} for i in items]
+
+    # -- admin side (the EmoDB face lets only an admin key peek and count) --------------------------------
+
+    async def peek(self, queue: str, limit: int) -> list[dict[str, Any]]:
+        """Up to `limit` messages without claiming them (the face adds `group` and `seq`)."""
+        answer = await self._call("GET", f"/{_q(queue)}/peek", params={"limit": str(limit)})
+        if not isinstance(answer, list) or not all(isinstance(m, dict) for m in answer):
+            got = f"peek of {queue}: expected a list of objects, got {answer!r}"[:300]
+            raise GatewayError(got, 200, answer)
+        return answer
+
+    async def size(self, queue: str) -> int:
+        """Messages in the queue, claimed or not (EmoDB's size)."""
+        return _count(await self._call("GET", f"/{_q(queue)}/size"), f"size of {queue}")
+
+    async def claimcount(self, queue: str) -> int:
+        """Messages claimed and in flight (EmoDB's claimcount)."""
+        return _count(await self._call("GET", f"/{_q(queue)}/claimcount"), f"claimcount of {queue}")
+
+
+def _q(queue: str) -> str:
+    """A queue name as one path segment (`/`, `?`, `%` ... escaped; the face decodes them)."""
+    return quote(queue, safe="")
+
+
+def _count(answer: Any, what: str) -> int:
+    if isinstance(answer, bool) or not isinstance(answer, int):
+        raise GatewayError(f"{what}: expected a number, got {answer!r}"[:300], 200, answer)
+    return answer
 
 
 def _lease(token: int | str | None) -> dict[str, str]:
