@@ -92,7 +92,7 @@ async def serve(
     print(f"strictq: keys {keys_path.resolve()}", flush=True)
     command = sys.argv[0] if Path(sys.argv[0]).name == "strictq" else "strictq"  # e.g. .venv/bin/strictq
     print(
-        f"strictq: try  STRICTQ_URL={url} {command} send orders --group customer-1 '{{\"order\": 1}}'",
+        f"strictq: try  STRICTQ_QUEUE_URL={url} {command} send orders --group customer-1 '{{\"order\": 1}}'",
         flush=True,
     )
     try:

@@ -22,22 +22,9 @@ ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z"
 SCRIPT = Path(sys.executable).with_name("strictq")
 
 
-# After `make run`, in another terminal at the checkout (docs: /tmp/helpers/docs14-cli.md -> README).
+# After `make run`, in another terminal at the checkout; README.md's walkthrough itself runs in
+# tests/test_readme_walkthrough.py.
 LOAD = "set -a; . var/strictq/client.env; set +a\n"
-WALKTHROUGH = """\
-strictq send orders --group customer-1 --json '{"order": 1}' '{"order": 2}'
-strictq send orders --group customer-2 --json '{"order": 7}'
-strictq queues
-strictq size orders
-strictq peek orders
-strictq poll orders --ttl 30 | tee var/polled.jsonl
-strictq ack orders - < var/polled.jsonl
-strictq size orders
-strictq fence worker-3 --mode block --reason "trying fences" --ttl 10m
-strictq fences
-strictq unfence worker-3
-strictq status
-"""
 
 
 @pytest.fixture(scope="module")
@@ -91,32 +78,6 @@ def one_line_error(result: subprocess.CompletedProcess[str], code: int = 1) -> s
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("strictq: "), result.stderr
     return lines[0]
-
-
-# ------------------------------------------------------------------------------- the walkthrough
-def test_the_walkthrough_runs_as_written(tmp_path: Path) -> None:
-    fresh = start_serve(tmp_path / "var" / "strictq", tls=True)  # its own: `strictq queues` lists one
-    try:
-        out = ok(shell(fresh, WALKTHROUGH)).splitlines()
-    finally:
-        stop(fresh)
-    assert out[:2] == [
-        '{"queue":"orders","group":"customer-1","sent":2}',
-        '{"queue":"orders","group":"customer-2","sent":1}',
-    ]
-    assert out[2] == "orders"  # `strictq queues`: plain names, one per line
-    assert out[3] == '{"name":"orders","total":3,"in_flight":0}'
-    peeked, polled = jsonl("\n".join(out[4:7])), jsonl("\n".join(out[7:10]))
-    assert [m["payload"] for m in peeked] == [m["payload"] for m in polled] == [
-        {"order": 1}, {"order": 2}, {"order": 7}
-    ]  # fmt: skip
-    assert all(m["receipt"] for m in polled)
-    assert jsonl("\n".join(out[10:13])) == [{"id": m["id"], "status": "ok"} for m in polled]
-    assert out[13] == '{"name":"orders","total":0,"in_flight":0}'
-    assert out[14].split() == ["WORKER", "MODE", "SINCE", "EXPIRES", "REASON"] == out[16].split()
-    assert out[15].startswith("worker-3") and out[17].startswith("worker-3")
-    assert out[18] == "worker-3: unfenced"
-    assert out[19] == "WORKERS" and "LATEST EVENTS" in out
 
 
 def test_client_commands_work_against_strictq_serve(serve: Serve) -> None:
