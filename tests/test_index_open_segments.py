@@ -168,20 +168,5 @@ def test_index_with_only_open_segments_exits_1_and_says_when_to_come_back(tmp_pa
     assert ENV_SEGMENT_AGE in done.stderr and "Spark" not in done.stderr
 
 
-# ------------------------------------------------------------------------------ a quiet Spark start
-def test_index_says_it_starts_spark_and_spark_says_nothing(tmp_path: Path) -> None:
-    """A real `strictq index` (its own JVM): one line before the JVM starts, none of Spark's banner."""
-    with WireLogWriter(tmp_path / "wirelog", "core") as writer:
-        for n in range(3):
-            writer.write(_event(n))
-    done = _index(
-        "--wirelog", str(tmp_path / "wirelog"), "--index", str(tmp_path / "index"), "--buckets", "2",
-        "--driver-memory", "512m", "--shuffle-partitions", "1",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    lines = done.stderr.splitlines()
-    assert lines[0] == "strictq: index: starting Spark (local[2]) ..."
-    assert all(line.startswith("strictq: index: ") for line in lines), done.stderr
-    for noise in ("Setting default log level", "setLogLevel", "incubator", "WARN"):
-        assert noise not in done.stderr
-    assert "3 record(s) added" in done.stdout
+# A quiet Spark start (one line before the JVM, none of Spark's banner) is checked on the real
+# `strictq index` rerun of tests/test_spark_build.py's killed-index test: one JVM start fewer.

@@ -168,6 +168,14 @@ def test_killed_index_processes_then_rerun_leave_no_duplicates_or_gaps(tmp_path:
     assert proc.returncode == 0, err.decode()[-2000:]
     assert b"leftover(s) of an interrupted run" in err, err.decode()[-2000:]
     assert_index_matches_segments(wirelog, index)
+    # A quiet Spark start (issue 14): one line before the JVM starts, then strictq's lines only; none of
+    # Spark's banner, log-level advice, JVM incubator warning or WARN lines.
+    text = err.decode()
+    said = text.splitlines()
+    assert said[0] == "strictq: index: starting Spark (local[2]) ...", text[-2000:]
+    assert all(line.startswith("strictq: index: ") for line in said), text[-2000:]
+    for noise in ("Setting default log level", "setLogLevel", "incubator", "WARN"):
+        assert noise not in text
 
 
 def test_bad_lines_unknown_versions_and_truncated_gzip_are_skipped_and_reported(
