@@ -13,6 +13,7 @@ from mitmproxy import http
 from fencing.context import PROXY_ACTION_HEADER, CallContext, refuse
 from fencing.control_client import FenceInfo
 from fencing.mimic import Recording
+from protocol import errors
 
 # flow.metadata key: the FenceInfo (mode "mimic") the call is answered under; absent: not the mimic's call.
 MIMIC_KEY = "strictq.mimic"
@@ -50,6 +51,6 @@ def unmatched(flow: http.HTTPFlow, call: CallContext, why: str) -> None:
         call,
         status=503,
         action="unmatched",
-        code="unmatched",
+        code=errors.UNMATCHED,
         message=f"worker {call.worker} is {why} and no recording matched {method} {host}{path}",
     )

@@ -21,10 +21,10 @@ from protocol import headers
 METADATA_KEY = "strictq"
 PROXY_ACTION_HEADER = headers.PROXY_ACTION
 
-# The actions of the design note's wire-log schema (`action` field) and of X-Strictq-Proxy-Action. They are
-# not error codes: their spelling is a contract with SDKs and stored wire logs, so `stale-lease` stays; the
-# `code` of a refusal's body (and of its wire-log record) is snake_case like every error code (protocol).
-ACTIONS = ("pass", "block", "mimic", "stale-lease", "unsynced", "unmatched")
+# The actions (wirelog.record.ACTIONS: the wire log's `action` field and X-Strictq-Proxy-Action, listed in
+# docs/contracts.md) are not error codes: their spelling is a contract with SDKs and stored wire logs, so
+# `stale-lease` stays; the `code` of a refusal's body (and of its wire-log record) is snake_case like every
+# error code (protocol.errors, docs/errors.md).
 
 # The faces a queue reference (`X-Strictq-Queue`, the poll item's `queue_ref`) may name: the tenant's
 # namespaces in the core (access.tenancy): `t1.orders` is the queue face's (shared by `/queue/1` and SQS),

@@ -6,7 +6,7 @@ serve` starts it as a child process. Its listener has no SO_REUSEPORT option, so
 processes on N ports under one parent that prints all their URLs; the SDK spreads workers over them by a
 stable hash of the worker id (STRICTQ_PROXY_URL may be a comma-separated list).
 
-Start-up contract (shared/design.md), once it accepts connections:
+Start-up contract (docs/contracts.md), once it accepts connections:
     strictq: listening on http://127.0.0.1:PORT[,http://127.0.0.1:PORT2...]
     strictq: proxy ca <path>
     strictq: admin on http://127.0.0.1:APORT[,...]

@@ -10,6 +10,7 @@ from pathlib import Path
 from aiohttp import web
 
 from access.keys import KeyRing
+from protocol.errors import NOT_READY, error_body
 from queue_core.admin_routes import add_admin_routes
 from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub
@@ -33,8 +34,8 @@ async def readyz(request: web.Request) -> web.Response:
     /healthz stays liveness: the process answers."""
     if request.app[SERVICE].healthy:
         return web.json_response({"ready": True})
-    error = {"code": "not_ready", "message": "the queue store is not open, has failed, or is unreachable"}
-    return web.json_response({"ready": False, "error": {**error, "retriable": True}}, status=503)
+    message = "the queue store is not open, has failed, or is unreachable"
+    return web.json_response({"ready": False, **error_body(NOT_READY, message, retriable=True)}, status=503)
 
 
 def make_gateway_app(

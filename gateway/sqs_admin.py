@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from access.permissions import visible_names
+from access.tenancy import core_name
 from queue_core.machine import NotFound, NotInFlight, QueueError, QueueNotFound
 
 from .sqs_call import PURGE_INTERVAL, Call, MoveRecord, Queue
@@ -66,7 +67,7 @@ async def create_queue(call: Call) -> Result:
     fifo = check_new_queue_name(name, fifo_attribute)
     if not call.credential.may_use(name):
         raise SqsError("AccessDenied", f"Access to the queue name {name} is denied for this credential.")
-    internal = f"{call.tenant}.{name}"
+    internal = core_name(call.tenant, name)
     others = {k: v for k, v in attributes.items() if k != "FifoQueue"}
     core, labels = await to_core(others, fifo=fifo, resolve_dlq=_dlq_resolver(call, internal))
     service = call.service(internal)
@@ -120,7 +121,8 @@ def _page(call: Call, names: list[str], key: str) -> Result:
 
 async def list_queues(call: Call) -> Result:
     prefix = call.string("QueueNamePrefix", required=False)
-    names = visible_names(call.credential, await call.service().list_queues(f"{call.tenant}."), prefix)
+    tenant_queues = await call.service().list_queues(core_name(call.tenant, ""))  # "<tenant>."
+    names = visible_names(call.credential, tenant_queues, prefix)
     result = _page(call, sorted(names), "QueueUrls")
     if not result["QueueUrls"]:
         del result["QueueUrls"]
@@ -132,7 +134,7 @@ async def list_dead_letter_source_queues(call: Call) -> Result:
     service = call.service()
     sources = [
         internal
-        for internal in await service.list_queues(f"{call.tenant}.")
+        for internal in await service.list_queues(core_name(call.tenant, ""))
         if (await service.attributes(internal)).dead_letter_queue == dlq.internal
     ]
     return _page(call, sorted(visible_names(call.credential, sources)), "queueUrls")
@@ -243,7 +245,7 @@ async def start_message_move_task(call: Call) -> Result:
     rate = call.integer("MaxNumberOfMessagesPerSecond", 1, 500)
     origins = [
         internal
-        for internal in await service.list_queues(f"{call.tenant}.")
+        for internal in await service.list_queues(core_name(call.tenant, ""))
         if (await service.attributes(internal)).dead_letter_queue == source.internal
     ]
     if not origins:

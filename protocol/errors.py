@@ -26,12 +26,21 @@ BAD_REQUEST = "bad_request"
 HTTP_ERROR = "http_error"
 INTERNAL = "internal"
 BAD_RESPONSE = "bad_response"  # a client's code for an answer that is not the JSON it expected
+NOT_READY = "not_ready"  # /readyz of the gateway and the queue server (503, retriable)
 HTTP_ERROR_CODES = {400: BAD_REQUEST, 404: NO_SUCH_ROUTE, 405: METHOD_NOT_ALLOWED, 413: REQUEST_TOO_LARGE}
 
-# The egress proxy's refusals (its JSON body's `code`; the wire log's `code` field).
-STALE_LEASE = "stale_lease"
-TENANT_NOT_SERVED = "tenant_not_served"
-MALFORMED_TAGS = "malformed_tags"
+# The egress proxy's refusals (its JSON body's `code`; the wire log's `code` field), docs/errors.md.
+STALE_LEASE = "stale_lease"  # 409
+UNSYNCED = "unsynced"  # 503
+FENCED = "fenced"  # 403
+UNMATCHED = "unmatched"  # 503
+TENANT_NOT_SERVED = "tenant_not_served"  # 407
+MALFORMED_TAGS = "malformed_tags"  # 400
+# 407: why the proxy did not take the worker's Proxy-Authorization.
+PROXY_AUTH_REQUIRED = "proxy_auth_required"
+BAD_PROXY_AUTHORIZATION = "bad_proxy_authorization"
+BAD_CREDENTIALS = "bad_credentials"
+ROLE_NOT_ALLOWED = "role_not_allowed"
 
 
 class StrictqError(Exception):

@@ -47,7 +47,7 @@ DEFAULT_URL = "http://127.0.0.1:8470"
 
 @dataclass(frozen=True, slots=True)
 class ClientConfig:
-    """The design note's client environment: STRICTQ_URL, STRICTQ_CA_FILE, STRICTQ_API_KEY, ..."""
+    """The client environment (docs/contracts.md): STRICTQ_URL, STRICTQ_CA_FILE, STRICTQ_API_KEY, ..."""
 
     url: str = DEFAULT_URL
     ca_file: str | None = None

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from access.tenancy import split, tenant_of
+from access.tenancy import core_name, split, tenant_of
 from wirelog.files import StartupError
 
 from .control import ControlHub
@@ -448,7 +448,7 @@ class FailureManager:
         queue = record.get("queue")
         tenant = record.get("tenant")
         if isinstance(queue, str) and queue not in self.service.core.queues and tenant:
-            queue = f"{tenant}.{queue}"
+            queue = core_name(tenant, queue)
         # A record of one tenant reaches only that tenant's queues; one without: any (the operator's rule).
         scoped = tenant if isinstance(tenant, str) and tenant else None
         self.alert(

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from protocol.errors import error_body
+from protocol.errors import NOT_READY, error_body
 
 from . import wire
 from .http_errors import client_gone, json_http_errors, json_response
@@ -116,7 +116,7 @@ async def readyz(request: web.Request) -> web.Response:
     service = service_of(request)
     if service.healthy:
         return json_response({"ready": True})
-    not_ready = error_body("not_ready", "store not open or failed", retriable=True)
+    not_ready = error_body(NOT_READY, "store not open or failed", retriable=True)
     return json_response({"ready": False, **not_ready}, 503)
 
 

@@ -59,7 +59,7 @@ def write_keys(path: Path, workers: int) -> Credentials:
 
 
 class System:
-    """`strictq serve` as a child process on free ports, its start-up lines parsed (design note)."""
+    """`strictq serve` as a child process on free ports, its start-up lines parsed (docs/contracts.md)."""
 
     def __init__(self, data_dir: Path, settings: Settings) -> None:
         self.data_dir = data_dir

@@ -13,11 +13,12 @@
   attempt); the next of a group goes in once the previous is acked, failed its last attempt (the queue
   dead-letters it after `attempts` receives) or timed out (`message_timeout`: deleted, its handler loses
   the claim).
-- The worker command gets the design note's environment (STRICTQ_URL, STRICTQ_CA_FILE, STRICTQ_API_KEY,
-  STRICTQ_WORKER_ID, STRICTQ_WORKER_SECRET, STRICTQ_PROXY_URL, STRICTQ_PROXY_CA_FILE) and runs in its own
-  process group; the whole group is stopped with SIGTERM (then SIGKILL after `grace`) when every message
-  is done or `timeout` is over, and also when the worker has exited by itself: children it left behind
-  (even ones ignoring SIGTERM) go with it. Everything started here is stopped here.
+- The worker command gets the client environment (docs/contracts.md: STRICTQ_URL, STRICTQ_CA_FILE,
+  STRICTQ_API_KEY, STRICTQ_WORKER_ID, STRICTQ_WORKER_SECRET, STRICTQ_PROXY_URL, STRICTQ_PROXY_CA_FILE)
+  and runs in its own process group; the whole group is stopped with SIGTERM (then SIGKILL after
+  `grace`) when every message is done or `timeout` is over, and also when the worker has exited by
+  itself: children it left behind (even ones ignoring SIGTERM) go with it. Everything started here is
+  stopped here.
 - A worker that exits before it took any message could not run: that is a RunError (`strictq replay`
   exits 2, naming the command, its exit code and the last line of its output), not a divergence.
 """

@@ -1,5 +1,5 @@
 """Auth addon: who is calling. Workers authenticate with `Proxy-Authorization: Basic id:secret`, their
-own credential from the gateway's key file (design note, "Worker identity").
+own credential from the gateway's key file (docs/contracts.md, *Worker identity*).
 
 - HTTPS goes through a CONNECT tunnel: the credential is on the CONNECT (`http_connect`), and the worker
   is remembered for that client connection, so every request inside the tunnel is attributed to it.
@@ -164,18 +164,18 @@ class Auth:
     def _check(self, value: str | None) -> tuple[Credential | None, str]:
         """The credential for a header value, or None and the refusal code."""
         if not value:
-            return None, "proxy_auth_required"
+            return None, errors.PROXY_AUTH_REQUIRED
         parsed = parse_basic(value)
         if parsed is None:
-            return None, "bad_proxy_authorization"
+            return None, errors.BAD_PROXY_AUTHORIZATION
         key_id, secret = parsed
         credential = self.keys.by_id(key_id) if self.keys is not None else None
         # compare even for unknown ids, so timing does not tell known ids apart
         expected = credential.secret if credential is not None else "\0" * 24
         if not hmac.compare_digest(expected.encode(), secret.encode()) or credential is None:
-            return None, "bad_credentials"
+            return None, errors.BAD_CREDENTIALS
         if credential.role not in PROXY_CALL_ROLES:
-            return None, "role_not_allowed"
+            return None, errors.ROLE_NOT_ALLOWED
         return credential, ""
 
 

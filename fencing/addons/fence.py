@@ -40,6 +40,7 @@ from mitmproxy.proxy.layers import TCPLayer, UDPLayer
 from fencing.answering import mark_mimic
 from fencing.context import CallContext, context_of, refuse
 from fencing.control_client import ControlState, FenceInfo
+from protocol import errors
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +182,7 @@ class Fence:
             call,
             status=403,
             action="block",
-            code="fenced",
+            code=errors.FENCED,
             message=f"worker {fence.worker} is fenced (block): {fence.reason}",
         )
         flow.request.stream = False

@@ -50,7 +50,7 @@ class LeaseGuard:
                 ctx,
                 status=503,
                 action="unsynced",
-                code="unsynced",
+                code=errors.UNSYNCED,
                 message="the proxy is not synchronised with the queue core's control stream; "
                 "tagged calls are refused until it is (retry shortly)",
                 extra_headers={"Retry-After": "1"},

@@ -1,4 +1,4 @@
-"""Client configuration from the environment (the design note's contract, shared with the CLI and replay).
+"""Client configuration from the environment (docs/contracts.md, shared with the CLI and replay).
 
 - `STRICTQ_URL`: the gateway, e.g. `https://127.0.0.1:8443`;
 - `STRICTQ_CA_FILE`: PEM of the CA that signed the gateway's certificate (default: system trust);

@@ -2,7 +2,7 @@
 processed, goes through the egress proxy with the worker's credential, and cancels the handler when the
 proxy fences the call.
 
-The tags (design note, "Worker tagging"): `X-Strictq-Queue`, `X-Strictq-Message-Id`, `X-Strictq-Group`,
+The tags (docs/contracts.md, *Headers*): `X-Strictq-Queue`, `X-Strictq-Message-Id`, `X-Strictq-Group`,
 `X-Strictq-Lease` (the claim's fencing token), `X-Strictq-Attempt` and `X-Strictq-Call` (the ordinal of
 the call within the attempt, 1, 2, ...). `X-Strictq-Queue` is the poll item's `queue_ref`, echoed as
 the gateway gave it (`orders`, or `dedupq/orders` for an EmoDB dedup queue, whose floors the proxy keeps
