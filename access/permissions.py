@@ -8,6 +8,7 @@ admin routes and never touches data.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 from protocol import errors
@@ -56,6 +57,29 @@ def require(credential: Credential, ok: bool, action: str) -> None:
 def spans_tenants(credential: Credential) -> bool:
     """An `operator` sees every tenant on the admin routes; everyone else sees its own."""
     return credential.role == OPERATOR
+
+
+def tenants_of(credentials: Iterable[Credential]) -> set[str]:
+    """The tenants a key file serves: those of its credentials that do not span tenants."""
+    return {c.tenant for c in credentials if not spans_tenants(c)}
+
+
+def fenceable(credential: Credential) -> bool:
+    """Whether a fence may name the credential: a `worker`'s outbound calls are the ones fenced (its id is
+    the worker id of its claims and of the egress proxy's fences)."""
+    return credential.role == "worker"
+
+
+def ends_any_claim(credential: Credential) -> bool:
+    """Whether the credential may ack or renew a claim that went to someone else (EmoDB's admin, by id);
+    others end or extend only their own claims."""
+    return allowed(credential, "admin")
+
+
+def egress_identity(credential: Credential) -> bool:
+    """Whether the credential is the egress proxy's own identity: the one it reads the control stream with
+    unless told another (`--control-key-id`)."""
+    return credential.role == "proxy"
 
 
 def queue_name(credential: Credential, name: str, face: str = tenancy.DEFAULT_FACE) -> str | None:

@@ -14,6 +14,7 @@ from fencing.context import PROXY_ACTION_HEADER, CallContext, refuse
 from fencing.control_client import FenceInfo
 from fencing.mimic import Recording
 from protocol import errors
+from wirelog.record import ACTION_MIMIC, ACTION_UNMATCHED
 
 # flow.metadata key: the FenceInfo (mode "mimic") the call is answered under; absent: not the mimic's call.
 MIMIC_KEY = "strictq.mimic"
@@ -35,11 +36,11 @@ def mimic_verdict(flow: http.HTTPFlow) -> FenceInfo | None:
 
 def answer_from(flow: http.HTTPFlow, call: CallContext, recording: Recording) -> None:
     """Answer the call with a recorded response (`action` mimic, `replayed_from` its record id)."""
-    call.action = "mimic"
+    call.action = ACTION_MIMIC
     call.code = None
     call.replayed_from = recording.record_id
     headers = http.Headers([(k.encode(), v.encode()) for k, v in recording.headers])
-    headers[PROXY_ACTION_HEADER] = "mimic"
+    headers[PROXY_ACTION_HEADER] = ACTION_MIMIC
     flow.response = http.Response.make(recording.status, recording.body, headers)
 
 
@@ -50,7 +51,7 @@ def unmatched(flow: http.HTTPFlow, call: CallContext, why: str) -> None:
         flow,
         call,
         status=503,
-        action="unmatched",
+        action=ACTION_UNMATCHED,
         code=errors.UNMATCHED,
         message=f"worker {call.worker} is {why} and no recording matched {method} {host}{path}",
     )

@@ -17,6 +17,7 @@ from mitmproxy import http
 
 from access.tenancy import DEFAULT_FACE, FACES, core_name
 from protocol import headers
+from wirelog.record import ACTION_PASS
 
 METADATA_KEY = "strictq"
 PROXY_ACTION_HEADER = headers.PROXY_ACTION
@@ -73,7 +74,7 @@ class CallContext:
     call: int | None = None
     tagged: bool = False
     # What the proxy did: "pass" unless a guard answered the call itself.
-    action: str = "pass"
+    action: str = ACTION_PASS
     code: str | None = None  # machine-readable reason when the proxy answered itself
     replayed_from: str | None = None  # wire-log record id a mimicked response came from
     error: str | None = None  # upstream or proxy error text

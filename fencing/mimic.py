@@ -33,7 +33,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from protocol.headers import PROXY_ACTION
-from wirelog.record import body_bytes_of
+from wirelog.record import ACTION_PASS, body_bytes_of
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def identity_from_url(method: str, url: str, body_sha256: str) -> Identity:
 
 def recording_from_record(record: dict[str, Any]) -> Recording | None:
     """A usable recording, or None (not http, not passed, errored, no response or body not kept)."""
-    if record.get("kind") != "http" or record.get("action") != "pass" or record.get("error"):
+    if record.get("kind") != "http" or record.get("action") != ACTION_PASS or record.get("error"):
         return None
     response = record.get("response")
     if not isinstance(response, dict) or not isinstance(response.get("status"), int):

@@ -57,7 +57,7 @@ import orjson
 from aiohttp import web
 
 from access.keys import Credential
-from access.permissions import Permission, allowed, require, visible_name
+from access.permissions import Permission, allowed, ends_any_claim, require, visible_name
 from protocol import headers
 from protocol.errors import StrictqError, error_body
 from queue_core.backend import QueueBackend
@@ -468,7 +468,7 @@ def refused(outcomes: list[AckOutcome], token: int | None, gone_is_lost: bool = 
         token=token,
     )
     body["results"] = [{"id": o.message_id, "status": o.status} for o in outcomes]
-    status = 409 if first.status == "gone" else error_class(first.status).status  # stale_claim: 409
+    status = error_class(first.status).status  # gone, stale_claim: 409
     return json_response(body, status)
 
 
@@ -476,7 +476,7 @@ def holder_of(credential: Credential) -> str | None:
     """Whose claims the caller may end or extend: a worker only the claims that went to it (the core
     checks, with or without a token: tokens count up, so a token alone proves nothing); an admin any
     claim, by id, as EmoDB allows."""
-    return None if credential.role == "admin" else credential.id
+    return None if ends_any_claim(credential) else credential.id
 
 
 async def ack(call: Call) -> web.StreamResponse:

@@ -26,8 +26,15 @@ BAD_REQUEST = "bad_request"
 HTTP_ERROR = "http_error"
 INTERNAL = "internal"
 BAD_RESPONSE = "bad_response"  # a client's code for an answer that is not the JSON it expected
-NOT_READY = "not_ready"  # /readyz of the gateway and the queue server (503, retriable)
-HTTP_ERROR_CODES = {400: BAD_REQUEST, 404: NO_SUCH_ROUTE, 405: METHOD_NOT_ALLOWED, 413: REQUEST_TOO_LARGE}
+NOT_READY = "not_ready"  # /readyz of the gateway, the queue server and the proxy admin app (503, retriable)
+TIMEOUT = "timeout"  # aiohttp gave up on a handler (504)
+HTTP_ERROR_CODES = {
+    400: BAD_REQUEST,
+    404: NO_SUCH_ROUTE,
+    405: METHOD_NOT_ALLOWED,
+    413: REQUEST_TOO_LARGE,
+    504: TIMEOUT,
+}
 
 # The egress proxy's refusals (its JSON body's `code`; the wire log's `code` field), docs/errors.md.
 STALE_LEASE = "stale_lease"  # 409

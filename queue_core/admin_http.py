@@ -19,7 +19,7 @@ import orjson
 from aiohttp import web
 
 from access.keys import Credential, KeyRing
-from access.permissions import READ_ROLES, STREAM_ROLES, WRITE_ROLES
+from access.permissions import READ_ROLES, STREAM_ROLES, WRITE_ROLES, fenceable
 from protocol import headers
 from protocol.errors import Forbidden, RequestTooLarge, ShuttingDown, Unauthorized
 
@@ -85,7 +85,7 @@ def scope_of(request: web.Request, roles: tuple[str, ...]) -> Scope:
 def known_worker(scope: Scope, worker: str) -> None:
     """Only a `worker` credential of the caller's own tenant (any tenant: an operator) can be fenced."""
     credential = scope.keys.by_id(worker)
-    if credential is None or credential.role != "worker" or not scope.sees_worker(worker):
+    if credential is None or not fenceable(credential) or not scope.sees_worker(worker):
         raise UnknownWorker(f"no worker credential {worker!r} in the key file")
 
 

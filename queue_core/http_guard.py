@@ -53,7 +53,6 @@ RELIEF_DELAY = 1.0  # after slow readers leave: collect and trim at most once a 
 _M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 MMAP_THRESHOLD = 256 * 1024  # allocations above this get their own mapping, unmapped when freed
 MAX_ERROR_MESSAGE = 300  # characters of aiohttp's own error text in a JSON answer
-_ERROR_CODES = {504: "timeout"}
 _STATUSES = frozenset(int(s) for s in HTTPStatus)
 
 
@@ -224,7 +223,7 @@ class GuardedHandler(RequestHandler):
         if status == 500:
             body = error_body(INTERNAL, "internal error; see the server log")
         else:
-            code = _ERROR_CODES.get(status) or HTTP_ERROR_CODES.get(status, HTTP_ERROR)
+            code = HTTP_ERROR_CODES.get(status, HTTP_ERROR)
             text = message or (HTTPStatus(status).phrase if status in _STATUSES else "error")
             body = error_body(code, str(text)[:MAX_ERROR_MESSAGE])
         response = web.Response(body=orjson.dumps(body), status=status, content_type="application/json")

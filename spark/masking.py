@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from wirelog.record import ACTION_BLOCK, ACTION_STALE_LEASE, ACTION_UNMATCHED, ACTION_UNSYNCED
+
 # (pattern, replacement) in order; quoted values first so nothing inside them is masked separately.
 TEXT_RULES: tuple[tuple[str, str], ...] = (
     (r"'[^']*'", "<str>"),
@@ -29,7 +31,7 @@ TEXT_RULES: tuple[tuple[str, str], ...] = (
 # An id-like path segment: all digits, or 8+ characters with a digit (uuids, hex, ch_3f2a..., 10045231).
 PATH_SEGMENT_RULE = (r"(?<=/)(?:[0-9]+|(?=[^/]{8,}(?:/|$))[^/]*[0-9][^/]*)(?=/|$)", "{id}")
 URL_RULE = r"^[a-zA-Z][a-zA-Z0-9+.\-]*://(?:[^/?#@]*@)?([^/?#]*)([^?#]*)"
-FAILED_ACTIONS = ("block", "stale-lease", "unsynced", "unmatched")
+FAILED_ACTIONS = (ACTION_BLOCK, ACTION_STALE_LEASE, ACTION_UNSYNCED, ACTION_UNMATCHED)
 OK_OUTCOMES = ("done", "ok", "success", "succeeded", "completed", "acked")
 MAX_TEXT = 300  # characters of error text kept in a signature
 

@@ -8,11 +8,19 @@ from typing import Any
 
 import orjson
 
+from wirelog.record import (
+    ACTION_BLOCK,
+    ACTION_MIMIC,
+    ACTION_PASS,
+    ACTION_STALE_LEASE,
+    ACTION_UNMATCHED,
+    ACTION_UNSYNCED,
+)
 from wirelog.times import format_time
 
 from .search import SearchResult
 
-FENCE_ACTIONS = ("block", "stale-lease", "unsynced", "unmatched", "mimic")
+FENCE_ACTIONS = (ACTION_BLOCK, ACTION_STALE_LEASE, ACTION_UNSYNCED, ACTION_UNMATCHED, ACTION_MIMIC)
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -100,7 +108,7 @@ def format_row(row: dict[str, Any], *, with_message: bool = False) -> str:
             outcome,
             f"{latency:.1f}ms" if latency is not None else "-",
         ]
-        if row["action"] and row["action"] != "pass":
+        if row["action"] and row["action"] != ACTION_PASS:
             parts.append(f"[{row['action']}]")
         if row["error"]:
             parts.append(f"error={row['error']!r}")

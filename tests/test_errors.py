@@ -41,6 +41,7 @@ from queue_core.machine import (
     Unavailable,
     error_from_dict,
 )
+from queue_core.machine.errors import Gone
 from queue_core.server import make_app
 from queue_core.service import QueueService
 from queue_core.store import StoreDataError, StoreError
@@ -118,6 +119,7 @@ def test_every_error_class_carries_a_status_retriable_and_a_snake_case_code() ->
         (AlreadyExists, 409, "already_exists", False),
         (StaleClaim, 409, "stale_claim", False),
         (NotInFlight, 409, "not_in_flight", False),
+        (Gone, 409, "gone", False),
         (TooLarge, 413, "too_large", False),
         (LimitExceeded, 429, "limit_exceeded", False),
         (Unavailable, 503, "unavailable", True),

@@ -22,7 +22,14 @@ from wirelog.errors import RecordError, TornLine, UnknownVersion
 
 SCHEMA_VERSION = 1
 KINDS = ("http", "delivery", "log", "event")
-ACTIONS = ("pass", "block", "mimic", "stale-lease", "unsynced", "unmatched")
+# The egress proxy's action on a call (an http record's `action`, the X-Strictq-Proxy-Action header).
+ACTION_PASS = "pass"
+ACTION_BLOCK = "block"  # the worker is fenced
+ACTION_MIMIC = "mimic"  # answered from the recordings
+ACTION_STALE_LEASE = "stale-lease"  # the call's lease is below the floor
+ACTION_UNSYNCED = "unsynced"  # the control stream is not synchronised
+ACTION_UNMATCHED = "unmatched"  # mimic found no recording to answer with
+ACTIONS = (ACTION_PASS, ACTION_BLOCK, ACTION_MIMIC, ACTION_STALE_LEASE, ACTION_UNSYNCED, ACTION_UNMATCHED)
 
 # The schema's fields and their JSON types: the one definition the builders below follow and Spark's parse
 # schema (spark/schema.py) is derived from, so the two cannot disagree (tests/test_record_schema.py).
@@ -348,7 +355,7 @@ def http_record(
     *,
     request: Mapping[str, Any],
     response: Mapping[str, Any] | None,
-    action: str = "pass",
+    action: str = ACTION_PASS,
     error: str | None = None,
     latency_ms: float | None = None,
     replayed_from: str | None = None,

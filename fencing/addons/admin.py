@@ -1,11 +1,13 @@
 """Admin addon: a small aiohttp server on its own port inside the proxy process.
 
 - `/healthz`: the process is alive (its event loop answers);
-- `/readyz`: ready to pass tagged calls, i.e. the control stream is synchronised (503 until then; a
-  proxy started without `--control` has no stream to wait for and is ready at once);
+- `/readyz`: ready to pass tagged calls, i.e. the control stream is synchronised (503 until then, with
+  the gateway's `{"error": {"code": "not_ready", ...}}` body; a proxy started without `--control` has no
+  stream to wait for and is ready at once);
 - `/metrics`: JSON counters (calls by action, code and status class, auth refusals, malformed tags,
   upstream errors, records written, the wire-log writer's counters, open client connections).
 
+Errors (an unknown route, a wrong method) are JSON like every other app's (queue_core.http_errors).
 It runs on the proxy's own loop, so it answers only while that loop is responsive: exactly what a
 health check should measure.
 """
@@ -21,6 +23,8 @@ from mitmproxy import exceptions
 from mitmproxy.addonmanager import Loader
 
 from fencing.runtime import ProxyRuntime
+from protocol.errors import NOT_READY, error_body
+from queue_core.http_errors import json_http_errors
 
 log = logging.getLogger("strictq.proxy.admin")
 
@@ -57,7 +61,7 @@ class Admin:
     async def running(self) -> None:
         if self.port < 0:
             return
-        app = web.Application()
+        app = web.Application(middlewares=[json_http_errors])
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics)
@@ -97,9 +101,10 @@ class Admin:
 
     async def readyz(self, request: web.Request) -> web.Response:
         ready, reason = self._synced()
-        return web.json_response(
-            {"ready": ready, "reason": reason, "process": self.runtime.name}, status=200 if ready else 503
-        )
+        body: dict[str, Any] = {"ready": ready, "reason": reason, "process": self.runtime.name}
+        if not ready:
+            body.update(error_body(NOT_READY, reason, retriable=True))
+        return web.json_response(body, status=200 if ready else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
         from mitmproxy import ctx

@@ -30,6 +30,7 @@ from fencing.addons.control import control_credential
 from fencing.context import CallContext, ensure_context, refuse
 from fencing.runtime import ProxyRuntime
 from protocol import errors
+from wirelog.record import ACTION_BLOCK
 
 log = logging.getLogger("strictq.proxy.auth")
 
@@ -114,7 +115,7 @@ class Auth:
                     flow,
                     ctx,
                     status=407,
-                    action="block",
+                    action=ACTION_BLOCK,
                     code=code,
                     message="proxy authentication required: Proxy-Authorization Basic <worker id>:<secret>",
                     extra_headers={"Proxy-Authenticate": f'Basic realm="{REALM}"'},
@@ -153,7 +154,7 @@ class Auth:
             flow,
             ctx,
             status=407,
-            action="block",
+            action=ACTION_BLOCK,
             code=errors.TENANT_NOT_SERVED,
             message=f"tenant {credential.tenant!r} is not served by this proxy (its control key is another "
             "tenant's): use a proxy of your tenant",

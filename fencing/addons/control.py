@@ -28,7 +28,7 @@ from mitmproxy import ctx, exceptions
 from mitmproxy.addonmanager import Loader
 from mitmproxy.utils import asyncio_utils
 
-from access.permissions import CONTROL_ROLES
+from access.permissions import CONTROL_ROLES, egress_identity
 from fencing.control_client import ControlClient, ControlState
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def control_credential(ring: KeyRing, path: str, key_id: str = "") -> Credential
             )
         return credential
     for credential in ring.credentials:
-        if credential.role == "proxy":
+        if egress_identity(credential):
             return credential
     raise exceptions.OptionsError(f"key file {path} has no credential of role proxy for the control stream")
 

@@ -41,6 +41,7 @@ from fencing.answering import mark_mimic
 from fencing.context import CallContext, context_of, refuse
 from fencing.control_client import ControlState, FenceInfo
 from protocol import errors
+from wirelog.record import ACTION_BLOCK
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +182,7 @@ class Fence:
             flow,
             call,
             status=403,
-            action="block",
+            action=ACTION_BLOCK,
             code=errors.FENCED,
             message=f"worker {fence.worker} is fenced (block): {fence.reason}",
         )

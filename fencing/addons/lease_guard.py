@@ -20,6 +20,7 @@ from mitmproxy import http
 from fencing.context import context_of, refuse
 from fencing.control_client import ControlState
 from protocol import errors
+from wirelog.record import ACTION_STALE_LEASE, ACTION_UNSYNCED
 
 
 class LeaseGuard:
@@ -49,7 +50,7 @@ class LeaseGuard:
                 flow,
                 ctx,
                 status=503,
-                action="unsynced",
+                action=ACTION_UNSYNCED,
                 code=errors.UNSYNCED,
                 message="the proxy is not synchronised with the queue core's control stream; "
                 "tagged calls are refused until it is (retry shortly)",
@@ -67,7 +68,7 @@ class LeaseGuard:
                 flow,
                 ctx,
                 status=409,
-                action="stale-lease",
+                action=ACTION_STALE_LEASE,
                 code=errors.STALE_LEASE,
                 message=f"lease {lease} of group {group!r} in queue {ctx.queue_ref!r} is below the group's "
                 f"floor {floor}: a newer claim holds the group, this worker's claim is gone",

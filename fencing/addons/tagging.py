@@ -23,6 +23,7 @@ from mitmproxy.addonmanager import Loader
 from fencing.context import BadQueueReference, CallContext, ensure_context, parse_queue_ref, refuse
 from fencing.runtime import ProxyRuntime
 from protocol import errors, headers
+from wirelog.record import ACTION_BLOCK
 
 PREFIX = headers.TAG_PREFIX.lower().encode()
 HEADER_NAMES = {
@@ -93,7 +94,7 @@ class Tagging:
                     flow,
                     ctx,
                     status=400,
-                    action="block",
+                    action=ACTION_BLOCK,
                     code=errors.MALFORMED_TAGS,
                     message=str(exc),
                     announce=False,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fencing.replay.stories import Attempt, CallRecord, MessageStory, pretty_body
+from wirelog.record import ACTION_UNMATCHED
 
 KINDS = (
     "outcome",
@@ -148,7 +149,7 @@ def compare_attempt(
         out.append(Divergence("outcome", number, None, summary))
     out.extend(compare_calls(number, left.calls, right.calls))
     for position, call in enumerate(right.calls, 1):
-        if call.action == "unmatched":
+        if call.action == ACTION_UNMATCHED:
             out.append(
                 Divergence(
                     "unmatched",

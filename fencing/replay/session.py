@@ -23,6 +23,7 @@ from fencing.replay.masking import MaskConfig, Masker
 from fencing.replay.report import ReplayReport, Skipped
 from fencing.replay.run import RunError, Runner, RunSettings
 from fencing.replay.stories import MessageStory, Selection, read_stories
+from wirelog.record import ACTION_UNMATCHED
 
 KEY_FILE = "redaction.key"
 
@@ -149,7 +150,7 @@ async def run(options: ReplayOptions, runner: Runner, progress: Progress | None 
             )
             report.notes.extend(f"{name} run: {note}" for note in stats.notes)
             if untagged:
-                unmatched = sum(c.action == "unmatched" for c in untagged)
+                unmatched = sum(c.action == ACTION_UNMATCHED for c in untagged)
                 shown = ", ".join(c.label for c in untagged[:3]) + (", ..." if len(untagged) > 3 else "")
                 report.notes.append(
                     f"{name} run: {len(untagged)} call(s) not tagged with a message ({unmatched} unmatched): "

@@ -45,6 +45,14 @@ class StaleClaim(QueueError):
     code = "stale_claim"
 
 
+class Gone(QueueError):
+    """The message no longer exists (someone acked it). An ack of it succeeds; where the call cannot (the
+    EmoDB face's fenced renew: the lease it would keep alive is lost) it is refused with this status."""
+
+    status = 409
+    code = "gone"
+
+
 class NotInFlight(QueueError):
     """The message is not claimed now (its claim expired or was released), so its visibility cannot be set."""
 

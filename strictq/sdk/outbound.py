@@ -27,6 +27,7 @@ from yarl import URL
 
 from protocol import headers
 from protocol.errors import parse_error
+from wirelog.record import ACTION_BLOCK, ACTION_STALE_LEASE
 
 log = logging.getLogger("strictq.sdk")
 
@@ -38,7 +39,7 @@ H_ATTEMPT = headers.ATTEMPT
 H_CALL = headers.CALL
 H_PROXY_ACTION = headers.PROXY_ACTION
 TAG_HEADERS = headers.TAGS
-CANCELLING_ACTIONS = frozenset({"stale-lease", "block"})
+CANCELLING_ACTIONS = frozenset({ACTION_STALE_LEASE, ACTION_BLOCK})
 
 
 class CallFenced(aiohttp.ClientError):

@@ -81,6 +81,8 @@ from typing import Any, ClassVar
 
 import aiohttp
 
+from wirelog.record import ACTION_STALE_LEASE
+
 from .attempt import (
     EMPTY_HISTORY,
     AttemptFailed,
@@ -650,7 +652,7 @@ class _GroupRun:
             reason = tags.abort_reason or "the handler was cancelled"
             worker.stats.failed += 1
             worker.stats.probes_failed += probe
-            if tags.fenced is not None and tags.fenced.action == "stale-lease":
+            if tags.fenced is not None and tags.fenced.action == ACTION_STALE_LEASE:
                 self.lose(f"message {polled.id}: {reason}")
             else:  # handed back at once (not_attempted): another worker takes it while this one backs off
                 self.release_reason = f"message {polled.id}: {reason}"
