@@ -263,10 +263,13 @@ def _check_files(args: argparse.Namespace) -> str | None:
 
 
 def cmd_proxy_ca(args: argparse.Namespace) -> int:
-    from fencing.ca import confdir, ensure_ca
+    from fencing.ca import confdir, ensure_ca, serve_proxy_dir
+    from wirelog.files import private_dir
 
     data_dir, whose = proxy_ca_dir(args.ca_data_dir, args.data_dir)
     try:
+        if args.data_dir is None and data_dir == serve_proxy_dir(data_dir.parent):
+            private_dir(data_dir.parent)  # a serve data dir not made yet: 0700, as serve makes it
         path = ensure_ca(data_dir)
     except OSError as exc:
         print(f"strictq: {confdir(data_dir)}: cannot create the CA ({exc.strerror or exc})", file=sys.stderr)

@@ -215,6 +215,10 @@ def _index(args: argparse.Namespace) -> int:
         load_state(index) if args.compact else open_for_write(index, args.buckets)
     except IndexLayoutError as exc:
         raise UsageError(str(exc)) from None
+    except OSError as exc:  # a --index that cannot be created or written
+        where = "" if args.index is not None else f" (give --index or set ${ENV_INDEX})"
+        reason = exc.strerror or exc
+        raise UsageError(f"index directory {index}: cannot create or write it ({reason}){where}") from None
     spark = _session(args)
     try:
         return _index_with(spark, args, wirelog, index, interval)

@@ -110,18 +110,21 @@ def admin_key(args: argparse.Namespace) -> str:
     if path is not None:
         try:
             text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"--admin-key-file {path}: cannot read it ({exc.__class__.__name__})") from None
+        except OSError as exc:  # "No such file or directory", "Is a directory", "Permission denied"
+            raise UsageError(f"--admin-key-file {path}: cannot read it ({exc.strerror or exc})") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"--admin-key-file {path}: cannot read it (not UTF-8 text)") from None
         key = text.strip().splitlines()[0].strip() if text.strip() else ""
         if not key:
             raise UsageError(f"--admin-key-file {path} is empty: put the admin secret on its first line")
         return key
     key = os.environ.get(ADMIN_KEY_ENV, "").strip()
     if not key:
-        raise UsageError(
-            f"no admin key: set {ADMIN_KEY_ENV} (load <data-dir>/client.env of `strictq serve`: "
-            "set -a; . var/strictq/client.env; set +a), or pass --admin-key-file"
-        )
+        if getattr(args, "queue_server", None) or os.environ.get("STRICTQ_QUEUE_URL"):
+            where = "the secret of the admin credential in the `strictq queue-server`'s <data-dir>/keys.toml"
+        else:
+            where = "load <data-dir>/client.env of `strictq serve`: set -a; . var/strictq/client.env; set +a"
+        raise UsageError(f"no admin key: set {ADMIN_KEY_ENV} ({where}), or pass --admin-key-file")
     return key
 
 

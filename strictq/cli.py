@@ -275,7 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
     ack.set_defaults(handler=cmd_ack)
 
     peek = commands.add_parser(
-        "peek", help="show messages without claiming them", description=CLIENT_ENV_HELP
+        "peek",
+        help="show messages without claiming them",
+        description="Print the queue's first messages, one JSON object per line, without claiming them. "
+        + CLIENT_ENV_HELP,
     )
     peek.add_argument("queue")
     peek.add_argument("--limit", type=int, default=10, help="at most this many (1-1000, default %(default)s)")
@@ -283,7 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
     peek.set_defaults(handler=cmd_peek)
 
     size = commands.add_parser(
-        "size", help="count messages and claims in a queue", description=CLIENT_ENV_HELP
+        "size",
+        help="count messages and claims in a queue",
+        description="Print the queue's message count and how many are claimed (in flight), as JSON. "
+        + CLIENT_ENV_HELP,
     )
     size.add_argument("queue")
     add_queue_server_argument(size)

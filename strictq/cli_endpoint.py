@@ -118,8 +118,9 @@ def ssl_context(found: Endpoint) -> ssl.SSLContext | bool:
         return True
     path = Path(found.ca_file)
     if not path.is_file():
+        what = "a directory, not a file" if path.is_dir() else "no such file"
         raise CliError(
-            f"{CA_ENV}={found.ca_file}: no such file; it should be the CA that signed the server's "
+            f"{CA_ENV}={found.ca_file}: {what}; it should be the CA that signed the server's "
             f"certificate: {CA_HINT}",
             2,
         )

@@ -3,7 +3,7 @@ composition root of the edge: gateway (gateway.app), core (in-process or a `--qu
 wire-log index (spark.admin_endpoint) and the egress proxy child (fencing.child); none of those packages
 imports another.
 
-Follows the start-up contract of shared/design.md: prints `strictq: listening on <url>`, then
+Follows the start-up contract of docs/contracts.md: prints `strictq: listening on <url>`, then
 `strictq: ca <path>`, `strictq: keys <path>`, `strictq: proxy on <url>`, `strictq: proxy ca <path>`
 and `strictq: client env <path>` once it accepts connections. The egress proxy runs as a child process
 (`strictq proxy`, never on this loop: see fencing.child) following this process's control stream;
@@ -13,6 +13,7 @@ and `strictq: client env <path>` once it accepts connections. The egress proxy r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
@@ -24,6 +25,7 @@ from pathlib import Path
 from aiohttp import web
 
 from access.keys import Credential, KeyFileError, KeyRing, write_development_keys
+from access.permissions import tenants_of
 from fencing.ca import serve_proxy_dir
 from fencing.child import ProxyChild, ProxyStartError, start_proxy_child
 from gateway.app import make_gateway_app
@@ -112,7 +114,7 @@ class ServeOptions:
 def client_env(
     url: str, ca: Path | None, keys: KeyRing, proxy_url: str | None = None, proxy_ca: Path | None = None
 ) -> str:
-    """Environment for the CLI, the SDK and replay (design note), plus the AWS variables for boto3."""
+    """Environment for the CLI, the SDK and replay (docs/contracts.md), plus the AWS variables for boto3."""
     producer = _first(keys, "producer") or _first(keys, "admin")
     worker = _first(keys, "worker")
     lines = [f"STRICTQ_URL={url}"]
@@ -160,6 +162,12 @@ def prepare(options: ServeOptions) -> tuple[KeyRing, Path, TlsFiles | None, ssl.
     for ca in options.upstream_ca if options.proxy else ():
         if not ca.is_file():
             raise StartupError(ca, "is not a file", "give --upstream-ca the PEM of a backend's CA")
+        try:  # the proxy child would bundle it as it is, and fail every upstream handshake, or none
+            ssl.create_default_context(cafile=str(ca))
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            raise StartupError(
+                ca, f"is not a PEM CA certificate ({exc})", "give --upstream-ca the PEM of a backend's CA"
+            ) from None
     check_output_file(data_dir / "client.env")  # written once the gateway listens
     tls: TlsFiles | None = None
     context: ssl.SSLContext | None = None
@@ -282,7 +290,7 @@ def proxy_control_args(keys: KeyRing) -> list[str]:
     """The embedded proxy reads the control stream as the key file's first `operator` when the file has
     several tenants (a tenant's proxy key sees only its tenant's fences, so it serves only that tenant's
     workers); otherwise as the first `proxy` credential, the proxy's default."""
-    tenants = {c.tenant for c in keys.credentials if c.role != "operator"}
+    tenants = tenants_of(keys.credentials)
     operator = _first(keys, "operator")
     if len(tenants) > 1:
         if operator is not None:
@@ -355,7 +363,7 @@ def without_unusable_proxy(options: ServeOptions) -> ServeOptions:
         keys = KeyRing.load(keys_path)
     except (KeyFileError, OSError):
         return options  # prepare() names the fault
-    several_tenants = len({c.tenant for c in keys.credentials if c.role != "operator"}) > 1
+    several_tenants = len(tenants_of(keys.credentials)) > 1
     if _first(keys, "proxy") is not None or (several_tenants and _first(keys, "operator") is not None):
         return options
     print(
@@ -374,8 +382,13 @@ def run(options: ServeOptions) -> None:
     import uvloop
 
     if options.upstream_ca and not options.proxy:
-        raise StartupLine(options.data_dir, "--upstream-ca is for the egress proxy: drop it or --no-proxy")
-    with data_dir_lock(options.data_dir, "serve"):
+        raise StartupLine(
+            options.data_dir, "--upstream-ca is for the egress proxy: drop it, or drop --no-proxy"
+        )
+    with contextlib.ExitStack() as locks:
+        locks.enter_context(data_dir_lock(options.data_dir, "serve"))
+        if options.queue_server is None:  # the store's own dir too: a queue-server given it is refused
+            locks.enter_context(data_dir_lock(options.data_dir / "queue", "serve"))
         options = without_unusable_proxy(options)
         check_ports(options.host, listening_ports(options))
         uvloop.run(serve(options))

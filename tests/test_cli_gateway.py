@@ -142,6 +142,8 @@ def test_a_missing_ca_file_is_named_not_blamed_on_the_server(serve: Serve, comma
     line = one_line_error(strictq(serve, *command, STRICTQ_CA_FILE="/nonexistent/ca.pem"), 2)
     assert "STRICTQ_CA_FILE=/nonexistent/ca.pem" in line and "tls/ca.pem" in line, line
     assert "running" not in line, line
+    line = one_line_error(strictq(serve, *command, STRICTQ_CA_FILE="/tmp"), 2)
+    assert "STRICTQ_CA_FILE=/tmp: a directory, not a file" in line, line
 
     line = one_line_error(strictq(serve, *command, STRICTQ_CA_FILE=""))
     assert "not trusted" in line and "STRICTQ_CA_FILE" in line and "tls/ca.pem" in line, line
@@ -229,6 +231,9 @@ def test_the_admin_key_from_the_environment_a_file_or_the_flag(serve: Serve, tmp
 
     missing = one_line_error(strictq(serve, "fences", "--admin-key-file", str(tmp_path / "nope")), 2)
     assert "--admin-key-file" in missing and "nope" in missing
+    assert "No such file" in missing and "Error" not in missing  # not an exception's class name
+    directory = one_line_error(strictq(serve, "fences", "--admin-key-file", str(tmp_path)), 2)
+    assert "Is a directory" in directory
     (tmp_path / "empty").write_text("\n")
     empty = one_line_error(strictq(serve, "fences", "--admin-key-file", str(tmp_path / "empty")), 2)
     assert "empty" in empty

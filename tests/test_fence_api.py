@@ -241,6 +241,10 @@ def test_cli_usage_errors_exit_2(server: ServerProcess) -> None:
         done = strictq(server, *args, key=key)
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         assert message in done.stderr, (args, done.stderr)
+    # Against a queue-server there is no client.env: the missing key is named where it is, keys.toml.
+    done = strictq(server, "fences", "--queue-server", server.url)
+    assert done.returncode == 2 and "keys.toml" in done.stderr, done.stderr
+    assert "client.env" not in done.stderr, done.stderr
     helped = strictq(None, "fence", "--help")
     assert helped.returncode == 0 and "STRICTQ_ADMIN_KEY" in helped.stdout and "mimic" in helped.stdout
 

@@ -159,6 +159,19 @@ def test_index_of_an_empty_or_misnamed_directory_exits_1_naming_what_it_looks_fo
     assert f"did you mean --wirelog {data / 'wirelog'}?" in done.stderr
 
 
+def test_an_index_directory_that_cannot_be_made_is_one_line_before_spark(tmp_path: Path) -> None:
+    wirelog = tmp_path / "wirelog"
+    with WireLogWriter(wirelog, "core") as writer:  # closed on exit: something to index
+        writer.write(_event(1))
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    done = _index("--wirelog", str(wirelog), "--index", str(blocker / "index"))
+    assert done.returncode == 2, done.stderr
+    line = f"strictq: index directory {blocker / 'index'}: cannot create or write it (Not a directory)\n"
+    assert done.stderr == line
+    assert "Spark" not in done.stderr and not done.stdout
+
+
 def test_index_with_only_open_segments_exits_1_and_says_when_to_come_back(tmp_path: Path) -> None:
     with WireLogWriter(tmp_path / "wirelog", "gateway", fsync="always") as writer:
         writer.write(_event(1))

@@ -96,6 +96,7 @@ def test_proxy_ca_command_prints_the_ca(tmp_path: Path) -> None:
     assert path.is_file() and b"BEGIN CERTIFICATE" in path.read_bytes()
     assert b"PRIVATE KEY" not in path.read_bytes()  # workers get the certificate only
     assert f"the egress proxy of `strictq serve --data-dir {tmp_path / 'd'}`" in first.stderr
+    assert (tmp_path / "d").stat().st_mode & 0o777 == 0o700  # serve's data dir, private as serve makes it
     again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
     assert again.stdout == first.stdout  # created once, then reused
     standalone = [sys.executable, "-m", "strictq", "proxy", "--data-dir", str(tmp_path / "p"), "ca"]
@@ -245,6 +246,26 @@ async def test_not_ready_until_the_control_stream_is_synchronised(proxy_factory)
     assert (await get(f"{proxy.admin_url}/healthz"))[0] == 200
     status, body = await get(f"{proxy.admin_url}/readyz")
     assert status == 503 and body["ready"] is False
+
+
+async def test_admin_errors_have_the_one_json_shape(proxy_factory) -> None:  # type: ignore[no-untyped-def]
+    """The admin app answers as the gateway and the queue server do (docs/errors.md): /readyz's 503 keeps
+    its fields and adds the `not_ready` error object; an unknown route or a wrong method is JSON too, not
+    aiohttp's text/plain."""
+    proxy = proxy_factory("--control", f"http://127.0.0.1:{free_port()}")
+    status, body = await get(f"{proxy.admin_url}/readyz")
+    assert status == 503, body
+    assert (body["ready"], body["process"]) == (False, "proxy")
+    assert body["reason"] == "control stream not synchronised"
+    assert body["error"] == {"code": "not_ready", "message": body["reason"], "retriable": True}
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{proxy.admin_url}/no-such-route") as resp:
+            assert (resp.status, resp.content_type) == (404, "application/json")
+            error = (await resp.json())["error"]
+        assert error["code"] == "no_such_route" and "/no-such-route" in error["message"], error
+        async with http.post(f"{proxy.admin_url}/readyz") as resp:
+            assert (resp.status, resp.content_type) == (405, "application/json")
+            assert (await resp.json())["error"]["code"] == "method_not_allowed"
 
 
 async def test_sigterm_lets_calls_in_flight_finish(proxy: ProxyProcess, backends) -> None:

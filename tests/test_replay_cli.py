@@ -176,6 +176,13 @@ def test_usage_errors_exit_2_with_one_line(recording: Recording, tmp_path: Path)
         Recording(tmp_path / "absent", tmp_path, recording.backend), tmp_path / "r", "--worker", "true"
     )
     assert missing.code == 2 and "is not a directory" in missing.stderr
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    unwritable = run_replay(recording, blocker / "report", "--queue", "orders", "--worker", "true")
+    assert unwritable.code == 2 and "Traceback" not in unwritable.stderr, unwritable.stderr
+    assert f"--report {blocker / 'report'}: cannot write the report there ({blocker} is not a directory)" in (
+        unwritable.stderr
+    )
 
 
 def test_a_worker_that_cannot_start_is_a_usage_error(recording: Recording, tmp_path: Path) -> None:

@@ -71,6 +71,9 @@ def test_a_second_serve_on_a_data_dir_in_use_is_refused_first(tmp_path: Path) ->
             f"strictq: a strictq serve is already running on {data_dir} (pid {first.pid}); stop it first, "
             "or give another --data-dir"
         )
+        # A queue-server given serve's store directory (its data dir's queue/) is refused the same way.
+        store = one_line(run("queue-server", "--port", "0", "--data-dir", str(data_dir / "queue")))
+        assert f"a strictq serve is already running on {data_dir / 'queue'} (pid {first.pid})" in store
         assert {p: p.stat().st_mtime_ns for p in data_dir.rglob("*") if p.is_file()} == files  # untouched
         key = first.secret("producer")
         assert first.call("POST", "/queue/1/orders/send", key, {"n": 1})[0] == 200  # still serving
@@ -140,6 +143,17 @@ def test_gateway_and_proxy_on_one_port_is_named(tmp_path: Path) -> None:
         pass  # free now (most likely): the two flags collide before any bind
     line = one_line(run("serve", "--port", str(port), "--proxy-port", str(port), "--data-dir", str(tmp_path)))
     assert f"the gateway's --port and the egress proxy's --proxy-port are both port {port}" in line
+
+
+def test_an_upstream_ca_that_is_not_a_pem_certificate_is_refused(tmp_path: Path) -> None:
+    not_pem = tmp_path / "ca.pem"
+    not_pem.write_text("not a certificate\n")
+    data_dir = tmp_path / "strictq"
+    flags = ["--port", "0", "--proxy-port", "0", "--upstream-ca", str(not_pem)]
+    line = one_line(run("serve", *flags, "--data-dir", str(data_dir)))
+    assert line.startswith(f"strictq: {not_pem}: is not a PEM CA certificate ("), line
+    assert "give --upstream-ca the PEM of a backend's CA" in line
+    assert not (data_dir / "keys.toml").exists()  # refused before anything was written
 
 
 def test_a_key_file_without_a_proxy_credential_runs_without_the_proxy(tmp_path: Path) -> None:

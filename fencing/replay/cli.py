@@ -10,6 +10,7 @@ compared" (2).
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -185,6 +186,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     for flag, path in (("--redaction", args.redaction), ("--mask-config", args.mask_config)):
         if path is not None and not path.is_file():
             return usage(f"{flag} {path} is not a file")
+    fault = _unwritable(args.report)  # found before a stack starts, not as a traceback at the end
+    if fault:
+        return usage(f"--report {args.report}: cannot write the report there ({fault})")
 
     from fencing.replay.masking import MaskConfig, MaskError
     from fencing.replay.session import ReplayOptions, UsageError, run
@@ -242,6 +246,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
     }
     print_summary(report, files)
     return report.exit_code
+
+
+def _unwritable(directory: Path) -> str | None:
+    """Why `directory` could not be created and written (its nearest existing ancestor is not a writable
+    directory), or None; nothing is created."""
+    probe = directory
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
+    return None
 
 
 def _command(text: str, flag: str) -> list[str]:
