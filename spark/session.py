@@ -62,6 +62,9 @@ def log4j_config() -> Path:
     return path
 
 
+JAVA_OPTIONS_ENV = "STRICTQ_SPARK_JAVA_OPTIONS"
+
+
 def under_spark_submit() -> bool:
     """spark-submit starts Python with a gateway already running (and its master chosen)."""
     return "PYSPARK_GATEWAY_PORT" in os.environ
@@ -85,9 +88,12 @@ def build_session(
     if not under_spark_submit():
         builder = builder.master(master or DEFAULT_MASTER)
         builder = builder.config("spark.driver.memory", driver_memory or DEFAULT_DRIVER_MEMORY)
-        builder = builder.config(
-            "spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j_config()}"
-        )
+        # STRICTQ_SPARK_JAVA_OPTIONS: more driver JVM options (GC, JIT), e.g. the test suite's quick-start
+        # `-XX:TieredStopAtLevel=1` for its many small jobs.
+        java_options = f"-Dlog4j2.configurationFile=file:{log4j_config()}"
+        if os.environ.get(JAVA_OPTIONS_ENV):
+            java_options += " " + os.environ[JAVA_OPTIONS_ENV]
+        builder = builder.config("spark.driver.extraJavaOptions", java_options)
         builder = builder.config("spark.driver.host", "127.0.0.1").config(
             "spark.driver.bindAddress", "127.0.0.1"
         )
