@@ -286,17 +286,25 @@ async def _shutdown(
     await service.close()
 
 
-def proxy_control_args(keys: KeyRing) -> list[str]:
-    """The embedded proxy reads the control stream as the key file's first `operator` when the file has
-    several tenants (a tenant's proxy key sees only its tenant's fences, so it serves only that tenant's
-    workers); otherwise as the first `proxy` credential, the proxy's default."""
-    tenants = tenants_of(keys.credentials)
+def proxy_control_credential(keys: KeyRing) -> Credential | None:
+    """The credential the embedded proxy reads the control stream as: the key file's first `operator`
+    when the file has several tenants (a tenant's proxy key sees only its tenant's fences, so it serves
+    only that tenant's workers); otherwise, or without one, the first `proxy` credential (the proxy's
+    default). None: the proxy cannot run on this key file."""
     operator = _first(keys, "operator")
-    if len(tenants) > 1:
-        if operator is not None:
-            return ["--control-key-id", operator.id]
-        proxy = _first(keys, "proxy")
-        served = proxy.tenant if proxy is not None else "none"
+    if operator is not None and len(tenants_of(keys.credentials)) > 1:
+        return operator
+    return _first(keys, "proxy")
+
+
+def proxy_control_args(keys: KeyRing) -> list[str]:
+    """`--control-key-id` for an operator credential (proxy_control_credential); a proxy credential is the
+    proxy's default. Several tenants and no operator: the proxy serves one tenant, and this says so."""
+    credential = proxy_control_credential(keys)
+    if credential is not None and credential.role == "operator":
+        return ["--control-key-id", credential.id]
+    if len(tenants_of(keys.credentials)) > 1:
+        served = credential.tenant if credential is not None else "none"
         print(
             f"strictq: the egress proxy serves tenant {served} only: add an operator credential to the key "
             "file for one proxy that serves every tenant (docs/security.md)",
@@ -363,8 +371,7 @@ def without_unusable_proxy(options: ServeOptions) -> ServeOptions:
         keys = KeyRing.load(keys_path)
     except (KeyFileError, OSError):
         return options  # prepare() names the fault
-    several_tenants = len(tenants_of(keys.credentials)) > 1
-    if _first(keys, "proxy") is not None or (several_tenants and _first(keys, "operator") is not None):
+    if proxy_control_credential(keys) is not None:
         return options
     print(
         f"strictq: {keys_path} has no proxy-role credential: running without the egress proxy (add one "
