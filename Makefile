@@ -19,10 +19,11 @@ PORT ?= 8443
 PROXY_PORT ?=
 DATA_DIR ?= var/strictq
 
-.PHONY: help run test demo bench lint venv clean
+.PHONY: help run cluster test demo bench lint venv clean nats-server
 
 help:
 	@echo "make run    set up .venv (Python 3.12) and start strictq serve (HTTPS gateway + queue core) on $(HOST):$(PORT)"
+	@echo "make cluster  the distributed queue on this machine: 3 JetStream servers, 3 queue servers, a gateway"
 	@echo "make test   set up .venv and run the whole test suite"
 	@echo "make demo   set up .venv and run strictq demo: the whole system on this machine, narrated"
 	@echo "make bench  run the benchmarks and write docs/benchmarks.md"
@@ -41,6 +42,16 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/strictq serve --host $(HOST) --port $(PORT) $(if $(PROXY_PORT),--proxy-port $(PROXY_PORT) )--data-dir $(DATA_DIR)
 
+# The cluster's replication engine (issue 15, docs/cluster.md): Debian's nats-server (JetStream), installed
+# when missing (Debian puts it in /usr/sbin, which a user's PATH may lack). `make run` never needs it.
+nats-server:
+	@command -v nats-server >/dev/null || test -x /usr/sbin/nats-server || { \
+	  echo "installing Debian's nats-server (the cluster's JetStream)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq nats-server >/dev/null; }
+
+cluster: $(STAMP) nats-server
+	$(VENV)/bin/strictq cluster up --nodes 3 --data-dir $(DATA_DIR)-cluster
+
 # Three workers on this 2-core machine (and CI's): many tests wait on child processes and sockets, and
 # a third worker measured 183-206 s against 206-217 s for two. The 25 slowest tests are listed at the end.
 # Bytecode is cached (under .venv, not in the tree) even where PYTHONDONTWRITEBYTECODE is set: the suite
@@ -53,7 +64,7 @@ TEST_WORKERS ?= 3
 TEST_TMP ?= $(shell [ "$$(df --output=avail -k /dev/shm 2>/dev/null | tail -n 1)" -gt 4194304 ] 2>/dev/null \
   && echo /dev/shm/strictq-test-$$(id -u)-$$(echo $(CURDIR) | sha256sum | cut -c1-8))
 
-test: $(STAMP)
+test: $(STAMP) nats-server
 	env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache \
 	  $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 \
 	  $(if $(TEST_TMP),--basetemp $(TEST_TMP)) $(PYTEST_ARGS) $(if $(TEST_TMP),&& rm -rf $(TEST_TMP))
@@ -66,7 +77,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 
-bench: $(STAMP)
+bench: $(STAMP) nats-server
 	@command -v redis-server >/dev/null || { echo "installing Debian's redis-server (the benchmark's peer)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server >/dev/null; }
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'

@@ -28,6 +28,9 @@ INTERNAL = "internal"
 BAD_RESPONSE = "bad_response"  # a client's code for an answer that is not the JSON it expected
 NOT_READY = "not_ready"  # /readyz of the gateway, the queue server and the proxy admin app (503, retriable)
 TIMEOUT = "timeout"  # aiohttp gave up on a handler (504)
+# A cluster node asked for a partition it does not own now (421, retriable: the owner map moved on; the
+# gateway re-reads it and sends the request to the new owner).
+NOT_OWNER = "not_owner"
 HTTP_ERROR_CODES = {
     400: BAD_REQUEST,
     404: NO_SUCH_ROUTE,

@@ -20,3 +20,7 @@ TAG_PREFIX = "X-Strictq-"
 TAGS = (QUEUE, MESSAGE_ID, GROUP, LEASE, ATTEMPT, CALL)
 
 PROXY_ACTION = "X-Strictq-Proxy-Action"  # on a response the egress proxy made itself
+
+# The internal API of a cluster node: the partition a request is for (a node serves several at once; one
+# that does not serve it now answers 421 `not_owner`). A single-process queue server ignores it.
+PARTITION = "X-Strictq-Partition"

@@ -29,6 +29,7 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from .machine.effects import DURABLE_EFFECTS, Effect, MessageInserted
 from .store import SqliteStore, StoreDataError, StoreError
@@ -38,6 +39,20 @@ log = logging.getLogger("strictq.store")
 MAX_EFFECTS_PER_COMMIT = 20_000
 Bodies = dict[int, tuple[bytes, str, bytes]]
 NO_BODIES: Bodies = {}  # shared and empty: never mutate
+
+
+class CommitLog(Protocol):
+    """What `QueueService` writes through: this module's `DurableLog`, or a cluster partition's replicated
+    log (cluster.replicated_log), which appends to the partition's stream before committing here."""
+
+    @property
+    def failed(self) -> BaseException | None: ...
+    def submit(self, effects: Sequence[Effect], fetch: Sequence[int] = ()) -> asyncio.Future[Bodies]: ...
+    def close(self) -> None: ...
+
+
+# Builds a service's log when it starts: (store, loop, on_commit) -> log.
+LogFactory = Callable[[SqliteStore, asyncio.AbstractEventLoop, Callable[[int], None]], CommitLog]
 
 
 class DurableLog:
@@ -50,9 +65,9 @@ class DurableLog:
         self._store = store
         self._loop = loop
         self._on_commit = on_commit  # called on the loop with the highest message key committed
-        self._pending: queue.SimpleQueue[tuple[list[Effect], asyncio.Future[Bodies], list[int]] | None] = (
-            queue.SimpleQueue()
-        )
+        self._pending: queue.SimpleQueue[
+            tuple[list[Effect], asyncio.Future[Bodies], list[int], int] | None
+        ] = queue.SimpleQueue()
         self._last: asyncio.Future[Bodies] | None = None
         self._failed: BaseException | None = None
         self.commits = 0
@@ -64,18 +79,21 @@ class DurableLog:
     def failed(self) -> BaseException | None:
         return self._failed
 
-    def submit(self, effects: Sequence[Effect], fetch: Sequence[int] = ()) -> asyncio.Future[Bodies]:
+    def submit(
+        self, effects: Sequence[Effect], fetch: Sequence[int] = (), position: int = 0
+    ) -> asyncio.Future[Bodies]:
         """Queue effects for the next commit; the future resolves once they are on disk, with the bodies
         of the `fetch` keys read right after the commit. Reading them here rather than on the event loop
-        lets SQLite's C code run beside the loop (it releases the GIL)."""
+        lets SQLite's C code run beside the loop (it releases the GIL). `position`: the replicated stream's
+        sequence these effects were appended at (a cluster partition's owner), recorded in the same commit."""
         durable: list[Effect] = [e for e in effects if isinstance(e, DURABLE_EFFECTS)]
-        if not durable and not fetch:
+        if not durable and not fetch and not position:
             return self.barrier()
         future: asyncio.Future[Bodies] = self._loop.create_future()
         if self._failed is not None:
             future.set_exception(StoreError(f"store failed earlier: {self._failed}"))
             return future
-        self._pending.put((durable, future, list(fetch)))
+        self._pending.put((durable, future, list(fetch), position))
         self._last = future
         return future
 
@@ -116,9 +134,10 @@ class DurableLog:
                     break
                 batch.append(more)
                 size += len(more[0])
-            futures = [future for _, future, _ in batch]
+            futures = [future for _, future, _, _ in batch]
+            position = max(item[3] for item in batch)
             try:
-                done = commit(self._store, [(effects, keys) for effects, _, keys in batch])
+                done = commit(self._store, [(effects, keys) for effects, _, keys, _ in batch], position)
             except BaseException as exc:  # the disk said no: fail these and every later request
                 self._failed = exc
                 log.error("store failed; every later write fails until a restart: %s", exc)
@@ -154,17 +173,20 @@ class Committed:
     max_key: int = 0  # the highest message key inserted
 
 
-def commit(store: SqliteStore, submissions: Sequence[tuple[Sequence[Effect], Sequence[int]]]) -> Committed:
+def commit(
+    store: SqliteStore, submissions: Sequence[tuple[Sequence[Effect], Sequence[int]]], position: int = 0
+) -> Committed:
     """Make a batch of submissions (effects, keys whose bodies to read after) durable, in order: one
     transaction, or, when one submission's data is refused, one transaction per submission so that only
-    that one fails. Raises for a failure of the store itself (see the module docstring)."""
+    that one fails. Raises for a failure of the store itself (see the module docstring). `position`: the
+    replicated stream's sequence of the batch's last frame, recorded with it (0: not replicated)."""
     everything = [effect for effects, _ in submissions for effect in effects]
     refused: dict[int, StoreDataError] = {}
     applied: list[Effect] = []
     transactions = 0
     try:
-        if everything:
-            store.apply(everything)
+        if everything or position:
+            store.apply(everything, position)
             transactions = 1
         applied = everything
     except StoreDataError:
@@ -172,7 +194,7 @@ def commit(store: SqliteStore, submissions: Sequence[tuple[Sequence[Effect], Seq
             if not effects:
                 continue
             try:
-                store.apply(effects)
+                store.apply(effects, position)
             except StoreDataError as error:
                 refused[index] = error
                 continue

@@ -18,6 +18,8 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
+from protocol.headers import PARTITION
+
 from . import wire
 from .machine import (
     AckOutcome,
@@ -42,8 +44,18 @@ log = logging.getLogger("strictq.remote")
 PROBE_INTERVAL = 1.0
 
 
+class Unreachable(Unavailable):
+    """The queue server could not be reached: no connection was made, so the request never arrived and
+    sending it again (there or to another node) cannot apply it twice. Same code as `Unavailable`."""
+
+
 class RemoteQueueService:
-    """The internal API of a `strictq queue-server`, spoken with one pooled aiohttp session."""
+    """The internal API of a `strictq queue-server`, spoken with one pooled aiohttp session.
+
+    `partition`: a cluster node's partition this client speaks to (every request carries it in the
+    X-Strictq-Partition header; a node that does not serve it answers 421 `not_owner`). `session`: a
+    session shared with other clients (one connection pool for a cluster gateway's many partitions);
+    it is used from construction on and left open by `close()`."""
 
     def __init__(
         self,
@@ -53,13 +65,18 @@ class RemoteQueueService:
         ca_file: str | None = None,
         timeout: float = 30.0,
         probe_interval: float = PROBE_INTERVAL,
+        partition: int | None = None,
+        session: aiohttp.ClientSession | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.partitions = partitions
+        self.partition = partition
+        self._headers = {} if partition is None else {PARTITION: str(partition)}
         self._ca_file = ca_file
         self._timeout = timeout
         self._probe_interval = probe_interval
-        self._session: aiohttp.ClientSession | None = None
+        self._session: aiohttp.ClientSession | None = session
+        self._own_session = session is None
         self._ready = False
         self._stopping = False
         self._probe: asyncio.Task[None] | None = None
@@ -67,13 +84,8 @@ class RemoteQueueService:
 
     # ------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        ssl_context: ssl.SSLContext | bool = True
-        if self._ca_file:
-            ssl_context = ssl.create_default_context(cafile=self._ca_file)
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=ssl_context, limit=0),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0),
-        )
+        if self._own_session:
+            self._session = client_session(self._ca_file)
         await self._check_ready()
         if not self._ready:
             log.warning("queue server %s is not ready yet; /readyz answers 503 until it is", self.url)
@@ -96,9 +108,9 @@ class RemoteQueueService:
             self._probe.cancel()
             await asyncio.gather(self._probe, return_exceptions=True)
             self._probe = None
-        if self._session is not None:
+        if self._session is not None and self._own_session:
             await self._session.close()
-            self._session = None
+        self._session = None
 
     async def _probe_forever(self) -> None:
         while True:
@@ -109,7 +121,9 @@ class RemoteQueueService:
         try:
             assert self._session is not None
             async with self._session.get(
-                self.url + "/readyz", timeout=aiohttp.ClientTimeout(total=max(1.0, self._probe_interval))
+                self.url + "/readyz",
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=max(1.0, self._probe_interval)),
             ) as response:
                 ready = response.status == 200
         except (aiohttp.ClientError, TimeoutError, OSError):
@@ -134,7 +148,7 @@ class RemoteQueueService:
         if self._session is None:
             raise Unavailable("the gateway's queue-server client is not started")
         data = None if body is None else orjson.dumps(body)
-        headers = {"Content-Type": "application/json"} if data is not None else None
+        headers = {**self._headers, "Content-Type": "application/json"} if data is not None else self._headers
         try:
             async with self._session.request(
                 method,
@@ -146,6 +160,9 @@ class RemoteQueueService:
             ) as response:
                 raw = await response.read()
                 status = response.status
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:  # never sent
+            self._ready = False
+            raise Unreachable(f"queue server {self.url} did not answer: {exc!r}") from None
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             self._ready = False
             raise Unavailable(f"queue server {self.url} did not answer: {exc!r}") from None
@@ -239,6 +256,14 @@ class RemoteQueueService:
                 self._polls.discard(task)
         return [wire.decode_received(item) for item in payload["messages"]]
 
+    async def wait_ready(self, queue: str, wait: float, worker: str = "") -> bool:
+        """The server's `POST .../wait` (QueueService.wait_ready): whether `queue` may have something to
+        receive, waiting up to `wait` seconds; it claims nothing, so cancelling it is harmless."""
+        wait = min(max(wait, 0.0), MAX_WAIT)
+        body = {"timeout": wait, "worker": worker}
+        payload = await self._call("POST", self._q(queue) + "/wait", body, deadline=self._timeout + wait)
+        return payload.get("ready") is True
+
     async def _claims(
         self,
         queue: str,
@@ -299,6 +324,17 @@ class RemoteQueueService:
 
     async def cancel_move(self, move_id: str) -> MoveStatus:
         return wire.decode_move(await self._call("POST", "/v1/moves/" + _move_segment(move_id) + "/cancel"))
+
+
+def client_session(ca_file: str | None = None) -> aiohttp.ClientSession:
+    """The pooled session of the internal API (TLS verified against `ca_file` when given)."""
+    ssl_context: ssl.SSLContext | bool = True
+    if ca_file:
+        ssl_context = ssl.create_default_context(cafile=ca_file)
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(ssl=ssl_context, limit=0),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0),
+    )
 
 
 def _move_segment(move_id: str) -> str:

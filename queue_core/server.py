@@ -33,7 +33,12 @@ from .service import QueueService
 
 log = logging.getLogger("strictq.server")
 MAX_REQUEST_BYTES = 8 * 1024 * 1024  # ten 1 MiB messages in JSON, with room for escaping
-SERVICE_KEY = web.AppKey("service", QueueService)
+# The service of a request: the one QueueService of this process, or, on a cluster node serving several
+# partitions (one QueueService each), the one its X-Strictq-Partition header names; a partition the node
+# does not serve now raises NotOwner (421) there (cluster.node).
+ServiceSource = Callable[[web.Request], QueueService]
+SERVICE_SOURCE_KEY: web.AppKey[ServiceSource] = web.AppKey("service_source")
+READY_KEY: web.AppKey[Callable[[], bool]] = web.AppKey("ready")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -105,7 +110,7 @@ def outcomes_response(outcomes: list[AckOutcome]) -> web.Response:
 
 # -------------------------------------------------------------------------------------- handlers
 def service_of(request: web.Request) -> QueueService:
-    return request.app[SERVICE_KEY]
+    return request.app[SERVICE_SOURCE_KEY](request)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -113,8 +118,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    service = service_of(request)
-    if service.healthy:
+    if request.app[READY_KEY]():
         return json_response({"ready": True})
     not_ready = error_body(NOT_READY, "store not open or failed", retriable=True)
     return json_response({"ready": False, **not_ready}, 503)
@@ -188,6 +192,19 @@ async def receive(request: web.Request) -> web.Response:
         capabilities=polled.capabilities,
     )
     return json_response({"messages": [wire.encode_received(r) for r in received]})
+
+
+async def wait_ready(request: web.Request) -> web.Response:
+    """A cluster gateway's long poll of one partition: `{"ready": true}` once the queue may have something
+    to receive (at once if it has), `false` after `timeout` seconds; it claims nothing."""
+    data = await read_object(request)
+    timeout = wire.number(data, "timeout", 0.0)
+    assert timeout is not None
+    if timeout < 0:
+        raise InvalidArgument("timeout must not be negative", field="timeout")
+    worker = wire.worker_of(data)
+    ready = await service_of(request).wait_ready(request.match_info["queue"], timeout, worker)
+    return json_response({"ready": ready})
 
 
 async def ack(request: web.Request) -> web.Response:
@@ -272,9 +289,18 @@ async def cancel_move(request: web.Request) -> web.Response:
     return json_response(wire.encode_move(await service_of(request).cancel_move(request.match_info["move"])))
 
 
-def make_app(service: QueueService) -> web.Application:
+def make_app(
+    service: QueueService | None, source: ServiceSource | None = None, ready: Callable[[], bool] | None = None
+) -> web.Application:
+    """`service`: the one this process serves; or a cluster node's `source` (see above) and `ready`."""
     app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[json_http_errors, errors_as_json])
-    app[SERVICE_KEY] = service
+    if service is not None:
+        app[SERVICE_SOURCE_KEY] = lambda request: service
+        app[READY_KEY] = lambda: service.healthy
+    else:
+        assert source is not None and ready is not None, "a node's app needs its source and readiness"
+        app[SERVICE_SOURCE_KEY] = source
+        app[READY_KEY] = ready
     q = "/v1/queues/{queue}"
     app.add_routes(
         [
@@ -287,6 +313,7 @@ def make_app(service: QueueService) -> web.Application:
             web.delete(q, delete_queue),
             web.post(q + "/send", send),
             web.post(q + "/receive", receive),
+            web.post(q + "/wait", wait_ready),
             web.post(q + "/ack", ack),
             web.post(q + "/results", results),
             web.post(q + "/renew", renew),

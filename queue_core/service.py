@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from .durability import NO_BODIES, Bodies, DurableLog
+from .durability import NO_BODIES, Bodies, CommitLog, DurableLog, LogFactory
 from .machine import (
     AckOutcome,
     AlreadyExists,
@@ -115,8 +115,16 @@ class QueueService:
         partitions: int = DEFAULT_PARTITIONS,
         clock: Callable[[], float] = time.time,
         body_cache_bytes: int = BODY_CACHE_BYTES,
+        epoch: int = 0,
+        log_factory: LogFactory = DurableLog,
+        key_space: tuple[int, int] = (0, 1),
     ) -> None:
         self.data_dir = Path(data_dir)
+        # A cluster partition's owner (cluster.partition): the epoch it announced on the partition's stream
+        # (tokens keep rising across owners), and a log that replicates each commit before it lands here.
+        self._min_epoch = epoch
+        self._log_factory = log_factory
+        self._key_space = key_space  # (partition, partitions): ids unique across a cluster (CoreState)
         self.partitions = partitions
         self.clock = clock
         # The one supervisor over the core (and, once failure management starts, its health monitor):
@@ -132,7 +140,7 @@ class QueueService:
         # supervisor's decisions of every step; it may run no core operation from there.
         self.failure_listeners: list[Callable[[FailureEffect], None]] = []
         self._store = SqliteStore(self.data_dir / "queue.sqlite3", clock)
-        self._log: DurableLog | None = None
+        self._log: CommitLog | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._waiters: dict[str, asyncio.Event] = {}
@@ -144,15 +152,15 @@ class QueueService:
         collecting = gc.isenabled()
         gc.disable()  # a restore allocates millions of objects and frees none: ~20% faster without GC
         try:
-            epoch, snapshot = self._store.open(now)
-            core = QueueCore(epoch=epoch, partitions=self.partitions, opt_in=True)
+            epoch, snapshot = self._store.open(now, self._min_epoch)
+            core = QueueCore(epoch=epoch, partitions=self.partitions, opt_in=True, key_space=self._key_space)
             core.restore(snapshot, now)
             self.supervisor = Supervisor(core, self.supervisor.monitor)
             self.saved_control = self._store.control
         finally:
             if collecting:
                 gc.enable()
-        self._log = DurableLog(self._store, asyncio.get_running_loop(), on_commit=self.cache.committed)
+        self._log = self._log_factory(self._store, asyncio.get_running_loop(), self.cache.committed)
         self.restore_seconds = time.perf_counter() - started
         self.ready = True
         self._reschedule()
@@ -366,6 +374,24 @@ class QueueService:
         missing = [d.key for d in deliveries if self.cache.get(d.key) is None]
         fetched = await self._durable(self._submit(supervisor.drain_effects(self.clock()), missing))
         return self._with_bodies(deliveries, fetched)
+
+    async def wait_ready(self, queue: str, wait: float, worker: str = "") -> bool:
+        """Whether `queue` may have something for `worker` to receive, waiting up to `wait` seconds
+        (MAX_WAIT at most) for it: a cluster gateway's long poll over many partitions waits on each at
+        once. It claims nothing, so the gateway may drop the answers of the partitions it does not poll.
+        True may be spurious (any change of the queue wakes it): the caller polls to find out."""
+        state = self.core.queue(queue)  # QueueNotFound, as receive answers
+        mine = state.reserved.get(worker) if worker and state.reserved else None
+        if state.ready.peek() is not None or (mine is not None and mine.peek() is not None):
+            return True
+        if not self.ready:
+            return False
+        event = self._waiters.setdefault(queue, asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), min(max(wait, 0.0), MAX_WAIT))
+        except TimeoutError:
+            return False
+        return True
 
     def _probe_item(self, probe: Probe) -> Received:
         """A probe as a poll item: its own group (it never holds up, nor waits behind, a real one), token 1

@@ -187,8 +187,12 @@ class SqliteStore:
         self.control = ControlRows()  # filled by open()
 
     # ------------------------------------------------------------------------------------ lifecycle
-    def open(self, now: float) -> tuple[int, Snapshot]:
+    def open(self, now: float, epoch: int = 0) -> tuple[int, Snapshot]:
         """Open (creating if needed), bump the epoch durably, and return it with everything stored.
+
+        `epoch`: this one instead of the next (a cluster partition's new owner takes the epoch it announced on
+        the partition's stream, above every earlier owner's; cluster.node), so fencing tokens keep rising
+        across owners. Never below the stored one.
 
         A new store file is created 0600 in a 0700 directory before SQLite opens it: SQLite gives its
         -wal and -shm files the main file's mode. A file that cannot be opened, or is not a SQLite store,
@@ -204,7 +208,7 @@ class SqliteStore:
             db.executescript(SCHEMA)
             self._db = db
             db.execute("BEGIN IMMEDIATE")
-            epoch = self._meta("epoch") + 1
+            epoch = max(self._meta("epoch"), epoch) if epoch else self._meta("epoch") + 1
             self._set_meta("epoch", epoch)
             db.execute("INSERT OR IGNORE INTO meta (name, value) VALUES ('key_hw', 0)")
             db.execute("DELETE FROM dedup WHERE expires <= ?", (now,))
@@ -238,6 +242,28 @@ class SqliteStore:
 
     def _set_meta(self, name: str, value: int) -> None:
         self.db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (name, value))
+
+    # A cluster partition's store also records how far along its replicated stream it is (`position`, the
+    # stream sequence of the last frame applied), in the same transaction as the frame's effects: a node
+    # that restarts or is promoted resumes the stream right after it (cluster.partition).
+    def position(self) -> int:
+        return self._meta("stream_seq")
+
+    def epoch(self) -> int:
+        return self._meta("epoch")
+
+    def mark(self, position: int, epoch: int) -> None:
+        """An owner's epoch marker applied: later owners must start above `epoch`."""
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("UPDATE meta SET value = max(value, ?) WHERE name = 'epoch'", (epoch,))
+            self._set_meta("stream_seq", position)
+            db.execute("COMMIT")
+        except Exception as exc:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise StoreError(f"store write failed: {exc}") from exc
 
     def _snapshot(self) -> Snapshot:
         db = self.db
@@ -287,11 +313,14 @@ class SqliteStore:
         )
 
     # ---------------------------------------------------------------------------------------- writes
-    def apply(self, effects: Sequence[Effect]) -> None:
-        """Make a run of effects durable in one transaction (one fsync), preserving their order."""
+    def apply(self, effects: Sequence[Effect], position: int = 0) -> None:
+        """Make a run of effects durable in one transaction (one fsync), preserving their order; `position`:
+        the stream sequence they came from, in a cluster (0: none)."""
         db = self.db
         db.execute("BEGIN IMMEDIATE")
         try:
+            if position:
+                self._set_meta("stream_seq", position)
             max_key = 0
             logged: dict[tuple[int, str], int] = {}
             for statement, rows in _batches(effects):

@@ -35,6 +35,7 @@ from queue_core.machine import (
     LimitExceeded,
     NotFound,
     NotInFlight,
+    NotOwner,
     QueueNotFound,
     StaleClaim,
     TooLarge,
@@ -107,7 +108,8 @@ def test_every_error_class_carries_a_status_retriable_and_a_snake_case_code() ->
         assert isinstance(cls.retriable, bool), cls
         assert isinstance(cls.code, str) and SNAKE.fullmatch(cls.code), cls
         if cls.retriable:  # a retry can only help where the server, not the request, was the problem
-            assert cls.status in (429, 503), cls
+            # (421: a cluster node that does not own the partition; its current owner may answer)
+            assert cls.status in (421, 429, 503), cls
 
 
 @pytest.mark.parametrize(
@@ -123,6 +125,7 @@ def test_every_error_class_carries_a_status_retriable_and_a_snake_case_code() ->
         (TooLarge, 413, "too_large", False),
         (LimitExceeded, 429, "limit_exceeded", False),
         (Unavailable, 503, "unavailable", True),
+        (NotOwner, 421, "not_owner", True),
         (StoreError, 503, "store_unavailable", True),
         (StoreDataError, 500, "store_refused", False),
     ],

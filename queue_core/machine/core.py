@@ -57,8 +57,15 @@ __all__ = [
 class QueueCore:
     """The core's one interface for the shell (queue_core.service, the supervisor, tests)."""
 
-    def __init__(self, epoch: int = 1, partitions: int = DEFAULT_PARTITIONS, *, opt_in: bool = False) -> None:
-        self.state = CoreState(epoch, partitions, opt_in=opt_in)
+    def __init__(
+        self,
+        epoch: int = 1,
+        partitions: int = DEFAULT_PARTITIONS,
+        *,
+        opt_in: bool = False,
+        key_space: tuple[int, int] = (0, 1),
+    ) -> None:
+        self.state = CoreState(epoch, partitions, opt_in=opt_in, key_space=key_space)
         self._sends = Sends(self.state)
         self._retries = Retries(self.state)
         self._claims = Claims(self.state, self._retries.lapsed)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol.errors import StrictqError, snake_code
+from protocol.errors import NOT_OWNER, StrictqError, snake_code
 
 
 class QueueError(StrictqError):
@@ -80,6 +80,16 @@ class Unavailable(QueueError):
     status = 503
     retriable = True
     code = "unavailable"
+
+
+class NotOwner(QueueError):
+    """A cluster node does not serve the request's partition now (another node owns it, or nobody does
+    yet): 421 Misdirected Request. Retriable: the same request to the partition's current owner may
+    succeed; the cluster gateway re-reads its owner map and retries (cluster/backend.py)."""
+
+    status = 421
+    retriable = True
+    code = NOT_OWNER
 
 
 def _subclasses(root: type[QueueError]) -> list[type[QueueError]]:

@@ -33,9 +33,22 @@ TOKEN_SHIFT = 32  # token = epoch << 32 | counter; the epoch is bumped durably a
 class CoreState:
     """Queues, timer heaps, counters and the effects of the current step, shared by the core's parts."""
 
-    def __init__(self, epoch: int = 1, partitions: int = DEFAULT_PARTITIONS, *, opt_in: bool = False) -> None:
+    def __init__(
+        self,
+        epoch: int = 1,
+        partitions: int = DEFAULT_PARTITIONS,
+        *,
+        opt_in: bool = False,
+        key_space: tuple[int, int] = (0, 1),
+    ) -> None:
         if epoch < 1:
             raise ValueError("epoch must be >= 1")
+        slot, stride = key_space
+        if stride < 1 or not 0 <= slot < stride:
+            raise ValueError("key_space must be (slot, stride) with 0 <= slot < stride")
+        # A cluster partition's core takes only keys = slot (mod stride): message ids (made from keys) are
+        # then unique across the cluster's partitions, so an id names one message wherever it is asked.
+        self.key_slot, self.key_stride = slot, stride
         self.epoch = epoch
         self.partitions = partitions
         # Failure management is opt-in per worker (docs/failure-management.md, "Who takes part"): with
@@ -115,6 +128,7 @@ class CoreState:
     # ------------------------------------------------------------------------------ keys, tokens
     def new_key(self, now: float) -> int:
         key = max(self.last_key + 1, int(now * 1000) << KEY_SHIFT)
+        key += (self.key_slot - key) % self.key_stride
         self.last_key = key
         return key
 

@@ -1,0 +1,1 @@
+"""strictq as a cluster: partitions owned by queue servers, replicated on NATS JetStream (docs/cluster.md)."""
