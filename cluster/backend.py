@@ -1,0 +1,625 @@
+"""The gateway's view of a cluster: one `QueueBackend` over the partitions' current owners.
+
+Each cluster partition is a complete queue server state (every queue, the groups that hash to it) served
+by one node at a time; `OwnerMap` says which (cluster/owners.py). Group operations go to the group's
+partition; queue-wide ones fan out to every partition and merge; long polls wait on every partition at
+once (`POST .../wait`, which claims nothing) and then receive. A partition that has no owner, whose owner
+answers 421 `not_owner` or cannot be reached is retried (after re-reading the map) for `retry_budget`
+seconds, then answered 503 `unavailable` naming the partition. A request that may have been applied (the
+connection broke after it was sent) is retried only when doing it twice is harmless (reads, receive,
+renew, release, queue metadata); send, ack, report and purge answer 503 at once and the client retries,
+as with SQS.
+
+Moves between queues are refused for now (`InvalidArgument`): a composite move over every partition is
+possible (a group's messages stay in one partition whatever the queue) but not written yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import aiohttp
+
+from queue_core.machine import (
+    AckOutcome,
+    InvalidArgument,
+    MoveStatus,
+    NotOwner,
+    PeekItem,
+    QueueAttributes,
+    QueueError,
+    QueueMetrics,
+    QueueNotFound,
+    SendRequest,
+    SendResult,
+    Unavailable,
+)
+from queue_core.machine.capabilities import PLAIN, Capabilities
+from queue_core.machine.core import RenewMode
+from queue_core.machine.groups import AUTO_GROUP_PREFIX, partition_of
+from queue_core.machine.inputs import AttemptResult
+from queue_core.remote import PROBE_INTERVAL, RemoteQueueService, Unreachable, client_session
+from queue_core.service import MAX_WAIT, Received
+
+from .owners import OwnerMap
+
+log = logging.getLogger("strictq.cluster.backend")
+T = TypeVar("T")
+Operation = Callable[[RemoteQueueService], Awaitable[T]]
+
+MAX_LEARNED = 100_000  # message id -> partition, learned from sends and receives (LRU)
+RETRY_PAUSE = 0.5  # at most this long between two tries of a partition without a (reachable) owner
+RETRY_AFTER = 1.0  # the Retry-After of the 503 once the budget is spent
+WATCH_INTERVAL = 1.0  # how often the owner watch looks for owners it has no client for yet
+SPURIOUS_PAUSE = (0.02, 0.5)  # a wait that woke for nothing: pause before waiting again (doubling)
+
+
+class NoOwner(Unreachable):
+    """The owner map names no owner for the partition now (a failover in progress)."""
+
+
+class ClusterBackend:
+    """A `QueueBackend` over a cluster's partitions: one `RemoteQueueService` per (owner URL, partition),
+    made when first needed, all on one connection pool."""
+
+    def __init__(
+        self,
+        owners: OwnerMap,
+        *,
+        ca_file: str | None = None,
+        retry_budget: float = 10.0,
+        timeout: float = 30.0,
+        probe_interval: float = PROBE_INTERVAL,
+        on_close: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
+        """`on_close`: what else to close with it, last (the gateway's NATS connection)."""
+        self.owners = owners
+        self._on_close = on_close
+        self.partitions = owners.partitions
+        self.retry_budget = retry_budget
+        self._ca_file = ca_file
+        self._timeout = timeout
+        self._probe_interval = probe_interval
+        self._session: aiohttp.ClientSession | None = None
+        self._remotes: dict[tuple[str, int], RemoteQueueService] = {}
+        self._starting: set[asyncio.Task[None]] = set()
+        self._learned: OrderedDict[str, int] = OrderedDict()
+        self._rotor = 0
+        self._stopping = False
+        self._stop: asyncio.Event | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self.waiting = 0  # long polls waiting on the partitions now (tests look instead of sleeping)
+
+    # ------------------------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        self._session = client_session(self._ca_file)
+        self._stop = asyncio.Event()
+        self._stopping = False
+        self._ensure_remotes()
+        if self._starting:
+            await asyncio.gather(*list(self._starting), return_exceptions=True)
+        self._watch = asyncio.create_task(self._watch_owners(), name="strictq-cluster-owner-watch")
+
+    @property
+    def healthy(self) -> bool:
+        """Every partition has an owner, and its owner's last probe answered ready."""
+        if self._stopping or self._session is None:
+            return False
+        for partition in range(self.partitions):
+            url = self.owners.owner_url(partition)
+            remote = None if url is None else self._remotes.get(_key(url, partition))
+            if remote is None or not remote.healthy:
+                return False
+        return True
+
+    def stop_waiting(self) -> None:
+        """Shutting down: long polls in flight end now with what they have (nothing)."""
+        self._stopping = True
+        if self._stop is not None:
+            self._stop.set()
+        for remote in self._remotes.values():
+            remote.stop_waiting()
+
+    async def close(self) -> None:
+        self.stop_waiting()
+        tasks = [*self._starting, *([self._watch] if self._watch is not None else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._watch = None
+        await asyncio.gather(*(remote.close() for remote in self._remotes.values()), return_exceptions=True)
+        self._remotes.clear()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        if self._on_close is not None:
+            on_close, self._on_close = self._on_close, None
+            await on_close()
+
+    async def _watch_owners(self) -> None:
+        """Make a client (and start its readiness probe) for each new owner, so `healthy` sees it."""
+        while True:
+            await self.owners.changed(WATCH_INTERVAL)
+            self._ensure_remotes()
+
+    def _ensure_remotes(self) -> None:
+        for partition in range(self.partitions):
+            url = self.owners.owner_url(partition)
+            if url is not None:
+                self._remote(url, partition)
+
+    def _remote(self, url: str, partition: int) -> RemoteQueueService:
+        key = _key(url, partition)
+        remote = self._remotes.get(key)
+        if remote is None:
+            if self._session is None:
+                raise Unavailable("the cluster gateway's client is not started")
+            remote = RemoteQueueService(
+                key[0],
+                partition=partition,
+                session=self._session,
+                ca_file=self._ca_file,
+                timeout=self._timeout,
+                probe_interval=self._probe_interval,
+            )
+            self._remotes[key] = remote
+            task = asyncio.create_task(remote.start(), name=f"strictq-cluster-p{partition}-start")
+            self._starting.add(task)
+            task.add_done_callback(self._starting.discard)
+        return remote
+
+    # ---------------------------------------------------------------------------------- plumbing
+    async def _once(self, partition: int, operation: Operation[T]) -> T:
+        """One try on the partition's current owner (NoOwner if it has none)."""
+        url = self.owners.owner_url(partition)
+        if url is None:
+            raise NoOwner(f"cluster partition {partition} has no owner now", partition=partition)
+        return await operation(self._remote(url, partition))
+
+    async def _call(self, partition: int, operation: Operation[T], *, safe: bool = True) -> T:
+        """`operation` on the partition's owner, tried again after re-reading the owner map while the
+        partition has no owner, its node says it is not the owner or cannot be reached, for up to
+        `retry_budget` seconds. `safe`: doing it twice is harmless, so a request that may have reached
+        the node (the connection broke after sending) is tried again too."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.retry_budget
+        while True:
+            try:
+                return await self._once(partition, operation)
+            except (NotOwner, Unreachable) as exc:
+                why = exc.message
+            except Unavailable as exc:
+                if not safe:
+                    raise _unavailable(
+                        partition, f"{exc.message} (the request may have been applied: retry it)"
+                    ) from None
+                why = exc.message
+            remaining = give_up - loop.time()
+            if remaining <= 0 or self._stopping:
+                raise _unavailable(partition, why)
+            await self.owners.refresh()
+            await self.owners.changed(min(remaining, RETRY_PAUSE))
+
+    async def _every(self, operation: Operation[T], *, safe: bool = True) -> list[T | BaseException]:
+        """`operation` on every partition at once; each one's result or error, by partition."""
+        return await asyncio.gather(
+            *(self._call(p, operation, safe=safe) for p in range(self.partitions)), return_exceptions=True
+        )
+
+    async def _all(self, operation: Operation[T], *, safe: bool = True) -> list[T]:
+        """`operation` on every partition; the first error (by partition) once every one has ended."""
+        results = await self._every(operation, safe=safe)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return results  # type: ignore[return-value]
+
+    async def _any(self, operation: Operation[T]) -> T:
+        """A read every partition can answer (queue metadata): the first partition that answers."""
+        for partition in range(self.partitions):
+            if self.owners.owner_url(partition) is None:
+                continue
+            try:
+                return await self._once(partition, operation)
+            except (NotOwner, Unavailable):
+                continue
+        return await self._call(0, operation)
+
+    def _learn(self, message_id: str, partition: int) -> None:
+        learned = self._learned
+        learned[message_id] = partition
+        learned.move_to_end(message_id)
+        if len(learned) > MAX_LEARNED:
+            learned.popitem(last=False)
+
+    def _send_partition(self, request: SendRequest) -> int:
+        """A group's partition; a message without a group goes by its dedup id or, failing that, its body,
+        so that identical messages meet in one partition (SQS dedup ids, EmoDB dedup queues)."""
+        if request.group is not None:
+            return partition_of(request.group, self.partitions)
+        seed = request.dedup_id.encode() if request.dedup_id is not None else bytes(request.body)
+        return int.from_bytes(hashlib.blake2b(seed, digest_size=8).digest(), "big") % self.partitions
+
+    # ------------------------------------------------------------------------------------ queues
+    async def create_queue(self, name: str, attributes: dict[str, Any] | None = None) -> QueueAttributes:
+        # Idempotent: a retry after a partial failure creates it where it is missing.
+        return (await self._all(lambda r: r.create_queue(name, attributes)))[0]
+
+    async def set_attributes(self, name: str, changes: dict[str, Any]) -> QueueAttributes:
+        return (await self._all(lambda r: r.set_attributes(name, changes)))[0]
+
+    async def delete_queue(self, name: str) -> None:
+        results = await self._every(lambda r: r.delete_queue(name))
+        errors = [r for r in results if isinstance(r, BaseException)]
+        others = [e for e in errors if not isinstance(e, QueueNotFound)]
+        if others:
+            raise others[0]
+        if errors and len(errors) == len(results):
+            raise errors[0]
+        # Missing in some partitions only: the retry of a delete that failed half-way.
+
+    async def list_queues(self, prefix: str = "") -> list[str]:
+        return await self._any(lambda r: r.list_queues(prefix))
+
+    async def attributes(self, name: str) -> QueueAttributes:
+        return await self._any(lambda r: r.attributes(name))
+
+    async def created_at(self, name: str) -> float:
+        return await self._any(lambda r: r.created_at(name))
+
+    async def metrics(self, name: str) -> QueueMetrics:
+        return merge_metrics(await self._all(lambda r: r.metrics(name)))
+
+    async def group_metrics(self, name: str, group: str) -> dict[str, Any]:
+        if not group.startswith(AUTO_GROUP_PREFIX):
+            return await self._call(
+                partition_of(group, self.partitions), lambda r: r.group_metrics(name, group)
+            )
+        # A group the core named for a message sent without one: its partition is not in its name.
+        found = await self._all(lambda r: r.group_metrics(name, group))
+        return next(
+            (m for m in found if m.get("visible") or m.get("in_flight") or m.get("delayed")), found[0]
+        )
+
+    # -------------------------------------------------------------------------------- messages
+    async def send(
+        self, queue: str, requests: Sequence[SendRequest], *, create: bool = False
+    ) -> list[SendResult | QueueError]:
+        plan: dict[int, list[int]] = {}
+        for index, request in enumerate(requests):
+            plan.setdefault(self._send_partition(request), []).append(index)
+
+        def sending(indexes: list[int]) -> Operation[list[SendResult | QueueError]]:
+            return lambda r: r.send(queue, [requests[i] for i in indexes], create=create)
+
+        answers = await asyncio.gather(
+            *(self._call(p, sending(indexes), safe=False) for p, indexes in plan.items()),
+            return_exceptions=True,
+        )
+        _raise_if_all_failed(answers)
+        results: list[SendResult | QueueError | None] = [None] * len(requests)
+        for (partition, indexes), answer in zip(plan.items(), answers, strict=True):
+            for position, index in enumerate(indexes):
+                if isinstance(answer, BaseException):
+                    results[index] = _as_queue_error(answer)
+                    continue
+                result = answer[position]
+                if isinstance(result, SendResult):
+                    self._learn(result.message_id, partition)
+                results[index] = result
+        return [r for r in results if r is not None]
+
+    async def receive(
+        self,
+        queue: str,
+        limit: int = 10,
+        ttl: float | None = None,
+        worker: str = "",
+        wait: float = 0.0,
+        probes: bool = True,
+        capabilities: Capabilities = PLAIN,
+    ) -> list[Received]:
+        """Non-waiting passes over the partitions (from a rotating start, for fairness) until `limit`
+        messages are found; with nothing and `wait`, wait on every partition at once, then pass again."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        deadline = now + min(max(wait, 0.0), MAX_WAIT)
+        give_up = now + self.retry_budget
+        pause = 0.0
+        while True:
+            got, failed = await self._receive_pass(queue, limit, ttl, worker, probes, capabilities)
+            if got or self._stopping:
+                return got
+            if failed:
+                await self.owners.refresh()
+            if len(failed) == self.partitions:  # nobody answered: retried as any call is
+                remaining = give_up - loop.time()
+                if remaining <= 0:
+                    raise _unavailable(failed[0][0], failed[0][1].message)
+                await self.owners.changed(min(remaining, RETRY_PAUSE))
+                continue
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return []
+            if pause:  # the last wait woke for nothing we could take (another consumer was first, ...)
+                await self._sleep(min(pause, remaining))
+                remaining = deadline - loop.time()
+                if remaining <= 0 or self._stopping:
+                    return []
+            if not await self._wait_any(queue, worker, remaining):
+                return []
+            pause = min(max(2 * pause, SPURIOUS_PAUSE[0]), SPURIOUS_PAUSE[1])
+
+    async def _receive_pass(
+        self,
+        queue: str,
+        limit: int,
+        ttl: float | None,
+        worker: str,
+        probes: bool,
+        capabilities: Capabilities,
+    ) -> tuple[list[Received], list[tuple[int, QueueError]]]:
+        """One receive without waiting, partition after partition; what came, and the partitions that
+        could not answer (no owner, moved, unreachable) with why."""
+        start = self._rotor
+        self._rotor = (start + 1) % self.partitions
+        got: list[Received] = []
+        failed: list[tuple[int, QueueError]] = []
+        for step in range(self.partitions):
+            if len(got) >= limit:
+                break
+            partition = (start + step) % self.partitions
+            want = limit - len(got)
+
+            def receiving(r: RemoteQueueService, want: int = want) -> Awaitable[list[Received]]:
+                return r.receive(queue, want, ttl, worker, 0.0, probes, capabilities)
+
+            try:
+                items = await self._once(partition, receiving)
+            except (NotOwner, Unavailable) as exc:
+                failed.append((partition, exc))
+                continue
+            for item in items:
+                self._learn(item.delivery.message_id, partition)
+            got.extend(items)
+        return got, failed
+
+    async def _wait_any(self, queue: str, worker: str, wait: float) -> bool:
+        """Wait on every partition at once until one may have something (True), the owner map changes
+        (True: look again), the wait ends or the gateway stops (False)."""
+        tasks: dict[asyncio.Task[Any], int | None] = {}
+        for partition in range(self.partitions):
+            url = self.owners.owner_url(partition)
+            if url is not None:
+                waiting = self._remote(url, partition).wait_ready(queue, wait, worker)
+                tasks[asyncio.ensure_future(waiting)] = partition
+        changed = asyncio.ensure_future(self.owners.changed(wait))
+        stopped = asyncio.ensure_future(self._stop_event().wait())
+        pending: set[asyncio.Task[Any]] = {*tasks, changed, stopped}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        self.waiting += 1
+        try:
+            while pending:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return False
+                done, pending = await asyncio.wait(
+                    pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    return False
+                for task in done:
+                    if task is stopped:
+                        return False
+                    if task is changed:
+                        return True
+                    error = task.exception()
+                    if error is None and task.result():
+                        return True
+                    if isinstance(error, QueueError) and not isinstance(error, NotOwner | Unavailable):
+                        return True  # no such queue (deleted meanwhile): the pass answers it
+                    if error is not None and not isinstance(error, QueueError):
+                        raise error
+                    # that partition's wait ended empty or failed: wait on the others
+            return False
+        finally:
+            self.waiting -= 1
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+
+    def _stop_event(self) -> asyncio.Event:
+        if self._stop is None:
+            self._stop = asyncio.Event()
+        return self._stop
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stop_event().wait(), seconds)
+        except TimeoutError:
+            pass
+
+    # ------------------------------------------------------------------------------------ claims
+    async def _by_message(
+        self,
+        message_ids: Sequence[str],
+        call: Callable[[RemoteQueueService, list[int]], Awaitable[list[AckOutcome]]],
+        *,
+        safe: bool,
+    ) -> list[AckOutcome]:
+        """Per-message calls: each message goes to the partition it was learned in; one not learned (a
+        gateway restarted, another gateway received it) goes to every partition, and its outcome is the
+        one that is not `gone` (only its own partition knows it). Outcomes in the caller's order."""
+        plan: dict[int, list[int]] = {}
+        unknown: list[int] = []
+        for index, message_id in enumerate(message_ids):
+            partition = self._learned.get(message_id)
+            if partition is None:
+                unknown.append(index)
+            else:
+                plan.setdefault(partition, []).append(index)
+        if unknown:
+            for partition in range(self.partitions):
+                plan[partition] = sorted([*plan.get(partition, []), *unknown])
+
+        def calling(indexes: list[int]) -> Operation[list[AckOutcome]]:
+            return lambda r: call(r, indexes)
+
+        answers = await asyncio.gather(
+            *(self._call(p, calling(indexes), safe=safe) for p, indexes in plan.items()),
+            return_exceptions=True,
+        )
+        _raise_if_all_failed(answers)
+        for answer in answers:  # a refusal of the request itself (a bad field): as one server answers it
+            if isinstance(answer, QueueError) and not isinstance(answer, Unavailable | QueueNotFound):
+                raise answer
+        found: list[list[tuple[int, AckOutcome]]] = [[] for _ in message_ids]
+        for (partition, indexes), answer in zip(plan.items(), answers, strict=True):
+            for position, index in enumerate(indexes):
+                if isinstance(answer, QueueNotFound):
+                    continue  # the queue is missing there: so is the message
+                if isinstance(answer, BaseException):
+                    error = _as_queue_error(answer)
+                    found[index].append(
+                        (partition, AckOutcome(message_ids[index], error.code, error.message))
+                    )
+                else:
+                    found[index].append((partition, answer[position]))
+        outcomes: list[AckOutcome] = []
+        for index, candidates in enumerate(found):
+            outcome = _merge_outcome(message_ids[index], candidates)
+            outcomes.append(outcome[1])
+            if outcome[0] is not None and outcome[1].status not in ("gone", "unavailable"):
+                self._learn(message_ids[index], outcome[0])
+        return outcomes
+
+    async def ack(
+        self, queue: str, items: Sequence[tuple[str, int | None]], holder: str | None = None
+    ) -> list[AckOutcome]:
+        outcomes = await self._by_message(
+            [i[0] for i in items], lambda r, idx: r.ack(queue, [items[i] for i in idx], holder), safe=False
+        )
+        for outcome in outcomes:
+            if outcome.status in ("ok", "gone"):
+                self._learned.pop(outcome.message_id, None)
+        return outcomes
+
+    async def renew(
+        self,
+        queue: str,
+        items: Sequence[tuple[str, int | None]],
+        ttl: float,
+        mode: RenewMode = "extend",
+        holder: str | None = None,
+    ) -> list[AckOutcome]:
+        return await self._by_message(
+            [i[0] for i in items],
+            lambda r, idx: r.renew(queue, [items[i] for i in idx], ttl, mode, holder),
+            safe=True,
+        )
+
+    async def release(
+        self, queue: str, items: Sequence[tuple[str, int | None]], holder: str | None = None
+    ) -> list[AckOutcome]:
+        return await self._by_message(
+            [i[0] for i in items], lambda r, idx: r.release(queue, [items[i] for i in idx], holder), safe=True
+        )
+
+    async def report(
+        self, queue: str, worker: str, results: Sequence[AttemptResult], holder: str | None = None
+    ) -> list[AckOutcome]:
+        return await self._by_message(
+            [r.message_id for r in results],
+            lambda r, idx: r.report(queue, worker, [results[i] for i in idx], holder),
+            safe=False,
+        )
+
+    async def unclaim_all(self, queue: str) -> int:
+        return sum(await self._all(lambda r: r.unclaim_all(queue)))
+
+    async def purge(self, queue: str) -> int:
+        return sum(await self._all(lambda r: r.purge(queue), safe=False))
+
+    async def peek(self, queue: str, limit: int = 10) -> list[tuple[PeekItem, bytes, str, bytes]]:
+        found = [item for items in await self._all(lambda r: r.peek(queue, limit)) for item in items]
+        found.sort(key=lambda item: (item[0].sent_at, item[0].key))
+        return found[:limit]
+
+    # ------------------------------------------------------------------------------------ moves
+    async def start_move(self, source: str, destination: str) -> MoveStatus:
+        raise InvalidArgument("moves between queues are not supported in cluster mode yet", field="source")
+
+    async def move_status(self, move_id: str) -> MoveStatus:
+        raise InvalidArgument("moves between queues are not supported in cluster mode yet", field="move")
+
+    async def cancel_move(self, move_id: str) -> MoveStatus:
+        raise InvalidArgument("moves between queues are not supported in cluster mode yet", field="move")
+
+
+# ---------------------------------------------------------------------------------------- merging
+def merge_metrics(parts: Sequence[QueueMetrics]) -> QueueMetrics:
+    """A queue's metrics over its partitions: counts summed, ages the oldest."""
+    first = parts[0]
+    summed = {
+        name: sum(getattr(p, name) for p in parts)
+        for name in ("visible", "in_flight", "delayed", "total", "groups", "sent", "received", "deleted")
+    }
+    return dataclasses.replace(
+        first,
+        **summed,
+        dead_lettered=sum(p.dead_lettered for p in parts),
+        oldest_age=max(p.oldest_age for p in parts),
+        age_of_first_attempt=max(p.age_of_first_attempt for p in parts),
+    )
+
+
+def _merge_outcome(
+    message_id: str, candidates: list[tuple[int, AckOutcome]]
+) -> tuple[int | None, AckOutcome]:
+    """The outcome of a message asked of several partitions: `ok` first, then any other answer of the
+    partition that knows it, then a partition's failure (it may be the one that knows it), else `gone`."""
+    for wanted in (
+        lambda o: o.status == "ok",
+        lambda o: o.status not in ("gone", "unavailable"),
+        lambda o: o.status == "unavailable",
+    ):
+        for partition, outcome in candidates:
+            if wanted(outcome):
+                return partition, outcome
+    if candidates:
+        return candidates[0]
+    return None, AckOutcome(message_id, "gone", "no such message (already deleted?)")
+
+
+def _raise_if_all_failed(answers: Sequence[object]) -> None:
+    """Every partition's call failed: the request failed as a whole (as with one server)."""
+    errors = [a for a in answers if isinstance(a, BaseException)]
+    for error in errors:
+        if not isinstance(error, Exception):
+            raise error  # cancellation and the like
+    if errors and len(errors) == len(answers):
+        raise errors[0]
+
+
+def _as_queue_error(error: BaseException) -> QueueError:
+    if isinstance(error, QueueError):
+        return error
+    raise error
+
+
+def _unavailable(partition: int, why: str) -> Unavailable:
+    error = Unavailable(f"cluster partition {partition} is unavailable: {why}", partition=partition)
+    error.retry_after = RETRY_AFTER
+    return error
+
+
+def _key(url: str, partition: int) -> tuple[str, int]:
+    return url.rstrip("/"), partition
