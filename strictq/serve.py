@@ -38,6 +38,7 @@ from queue_core.control import ControlHub, store_registry
 from queue_core.failures import FailureManager
 from queue_core.http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
 from queue_core.machine.health import HealthSettings
+from cluster.connect import NatsSettings
 from queue_core.remote import RemoteQueueService
 from queue_core.service import QueueService
 from queue_core.startup import (
@@ -109,6 +110,12 @@ class ServeOptions:
     init: bool = False  # start with an empty store although the data dir shows an earlier one
     limits: ConnectionLimits = DEFAULT_LIMITS  # head timeout, keep-alive (queue_core.http_guard)
     regions: tuple[str, ...] = ()  # SQS: the regions requests may be signed for; empty: any (--region)
+    cluster: NatsSettings | None = None  # a cluster's JetStream servers (--cluster): route to its owners
+
+    @property
+    def core_here(self) -> bool:
+        """Whether the queue core runs in this process (not --queue-server, not --cluster)."""
+        return self.queue_server is None and self.cluster is None
 
 
 def client_env(
@@ -155,7 +162,7 @@ def prepare(options: ServeOptions) -> tuple[KeyRing, Path, TlsFiles | None, ssl.
     prepare_data_dir(data_dir)
     keys_path = options.keys or data_dir / "keys.toml"
     keys = load_keys(keys_path) if options.keys is not None or keys_path.exists() else None
-    if options.queue_server is None:
+    if options.core_here:
         check_store(data_dir, data_dir / "queue", options.init)
         check_state_files(data_dir, options.health is not None)
     check_wirelog_dir(data_dir / "wirelog")  # the delivery log's, in both modes
@@ -192,7 +199,9 @@ async def serve(options: ServeOptions) -> None:
     data_dir = options.data_dir
     keys, keys_path, tls, context = prepare(options)
     service: QueueBackend
-    if options.queue_server is None:
+    if options.cluster is not None:
+        service = await cluster_backend(options.cluster, data_dir)
+    elif options.queue_server is None:
         service = QueueService(data_dir / "queue", partitions=options.partitions)
         await start_service(service, data_dir)
     else:
@@ -382,6 +391,32 @@ def without_unusable_proxy(options: ServeOptions) -> ServeOptions:
     return replace(options, proxy=False)
 
 
+async def cluster_backend(settings: NatsSettings, data_dir: Path) -> QueueBackend:
+    """The gateway of a cluster: every group's operations go to its partition's owner (cluster.backend),
+    read from the cluster's KV buckets (cluster.kv_owners)."""
+    from cluster.backend import ClusterBackend
+    from cluster.connect import connect
+    from cluster.kv_owners import KvOwnerMap
+    from cluster.layout import read_layout, retrying
+
+    try:
+        nc = await connect(settings.urls, settings.user, settings.password, name="strictq-gateway")
+    except Exception as exc:
+        raise StartupLine(data_dir, f"cannot reach the cluster's NATS servers {list(settings.urls)}: {exc}") from None
+    js = nc.jetstream()
+    layout = await retrying(lambda: read_layout(js), "the cluster's layout")
+    if layout is None:
+        await nc.close()
+        raise StartupLine(
+            data_dir, "no strictq cluster on these NATS servers yet: start its queue servers first (docs/cluster.md)"
+        )
+    owners = KvOwnerMap(js, layout)
+    await retrying(owners.start, "the cluster's owners")
+    backend = ClusterBackend(owners, on_close=nc.close)
+    await backend.start()
+    return backend
+
+
 def run(options: ServeOptions) -> None:
     """`strictq serve`: the data dir locked first (another serve on it is refused before anything is
     read), then every port checked, then the server (strictq.startup_guard)."""
@@ -394,7 +429,7 @@ def run(options: ServeOptions) -> None:
         )
     with contextlib.ExitStack() as locks:
         locks.enter_context(data_dir_lock(options.data_dir, "serve"))
-        if options.queue_server is None:  # the store's own dir too: a queue-server given it is refused
+        if options.core_here:  # the store's own dir too: a queue-server given it is refused
             locks.enter_context(data_dir_lock(options.data_dir / "queue", "serve"))
         options = without_unusable_proxy(options)
         check_ports(options.host, listening_ports(options))

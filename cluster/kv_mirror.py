@@ -1,0 +1,104 @@
+"""A live local copy of a JetStream KV bucket, kept by a watch (no polling of the servers).
+
+Each entry keeps the revision (for compare-and-set) and when this process last heard of it: nats-server
+2.9 sends no watch event when a key expires, so a heartbeat bucket's liveness is judged here, from the age
+of the last put (cluster.layout.NODE_TTL), not from the key's disappearance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.kv import KeyValue
+
+log = logging.getLogger("strictq.cluster")
+
+
+@dataclass(frozen=True, slots=True)
+class MirroredEntry:
+    value: bytes
+    revision: int
+    heard_at: float  # time.monotonic() of the put, as heard here
+
+
+class KvMirror:
+    def __init__(self, bucket: KeyValue, name: str) -> None:
+        self.bucket = bucket
+        self.name = name
+        self.entries: dict[str, MirroredEntry] = {}
+        self._changed = asyncio.Event()
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, within: float = 10.0) -> None:
+        if self._task is None:  # the watch retries by itself; a second start only waits again
+            self._task = asyncio.create_task(self._watch_forever(), name=f"strictq-kv-{self.name}")
+        await asyncio.wait_for(self._ready.wait(), within)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def changed(self, within: float) -> bool:
+        """Wait until an entry changes (True) or `within` seconds pass (False)."""
+        self._changed.clear()
+        try:
+            await asyncio.wait_for(self._changed.wait(), within)
+        except TimeoutError:
+            return False
+        return True
+
+    def poke(self) -> None:
+        """Wake whoever waits in `changed` (a local event that calls for another look)."""
+        self._changed.set()
+
+    def fresh(self, max_age: float) -> dict[str, MirroredEntry]:
+        """Entries put within the last `max_age` seconds (a heartbeat bucket's live members)."""
+        now = time.monotonic()
+        return {key: entry for key, entry in self.entries.items() if now - entry.heard_at <= max_age}
+
+    async def _watch_forever(self) -> None:
+        while True:
+            try:
+                watcher = await self.bucket.watchall()
+                try:
+                    await self._drain(watcher)
+                finally:
+                    with contextlib.suppress(Exception):
+                        await watcher.stop()  # type: ignore[no-untyped-call]
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the connection dropped or the stream moved: watch again
+                log.warning("watch of %s interrupted (%s); watching again", self.name, exc)
+            await asyncio.sleep(0.2)
+
+    async def _drain(self, watcher: KeyValue.KeyWatcher) -> None:
+        initial = True
+        fresh: dict[str, MirroredEntry] = {}
+        while True:
+            try:
+                entry = await watcher.updates(timeout=5.0)  # type: ignore[no-untyped-call]
+            except NatsTimeoutError:
+                continue
+            if entry is None:  # the end of the initial values
+                if initial:
+                    self.entries = fresh
+                    initial = False
+                    self._ready.set()
+                    self._changed.set()
+                continue
+            target = fresh if initial else self.entries
+            if entry.operation in ("DEL", "PURGE") or entry.value is None:
+                target.pop(entry.key, None)
+            else:
+                target[entry.key] = MirroredEntry(entry.value, entry.revision or 0, time.monotonic())
+            if not initial:
+                self._changed.set()

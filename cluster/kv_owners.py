@@ -1,0 +1,85 @@
+"""The gateway's owner map from the cluster's KV buckets: partition -> the internal API of its owner.
+
+Watched, not polled (cluster.kv_mirror): a partition's owner URL is known as soon as the master writes the
+assignment and the new owner's heartbeat names it serving. A partition whose assigned node has stopped
+heart-beating has no owner (None): the ClusterBackend waits for the master's next assignment, then answers
+503 with Retry-After if none comes in its budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from nats.js.client import JetStreamContext
+
+from .kv_mirror import KvMirror
+from .layout import ClusterLayout
+from .master import live_nodes, read_assignments
+
+RECOMPUTE_EVERY = 0.05
+LOOK_EVERY = 0.25
+
+
+class KvOwnerMap:
+    """cluster.owners.OwnerMap over the cluster's `owners` and `nodes` buckets."""
+
+    def __init__(self, js: JetStreamContext, layout: ClusterLayout) -> None:
+        self._js = js
+        self.layout = layout
+        self.partitions = layout.partitions
+        self._nodes: KvMirror | None = None
+        self._owners: KvMirror | None = None
+        self._urls: list[str | None] = [None] * self.partitions
+        self._computed_at = -1.0
+
+    async def start(self) -> None:
+        self._nodes = KvMirror(await self._js.key_value(self.layout.nodes_bucket), "nodes")
+        self._owners = KvMirror(await self._js.key_value(self.layout.owners_bucket), "owners")
+        await self._nodes.start()
+        await self._owners.start()
+
+    async def close(self) -> None:
+        for mirror in (self._nodes, self._owners):
+            if mirror is not None:
+                await mirror.stop()
+
+    def owner_url(self, partition: int) -> str | None:
+        now = time.monotonic()
+        if now - self._computed_at > RECOMPUTE_EVERY:  # parsing the records per request would cost
+            self._urls = self._compute()
+            self._computed_at = now
+        return self._urls[partition]
+
+    def _compute(self) -> list[str | None]:
+        urls: list[str | None] = [None] * self.partitions
+        if self._nodes is None or self._owners is None:
+            return urls
+        assignments, _ = read_assignments(self._owners)
+        nodes = live_nodes(self._nodes)
+        for partition, assignment in assignments.items():
+            info = nodes.get(assignment.node)
+            if info is None or info.incarnation != assignment.incarnation or partition not in info.serving:
+                continue
+            if 0 <= partition < self.partitions:
+                urls[partition] = info.url
+        return urls
+
+    async def changed(self, seconds: float, /) -> None:
+        """Returns when some partition's owner URL changed, or after `seconds`. Node heartbeats arrive every
+        half second whether or not anything moved, so it compares the map rather than waking on each; a
+        node that stops heart-beating changes nothing in the buckets, hence the look every LOOK_EVERY."""
+        deadline = time.monotonic() + seconds
+        before = [self.owner_url(p) for p in range(self.partitions)]
+        while (remaining := deadline - time.monotonic()) > 0:
+            if self._nodes is None:
+                await asyncio.sleep(remaining)
+                return
+            await self._nodes.changed(min(remaining, LOOK_EVERY))
+            self._computed_at = -1.0
+            if [self.owner_url(p) for p in range(self.partitions)] != before:
+                return
+
+    async def refresh(self) -> None:
+        """The mirrors follow the buckets by themselves: just recompute from them at the next look."""
+        self._computed_at = -1.0

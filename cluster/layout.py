@@ -1,0 +1,177 @@
+"""A cluster's names and shape on JetStream: the one record every node and gateway reads first.
+
+The record (`strictq_cluster` bucket, key `layout`) is created once, by whoever comes first, with
+compare-and-set, and never changes: its random `id` goes into every stream and bucket name, so a cluster
+created anew over the same NATS servers never reuses a stream name (nats-server 2.9.10 lost acknowledged
+data after a same-named stream was deleted and re-created during leader kills; docs/cluster.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import orjson
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import StorageType, StreamConfig
+from nats.js.client import JetStreamContext
+from nats.js.errors import (
+    APIError,
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NoStreamResponseError,
+    NotFoundError,
+)
+from nats.js.kv import KeyValue
+
+# What JetStream answers while a just-created stream or bucket elects its leader, or a server restarts.
+TRANSIENT = (NoStreamResponseError, NoRespondersError, NatsTimeoutError, TimeoutError, APIError)
+
+LAYOUT_BUCKET = "strictq_cluster"
+LAYOUT_KEY = "layout"
+DEFAULT_PARTITIONS = 3
+MAX_PARTITIONS = 256
+
+
+class LayoutError(Exception):
+    """The cluster's record is missing or unreadable, or a node asked for a different shape."""
+
+
+async def retrying[T](operation: Callable[[], Awaitable[T]], what: str, within: float = 30.0) -> T:
+    """`operation()`, retried every 0.25 s on JetStream's transient answers for up to `within` seconds;
+    then LayoutError naming `what`."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return await operation()
+        except LayoutError:
+            raise
+        except TRANSIENT as exc:
+            if isinstance(exc, KeyWrongLastSequenceError) or time.monotonic() > deadline:
+                raise LayoutError(f"{what}: JetStream did not answer: {exc!r}") from None
+            await asyncio.sleep(0.25)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterLayout:
+    id: str
+    partitions: int  # cluster partitions: the unit of ownership and replication
+    replicas: int  # JetStream replicas of each partition's stream and of the buckets (1 or 3)
+
+    def stream(self, partition: int) -> str:
+        return f"SQ_{self.id}_P{partition}"
+
+    def subject(self, partition: int) -> str:
+        return f"sq.{self.id}.p{partition}"
+
+    @property
+    def nodes_bucket(self) -> str:
+        return f"sq_{self.id}_nodes"
+
+    @property
+    def owners_bucket(self) -> str:
+        return f"sq_{self.id}_owners"
+
+    @property
+    def master_bucket(self) -> str:
+        return f"sq_{self.id}_master"
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"id": self.id, "partitions": self.partitions, "replicas": self.replicas})
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> ClusterLayout:
+        try:
+            data = orjson.loads(raw)
+            return cls(str(data["id"]), int(data["partitions"]), int(data["replicas"]))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise LayoutError(f"the cluster's layout record is unreadable: {exc}") from None
+
+
+async def layout_bucket(js: JetStreamContext, replicas: int) -> KeyValue:
+    try:
+        return await js.key_value(LAYOUT_BUCKET)
+    except BucketNotFoundError:
+        return await js.create_key_value(bucket=LAYOUT_BUCKET, history=1, replicas=replicas)
+
+
+async def read_layout(js: JetStreamContext) -> ClusterLayout | None:
+    try:
+        bucket = await js.key_value(LAYOUT_BUCKET)
+        entry = await bucket.get(LAYOUT_KEY)
+    except (BucketNotFoundError, KeyNotFoundError):
+        return None
+    return ClusterLayout.from_json(entry.value or b"")
+
+
+async def ensure_layout(
+    js: JetStreamContext, partitions: int, replicas: int, within: float = 30.0
+) -> ClusterLayout:
+    """The cluster's layout: created with these values if there is none, else the existing one (the first
+    creator wins). Retried while JetStream is still electing leaders or another node is creating the same
+    bucket (NoStreamResponse, NoResponders), for up to `within` seconds."""
+    return await retrying(lambda: _ensure_layout(js, partitions, replicas), "the cluster's layout", within)
+
+
+async def _ensure_layout(js: JetStreamContext, partitions: int, replicas: int) -> ClusterLayout:
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise LayoutError(f"partitions must be 1-{MAX_PARTITIONS}, not {partitions}")
+    if replicas not in (1, 3):
+        raise LayoutError(f"replicas must be 1 or 3, not {replicas}")
+    bucket = await layout_bucket(js, replicas)
+    wanted = ClusterLayout(secrets.token_hex(4), partitions, replicas)
+    try:
+        await bucket.create(LAYOUT_KEY, wanted.to_json())
+        return wanted
+    except KeyWrongLastSequenceError:
+        entry = await bucket.get(LAYOUT_KEY)
+        return ClusterLayout.from_json(entry.value or b"")
+
+
+# How long a node's heartbeat, and the master's lease, outlive their last renewal. Above the pause a busy
+# two-core machine can give a process, below the 5 s failover target (docs/cluster.md).
+NODE_TTL = 2.5
+MASTER_TTL = 2.5
+# JetStream's deduplication window for Nats-Msg-Id: an owner retrying an append whose acknowledgement it
+# never saw (a stream leader failing over) gets the first append's sequence back, not a second copy.
+DUPLICATE_WINDOW = 120.0
+MAX_FRAME_BYTES = 4 * 1024 * 1024  # frames stay under the servers' max_payload (8 MiB in cluster up)
+
+
+async def ensure_streams(js: JetStreamContext, layout: ClusterLayout, within: float = 30.0) -> None:
+    """Each partition's stream and the cluster's buckets, created if missing (idempotent, any node; retried
+    as ensure_layout is)."""
+    await retrying(lambda: _ensure_streams(js, layout), "the cluster's streams", within)
+
+
+async def _ensure_streams(js: JetStreamContext, layout: ClusterLayout) -> None:
+    for partition in range(layout.partitions):
+        name = layout.stream(partition)
+        try:
+            await js.stream_info(name)
+        except NotFoundError:
+            await js.add_stream(
+                StreamConfig(
+                    name=name,
+                    subjects=[layout.subject(partition)],
+                    storage=StorageType.FILE,
+                    num_replicas=layout.replicas,
+                    duplicate_window=DUPLICATE_WINDOW,
+                    max_msg_size=MAX_FRAME_BYTES + 64 * 1024,
+                )
+            )
+    await _bucket(js, layout.nodes_bucket, layout.replicas, ttl=NODE_TTL)
+    await _bucket(js, layout.owners_bucket, layout.replicas)
+    await _bucket(js, layout.master_bucket, layout.replicas, ttl=MASTER_TTL)
+
+
+async def _bucket(js: JetStreamContext, name: str, replicas: int, ttl: float | None = None) -> KeyValue:
+    try:
+        return await js.key_value(name)
+    except BucketNotFoundError:
+        return await js.create_key_value(bucket=name, history=1, replicas=replicas, ttl=ttl)

@@ -1,0 +1,162 @@
+"""The master role: one node at a time, by a lease in KV, assigns partitions (cluster.ownership.plan).
+
+Any node can take the role: it creates the `master` key of the lease bucket (TTL cluster.layout.MASTER_TTL)
+and renews it with compare-and-set on its revision; when the holder dies, the key expires and another
+node's create succeeds. Every write of an assignment is compare-and-set on the revision the master read,
+so two masters (one paused past its lease) cannot both move a partition: the later write fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import orjson
+from nats.js.client import JetStreamContext
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+from .kv_mirror import KvMirror
+from .layout import MASTER_TTL, NODE_TTL, ClusterLayout
+from .ownership import Assignment, NodeInfo, RecordError, plan, rebalance
+
+log = logging.getLogger("strictq.cluster")
+MASTER_KEY = "master"
+TICK = 0.2
+
+
+def assignment_key(partition: int) -> str:
+    return f"p{partition}"
+
+
+def move_key(partition: int) -> str:
+    return f"move-p{partition}"
+
+
+def read_assignments(owners: KvMirror) -> tuple[dict[int, Assignment], dict[int, int]]:
+    """Assignments by partition, and their KV revisions."""
+    assignments: dict[int, Assignment] = {}
+    revisions: dict[int, int] = {}
+    for key, entry in owners.entries.items():
+        if not key.startswith("p"):
+            continue
+        try:
+            assignment = Assignment.from_json(entry.value)
+        except RecordError as exc:
+            log.warning("ignoring owner record %s: %s", key, exc)
+            continue
+        assignments[assignment.partition] = assignment
+        revisions[assignment.partition] = entry.revision
+    return assignments, revisions
+
+
+def read_moves(owners: KvMirror) -> dict[int, str]:
+    moves: dict[int, str] = {}
+    for key, entry in owners.entries.items():
+        if key.startswith("move-p"):
+            with contextlib.suppress(ValueError, orjson.JSONDecodeError):
+                moves[int(key[len("move-p") :])] = str(orjson.loads(entry.value)["node"])
+    return moves
+
+
+def live_nodes(nodes: KvMirror) -> dict[str, NodeInfo]:
+    live: dict[str, NodeInfo] = {}
+    for key, entry in nodes.fresh(NODE_TTL).items():
+        try:
+            live[key] = NodeInfo.from_json(entry.value)
+        except RecordError as exc:
+            log.warning("ignoring node record %s: %s", key, exc)
+    return live
+
+
+class MasterRole:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        layout: ClusterLayout,
+        me: str,
+        nodes: KvMirror,
+        owners: KvMirror,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._js = js
+        self._layout = layout
+        self._me = me
+        self._nodes = nodes
+        self._owners = owners
+        self._clock = clock
+        self.is_master = False
+
+    async def run(self) -> None:
+        lease = await self._js.key_value(self._layout.master_bucket)
+        revision = 0
+        value = orjson.dumps({"node": self._me})
+        while True:
+            try:
+                if revision:
+                    revision = await lease.update(MASTER_KEY, value, last=revision)
+                else:
+                    revision = await lease.create(MASTER_KEY, value)
+                    log.info("%s is the master", self._me)
+                self.is_master = True
+            except KeyWrongLastSequenceError:
+                if self.is_master:
+                    log.warning("%s lost the master lease", self._me)
+                revision = 0
+                self.is_master = False
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("master lease: %s", exc)
+                revision = 0
+                self.is_master = False
+            if self.is_master:
+                deadline = time.monotonic() + MASTER_TTL / 3
+                while time.monotonic() < deadline:
+                    try:
+                        await self._decide()
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:
+                        log.exception("master: deciding assignments")
+                    await self._owners.changed(TICK)
+            else:
+                await asyncio.sleep(MASTER_TTL / 3)
+
+    async def _decide(self) -> None:
+        assignments, revisions = read_assignments(self._owners)
+        moves = read_moves(self._owners)
+        nodes = live_nodes(self._nodes)
+        owners = await self._js.key_value(self._layout.owners_bucket)
+        for partition, target in moves.items():  # done (or pointless): forget it
+            current = assignments.get(partition)
+            if current is not None and current.node == target:
+                with contextlib.suppress(KeyNotFoundError):
+                    await owners.delete(move_key(partition))
+        changes = plan(self._layout.partitions, assignments, nodes, self._clock(), moves)
+        if not changes:
+            for partition, target in rebalance(self._layout.partitions, assignments, nodes, moves).items():
+                request = orjson.dumps({"node": target, "by": "rebalance"})
+                with contextlib.suppress(KeyWrongLastSequenceError):
+                    await owners.create(move_key(partition), request)
+                    log.info("rebalancing: partition %d moves to %s", partition, target)
+        for change in changes:
+            try:
+                if change.partition in revisions:
+                    await owners.update(
+                        assignment_key(change.partition), change.to_json(), last=revisions[change.partition]
+                    )
+                else:
+                    await owners.create(assignment_key(change.partition), change.to_json())
+            except KeyWrongLastSequenceError:
+                continue  # someone else changed it since we read: decide again on the next tick
+            log.info("partition %d -> %s (epoch %d): %s", *_described(change))
+            if change.reason == "moved":
+                with contextlib.suppress(KeyNotFoundError):
+                    await owners.delete(move_key(change.partition))
+
+
+def _described(change: Assignment) -> tuple[int, str, int, str]:
+    return change.partition, change.node, change.epoch, change.reason

@@ -1,0 +1,355 @@
+"""A queue server in a cluster: owner of some partitions, standby of the others, maybe the master.
+
+Per partition a node is in one of two states: *following* (a `PartitionFollower` applies the stream to its
+local store) or *serving* (a `QueueService` over the same store, writing through a `ReplicatedLog`). It
+moves between them only on the owners bucket's word (cluster.master writes it):
+
+- assigned to this node (same incarnation): catch up to the stream's end, append an epoch marker with the
+  expected-last-sequence check (a deposed owner's later appends then fail), open the store as a service at
+  that epoch, serve;
+- assigned elsewhere, or the stream refused an append, or a planned move's target has caught up: stop
+  serving (requests in flight fail with a retriable 503; everything answered is on the stream), follow.
+
+It tells the cluster it is alive, where its internal API is and how far it has applied each partition in
+a heartbeat (cluster.ownership.NodeInfo) every HEARTBEAT seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+from nats.aio.client import Client as NatsClient
+from nats.js.client import JetStreamContext
+from nats.js.errors import APIError
+
+from protocol.headers import PARTITION as PARTITION_HEADER
+from queue_core.durability import CommitLog, DurableLog
+from queue_core.machine import InvalidArgument, NotOwner
+from queue_core.machine.groups import DEFAULT_PARTITIONS
+from queue_core.service import QueueService
+from queue_core.store import SqliteStore
+
+from .codec import EpochMarker, encode_frame
+from .follower import PartitionFollower
+from .kv_mirror import KvMirror
+from .layout import ClusterLayout, ensure_streams, retrying
+from .master import MasterRole, live_nodes, read_assignments, read_moves
+from .ownership import NodeInfo
+from .replicated_log import WRONG_LAST_SEQUENCE, ReplicatedLog
+
+log = logging.getLogger("strictq.cluster")
+HEARTBEAT = 0.5
+CATCH_UP_SECONDS = 15.0
+MOVE_LAG = 64  # frames: a planned move's owner steps down once the target is this close
+
+
+@dataclass
+class Slot:
+    partition: int
+    follower: PartitionFollower | None = None
+    service: QueueService | None = None
+    log: ReplicatedLog | None = None
+    epoch: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    busy: bool = False
+
+
+class ClusterNode:
+    def __init__(
+        self,
+        name: str,
+        data_dir: Path,
+        nc: NatsClient,
+        layout: ClusterLayout,
+        url: str = "",
+        core_partitions: int = DEFAULT_PARTITIONS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.name = name
+        self.incarnation = secrets.token_hex(6)
+        self.data_dir = data_dir
+        self.url = url
+        self.layout = layout
+        self._nc = nc
+        self._js: JetStreamContext = nc.jetstream()
+        self._core_partitions = core_partitions
+        self._clock = clock
+        self.slots = {p: Slot(p) for p in range(layout.partitions)}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._transitions: set[asyncio.Task[None]] = set()
+        self.nodes: KvMirror | None = None
+        self.owners: KvMirror | None = None
+        self.master: MasterRole | None = None
+        self.started_at = clock()
+        self.ready = False
+
+    # ---------------------------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        await ensure_streams(self._js, self.layout)
+        self.nodes = KvMirror(await self._js.key_value(self.layout.nodes_bucket), "nodes")
+        self.owners = KvMirror(await self._js.key_value(self.layout.owners_bucket), "owners")
+        await retrying(self.nodes.start, "watching the nodes")
+        await retrying(self.owners.start, "watching the owners")
+        for slot in self.slots.values():
+            follower = slot.follower = self._follower(slot.partition)
+            await retrying(follower.start, f"following partition {slot.partition}")
+        await retrying(self._heartbeat_once, "the first heartbeat")
+        self.master = MasterRole(self._js, self.layout, self.name, self.nodes, self.owners, self._clock)
+        self._tasks = [
+            asyncio.create_task(self._heartbeat_forever(), name="strictq-heartbeat"),
+            asyncio.create_task(self._reconcile_forever(), name="strictq-reconcile"),
+            asyncio.create_task(self.master.run(), name="strictq-master"),
+        ]
+        self.ready = True
+
+    async def close(self) -> None:
+        """Stop serving and following; the node's heartbeat expires and the master moves its partitions."""
+        self.ready = False
+        for task in [*self._tasks, *self._transitions]:
+            task.cancel()
+        for task in [*self._tasks, *self._transitions]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for slot in self.slots.values():
+            if slot.service is not None:
+                slot.service.stop_waiting()
+                await slot.service.close()
+                slot.service = None
+            if slot.follower is not None:
+                await slot.follower.stop()
+                slot.follower = None
+        for mirror in (self.nodes, self.owners):
+            if mirror is not None:
+                await mirror.stop()
+
+    # ------------------------------------------------------------------------------ the internal API
+    def service_for(self, request: web.Request) -> QueueService:
+        """queue_core.server's ServiceSource: the partition's service, or 421 not_owner."""
+        raw = request.headers.get(PARTITION_HEADER)
+        header = PARTITION_HEADER
+        if raw is None:
+            raise InvalidArgument(f"a cluster node needs the {header} header", field=header)
+        try:
+            partition = int(raw)
+        except ValueError:
+            raise InvalidArgument(f"{header} must be a partition number", field=header) from None
+        slot = self.slots.get(partition)
+        if slot is None:
+            raise InvalidArgument(
+                f"partition {partition} does not exist (0-{self.layout.partitions - 1})",
+                field=PARTITION_HEADER,
+            )
+        service = slot.service
+        if service is None or not service.healthy:
+            raise NotOwner(f"node {self.name} does not serve partition {partition} now", partition=partition)
+        return service
+
+    def is_ready(self) -> bool:
+        return self.ready
+
+    # ---------------------------------------------------------------------------------- heartbeat
+    def info(self) -> NodeInfo:
+        applied: dict[int, int] = {}
+        serving: set[int] = set()
+        for partition, slot in self.slots.items():
+            if slot.service is not None and slot.log is not None and slot.log.failed is None:
+                applied[partition] = slot.log.last_sequence
+                serving.add(partition)
+            elif slot.follower is not None:
+                applied[partition] = slot.follower.position
+        return NodeInfo(
+            self.name,
+            self.incarnation,
+            self.url,
+            os.getpid(),
+            applied,
+            frozenset(serving),
+            started_at=self.started_at,
+        )
+
+    async def _heartbeat_once(self) -> None:
+        bucket = await self._js.key_value(self.layout.nodes_bucket)
+        await bucket.put(self.name, self.info().to_json())
+
+    async def _heartbeat_forever(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT)
+            try:
+                await self._heartbeat_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("heartbeat of %s failed: %s", self.name, exc)
+
+    # ------------------------------------------------------------------------------ ownership changes
+    async def _reconcile_forever(self) -> None:
+        assert self.owners is not None
+        while True:
+            try:
+                self._reconcile()
+            except Exception:
+                log.exception("reconciling partitions")
+            await self.owners.changed(0.2)
+
+    def _reconcile(self) -> None:
+        assert self.owners is not None and self.nodes is not None
+        assignments, _ = read_assignments(self.owners)
+        moves = read_moves(self.owners)
+        nodes = live_nodes(self.nodes)
+        for partition, slot in self.slots.items():
+            if slot.busy:
+                continue
+            assignment = assignments.get(partition)
+            mine = (
+                assignment is not None
+                and assignment.node == self.name
+                and assignment.incarnation == self.incarnation
+            )
+            target = moves.get(partition)
+            leaving = target is not None and target != self.name and target in nodes
+            if slot.service is None:
+                if mine and assignment is not None and not leaving:  # a handed-over partition stays down
+                    self._transition(slot, self._promote(slot, assignment.epoch))
+                continue
+            failed = slot.log is None or slot.log.failed is not None
+            moved_away = not mine or (assignment is not None and assignment.epoch != slot.epoch)
+            handing_over = False
+            if leaving and target is not None and slot.log is not None:
+                lag = slot.log.last_sequence - nodes[target].applied.get(partition, 0)
+                handing_over = lag <= MOVE_LAG
+            if failed or moved_away or handing_over:
+                why = (
+                    "its stream refused an append"
+                    if failed
+                    else "it moved"
+                    if moved_away
+                    else "a planned move"
+                )
+                self._transition(slot, self._step_down(slot, why))
+
+    def _transition(self, slot: Slot, work: object) -> None:
+        slot.busy = True
+
+        async def run() -> None:
+            try:
+                async with slot.lock:
+                    await work  # type: ignore[misc]
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("partition %d: transition failed", slot.partition)
+            finally:
+                slot.busy = False
+
+        task = asyncio.create_task(run(), name=f"strictq-partition-{slot.partition}")
+        self._transitions.add(task)
+        task.add_done_callback(self._transitions.discard)
+
+    def _follower(self, partition: int) -> PartitionFollower:
+        return PartitionFollower(self._store_path(partition), self._js, self.layout.subject(partition))
+
+    def _store_path(self, partition: int) -> Path:
+        return self.data_dir / f"p{partition}" / "queue.sqlite3"
+
+    async def _promote(self, slot: Slot, assigned_epoch: int) -> None:
+        partition = slot.partition
+        follower = slot.follower
+        if follower is None:
+            follower = slot.follower = self._follower(partition)
+            await follower.start()
+        started = time.monotonic()
+        stream, subject = self.layout.stream(partition), self.layout.subject(partition)
+        marker_at = 0
+        epoch = 0
+        for _ in range(20):
+            last = (await self._js.stream_info(stream)).state.last_seq
+            if not await follower.caught_up(last, CATCH_UP_SECONDS):
+                raise RuntimeError(f"could not apply partition {partition}'s stream up to {last}")
+            # Above every earlier owner's epoch (their markers are applied) and the master's number.
+            epoch = max(follower.epoch + 1, assigned_epoch)
+            marker = encode_frame(EpochMarker(epoch, self.name, self.incarnation))
+            headers = {
+                "Nats-Msg-Id": f"m{epoch}.{self.incarnation}",
+                "Nats-Expected-Last-Sequence": str(last),
+            }
+            try:
+                ack = await self._js.publish(subject, marker, timeout=5.0, headers=headers)
+            except APIError as exc:
+                if exc.err_code == WRONG_LAST_SEQUENCE:
+                    continue  # the old owner appended meanwhile: apply that too, then try again
+                raise
+            marker_at = ack.seq
+            break
+        if not marker_at:
+            raise RuntimeError(f"partition {partition}: the stream kept moving; not promoted")
+        if not await follower.caught_up(marker_at, CATCH_UP_SECONDS):
+            raise RuntimeError(f"partition {partition}: own marker not applied")
+        await follower.stop()
+        slot.follower = None
+
+        def replicated(
+            store: SqliteStore, loop: asyncio.AbstractEventLoop, on_commit: Callable[[int], None]
+        ) -> CommitLog:
+            slot.log = ReplicatedLog(
+                DurableLog(store, loop, on_commit),
+                self._js,
+                subject,
+                last_sequence=marker_at,
+                epoch=epoch,
+                on_failed=lambda exc: self._wake_reconcile(),
+                loop=loop,
+            )
+            return slot.log
+
+        service = QueueService(
+            self._store_path(partition).parent,
+            partitions=self._core_partitions,
+            clock=self._clock,
+            epoch=epoch,
+            log_factory=replicated,
+            key_space=(partition, self.layout.partitions),
+        )
+        try:
+            await service.start()
+        except BaseException:
+            slot.log = None
+            slot.follower = self._follower(partition)
+            await slot.follower.start()
+            raise
+        slot.service = service
+        slot.epoch = assigned_epoch
+        log.info(
+            "%s serves partition %d at epoch %d (stream at %d; promoted in %.2fs)",
+            self.name,
+            partition,
+            epoch,
+            marker_at,
+            time.monotonic() - started,
+        )
+        await self._heartbeat_once()
+
+    async def _step_down(self, slot: Slot, why: str) -> None:
+        service = slot.service
+        if service is not None:
+            log.warning("%s stops serving partition %d: %s", self.name, slot.partition, why)
+            slot.service = None
+            service.stop_waiting()
+            await service.close()
+        slot.log = None
+        slot.follower = self._follower(slot.partition)
+        await slot.follower.start()
+        with contextlib.suppress(Exception):
+            await self._heartbeat_once()
+
+    def _wake_reconcile(self) -> None:
+        if self.owners is not None:
+            self.owners.poke()

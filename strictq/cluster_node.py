@@ -1,0 +1,93 @@
+"""`strictq queue-server --cluster NATS --node NAME`: one queue server of a cluster (cluster.node).
+
+Start-up contract, as for a single queue server: `strictq: listening on <url>` once the internal API
+accepts connections, then `strictq: node <name> pid <pid> <url>`; stops cleanly on SIGTERM (its heartbeat
+then expires and the master gives its partitions to a standby).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvloop
+from aiohttp import web
+
+from cluster.connect import NatsSettings, connect
+from cluster.layout import LayoutError, ensure_layout
+from cluster.node import ClusterNode
+from queue_core.http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
+from queue_core.server import make_app
+from queue_core.startup import listen_fault, prepare_data_dir
+from strictq.startup_guard import Port, StartupLine, check_ports, data_dir_lock
+from wirelog import logsafe
+
+log = logging.getLogger("strictq.cluster")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeOptions:
+    host: str
+    port: int
+    data_dir: Path
+    name: str
+    nats: NatsSettings
+    core_partitions: int
+    cluster_partitions: int  # used only when this node creates the cluster's layout
+    replicas: int
+    limits: ConnectionLimits = DEFAULT_LIMITS
+
+
+async def serve_node(options: NodeOptions) -> None:
+    prepare_data_dir(options.data_dir)
+    try:
+        nc = await connect(options.nats.urls, options.nats.user, options.nats.password, name=options.name)
+    except Exception as exc:
+        raise StartupLine(
+            options.data_dir, f"cannot reach the NATS servers {options.nats.urls}: {exc}"
+        ) from None
+    try:
+        try:
+            layout = await ensure_layout(nc.jetstream(), options.cluster_partitions, options.replicas)
+        except LayoutError as exc:
+            raise StartupLine(options.data_dir, str(exc)) from None
+        node = ClusterNode(
+            options.name, options.data_dir, nc, layout, core_partitions=options.core_partitions
+        )
+        app = make_app(None, source=node.service_for, ready=node.is_ready)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, **options.limits.handler_args())
+        await runner.setup()
+        site = GuardedSite(runner, options.host, options.port, limits=options.limits, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise listen_fault(options.host, options.port, exc) from None
+        host, port = runner.addresses[0][:2]
+        node.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await node.start()
+        print(f"strictq: listening on {node.url}", flush=True)
+        print(f"strictq: node {options.name} pid {os.getpid()} {node.url}", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            print("strictq: stopping", file=sys.stderr, flush=True)
+            await node.close()
+            await runner.cleanup()
+    finally:
+        await nc.close()
+
+
+def run_node(options: NodeOptions) -> None:
+    logsafe.install()
+    with data_dir_lock(options.data_dir, "queue-server"):
+        check_ports(options.host, [Port(options.port, "the internal API's --port", "--port")])
+        uvloop.run(serve_node(options))
