@@ -57,6 +57,10 @@ class PartitionFollower:
         subscription = await self._js.subscribe(self._subject, ordered_consumer=True, config=config)
         self._task = asyncio.create_task(self._follow(subscription), name=f"strictq-follow-{self._subject}")
 
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
     async def stop(self) -> None:
         """Stop following and close the store (a promotion opens it as a QueueService next)."""
         if self._task is not None:
@@ -104,6 +108,10 @@ class PartitionFollower:
         except Exception as exc:  # a frame this version cannot read, or the store failed
             self.failed = exc
             log.error("following %s stopped: %s", self._subject, exc)
+            # Let go of the consumer: else it keeps buffering the stream here, and its heartbeat task
+            # re-creates it on the server, for as long as the connection lives (a re-follow makes another).
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()  # type: ignore[attr-defined]
 
     async def _apply(self, messages: list[Msg]) -> None:
         store = self._store

@@ -25,6 +25,9 @@ from .ownership import Assignment, NodeInfo, RecordError, plan, rebalance
 log = logging.getLogger("strictq.cluster")
 MASTER_KEY = "master"
 TICK = 0.2
+# A planned move the target never catches up with (or that never finishes) is dropped after this long,
+# so it cannot hold rebalancing back for good.
+MOVE_TIMEOUT = 60.0
 
 
 def assignment_key(partition: int) -> str:
@@ -130,11 +133,21 @@ class MasterRole:
         moves = read_moves(self._owners)
         nodes = live_nodes(self._nodes)
         owners = await self._js.key_value(self._layout.owners_bucket)
-        for partition, target in moves.items():  # done (or pointless): forget it
+        for partition, target in list(moves.items()):  # done, pointless or stuck: forget it
             current = assignments.get(partition)
-            if current is not None and current.node == target:
+            entry = self._owners.entries.get(move_key(partition))
+            stuck = entry is not None and time.monotonic() - entry.heard_at > MOVE_TIMEOUT
+            if (current is not None and current.node == target) or target not in nodes or stuck:
+                if target not in nodes or stuck:
+                    log.warning(
+                        "dropping the move of partition %d to %s: %s",
+                        partition,
+                        target,
+                        "it did not finish in time" if stuck else "that node is not alive",
+                    )
                 with contextlib.suppress(KeyNotFoundError):
                     await owners.delete(move_key(partition))
+                del moves[partition]
         changes = plan(self._layout.partitions, assignments, nodes, self._clock(), moves)
         if not changes:
             for partition, target in rebalance(self._layout.partitions, assignments, nodes, moves).items():

@@ -61,6 +61,7 @@ class Slot:
     epoch: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     busy: bool = False
+    position: int = 0  # the last stream position known applied here (heartbeats report it mid-promotion)
 
 
 class ClusterNode:
@@ -162,10 +163,11 @@ class ClusterNode:
         serving: set[int] = set()
         for partition, slot in self.slots.items():
             if slot.service is not None and slot.log is not None and slot.log.failed is None:
-                applied[partition] = slot.log.last_sequence
+                slot.position = slot.log.last_sequence
                 serving.add(partition)
             elif slot.follower is not None:
-                applied[partition] = slot.follower.position
+                slot.position = max(slot.position, slot.follower.position)
+            applied[partition] = slot.position
         return NodeInfo(
             self.name,
             self.incarnation,
@@ -219,6 +221,8 @@ class ClusterNode:
             if slot.service is None:
                 if mine and assignment is not None and not leaving:  # a handed-over partition stays down
                     self._transition(slot, self._promote(slot, assignment.epoch))
+                elif slot.follower is not None and not slot.follower.running:
+                    self._transition(slot, self._refollow(slot))
                 continue
             failed = slot.log is None or slot.log.failed is not None
             moved_away = not mine or (assignment is not None and assignment.epoch != slot.epoch)
@@ -265,7 +269,9 @@ class ClusterNode:
         follower = slot.follower
         if follower is None:
             follower = slot.follower = self._follower(partition)
-            await follower.start()
+        if not follower.running:  # a step-down while JetStream was unreachable left it stopped
+            await follower.stop()
+            await retrying(follower.start, f"following partition {partition}", within=CATCH_UP_SECONDS)
         started = time.monotonic()
         stream, subject = self.layout.stream(partition), self.layout.subject(partition)
         marker_at = 0
@@ -345,10 +351,25 @@ class ClusterNode:
             service.stop_waiting()
             await service.close()
         slot.log = None
-        slot.follower = self._follower(slot.partition)
-        await slot.follower.start()
+        follower = slot.follower = self._follower(slot.partition)
         with contextlib.suppress(Exception):
             await self._heartbeat_once()
+        # JetStream may be unreachable now (that may be why this node stepped down): keep trying; a
+        # promotion starts it too.
+        await retrying(follower.start, f"following partition {slot.partition}", within=3600.0)
+
+    async def _refollow(self, slot: Slot) -> None:
+        """A standby copy whose following stopped (JetStream unreachable, a frame it could not apply):
+        start again from the store's position, after a pause so a lasting fault is not a busy loop."""
+        follower = slot.follower
+        if follower is None:
+            return
+        if follower.failed is not None:
+            log.warning("partition %d: following again after: %s", slot.partition, follower.failed)
+        await asyncio.sleep(1.0)
+        await follower.stop()
+        slot.follower = self._follower(slot.partition)
+        await slot.follower.start()
 
     def _wake_reconcile(self) -> None:
         if self.owners is not None:

@@ -1,0 +1,354 @@
+"""A partition replicated on a real JetStream stream (three nats-servers): the owner's ReplicatedLog, a
+standby's PartitionFollower, the epoch marker that fences a deposed owner at the storage, and two
+ClusterNodes handing partitions over.
+
+The owners here are wired as cluster.node's `_promote` wires them: a follower catches the store up to the
+stream's end, the epoch marker goes on with Nats-Expected-Last-Sequence, then the store opens as a
+QueueService at that epoch writing through a ReplicatedLog that starts after the marker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from cluster_support import nats3, nats_client
+from kit import until
+from nats.aio.client import Client
+from nats.js.client import JetStreamContext
+
+from cluster.codec import CodecError, EffectsFrame, EpochMarker, encode_frame
+from cluster.follower import PartitionFollower
+from cluster.layout import ClusterLayout, ensure_layout, ensure_streams
+from cluster.nats_servers import NatsCluster
+from cluster.node import ClusterNode
+from cluster.replicated_log import Deposed, ReplicatedLog
+from queue_core.durability import CommitLog, DurableLog
+from queue_core.machine import SendRequest, SendResult, Unavailable
+from queue_core.machine.groups import partition_of
+from queue_core.machine.state import TOKEN_SHIFT
+from queue_core.service import QueueService
+from queue_core.store import SqliteStore
+
+__all__ = ["nats3"]  # the fixture this module uses (cluster_support)
+
+pytestmark = pytest.mark.xdist_group("cluster")
+
+QUEUE = "orders"
+names = itertools.count()
+
+
+@contextlib.asynccontextmanager
+async def partition_stream(
+    nats: NatsCluster,
+) -> AsyncIterator[tuple[Client, JetStreamContext, ClusterLayout]]:
+    """A connection and a one-partition layout of its own (a fresh stream) for one test."""
+    async with nats_client(nats, f"test-replication-{next(names)}") as nc:
+        js = nc.jetstream()
+        layout = ClusterLayout(secrets.token_hex(4), partitions=1, replicas=3)
+        await ensure_streams(js, layout)
+        yield nc, js, layout
+
+
+@dataclass
+class Owner:
+    name: str
+    service: QueueService
+    epoch: int
+    marker: int  # the stream sequence of its epoch marker
+    logs: list[ReplicatedLog] = field(default_factory=list)
+    failures: list[BaseException] = field(default_factory=list)
+
+    @property
+    def log(self) -> ReplicatedLog:
+        return self.logs[0]
+
+
+async def last_seq(js: JetStreamContext, layout: ClusterLayout) -> int:
+    return int((await js.stream_info(layout.stream(0))).state.last_seq)
+
+
+async def promote(js: JetStreamContext, layout: ClusterLayout, data_dir: Path, name: str) -> Owner:
+    """Take partition 0 as ClusterNode._promote does."""
+    subject = layout.subject(0)
+    follower = PartitionFollower(data_dir / "queue.sqlite3", js, subject)
+    await follower.start()
+    try:
+        last = await last_seq(js, layout)
+        assert await follower.caught_up(last, 15.0), f"{name} did not catch up to {last}"
+        epoch = follower.epoch + 1
+        marker = encode_frame(EpochMarker(epoch, name, "inc-" + name))
+        headers = {"Nats-Msg-Id": f"m{epoch}.{name}", "Nats-Expected-Last-Sequence": str(last)}
+        ack = await js.publish(subject, marker, timeout=5.0, headers=headers)
+        assert await follower.caught_up(ack.seq, 15.0), f"{name} did not apply its own marker"
+        assert follower.epoch == epoch
+    finally:
+        await follower.stop()
+    logs: list[ReplicatedLog] = []
+    failures: list[BaseException] = []
+
+    def replicated(
+        store: SqliteStore, loop: asyncio.AbstractEventLoop, on_commit: Callable[[int], None]
+    ) -> CommitLog:
+        log = ReplicatedLog(
+            DurableLog(store, loop, on_commit),
+            js,
+            subject,
+            last_sequence=ack.seq,
+            epoch=epoch,
+            on_failed=failures.append,
+            loop=loop,
+            retry_seconds=3.0,
+        )
+        logs.append(log)
+        return log
+
+    service = QueueService(data_dir, epoch=epoch, log_factory=replicated)
+    await service.start()
+    return Owner(name, service, epoch, ack.seq, logs, failures)
+
+
+async def send(service: QueueService, group: str, *bodies: bytes) -> list[SendResult]:
+    results = await service.send(QUEUE, [SendRequest(body, group=group) for body in bodies], create=True)
+    assert all(isinstance(r, SendResult) for r in results), results
+    return [r for r in results if isinstance(r, SendResult)]
+
+
+async def contents(service: QueueService) -> list[tuple[str, str, int, int, bool, bytes]]:
+    """Everything in the queue, in the core's order (receipt order within groups), bodies included."""
+    return [
+        (item.group, item.message_id, item.seq, item.receive_count, item.claimed, body)
+        for item, body, _, _ in await service.peek(QUEUE, 1000)
+    ]
+
+
+async def opened(data_dir: Path) -> QueueService:
+    """A standby's store opened on its own, as a plain queue server would."""
+    service = QueueService(data_dir)
+    await service.start()
+    return service
+
+
+# ------------------------------------------------------------------------------------------- tests
+async def test_a_follower_holds_what_the_owner_answered_in_the_same_order(
+    nats3: NatsCluster, tmp_path: Path
+) -> None:
+    async with partition_stream(nats3) as (_, js, layout):
+        owner = await promote(js, layout, tmp_path / "owner", "a")
+        follower = PartitionFollower(tmp_path / "standby" / "queue.sqlite3", js, layout.subject(0))
+        await follower.start()
+        try:
+            # Concurrent sends: several commits batched into frames while an append is in flight.
+            await asyncio.gather(
+                *(
+                    send(owner.service, f"g{g}", *(f"g{g}-{i}-{n}".encode() for n in range(3)))
+                    for i in range(8)
+                    for g in range(3)
+                )
+            )
+            received = await owner.service.receive(QUEUE, limit=5)
+            assert len(received) == 5
+            first = received[0].delivery
+            outcomes = await owner.service.ack(QUEUE, [(first.message_id, first.token)])
+            assert [o.status for o in outcomes] == ["ok"], outcomes
+            await owner.service.settled()
+            expected = await contents(owner.service)
+            assert len(expected) == 3 * 8 * 3 - 1
+            assert owner.log.failed is None and owner.log.frames >= 2
+            assert await last_seq(js, layout) == owner.log.last_sequence == owner.marker + owner.log.frames
+
+            assert await follower.caught_up(owner.log.last_sequence, 15.0), follower.failed
+            assert follower.failed is None
+        finally:
+            await follower.stop()
+            await owner.service.close()
+        standby = await opened(tmp_path / "standby")
+        try:
+            assert await contents(standby) == expected
+            for group in ("g0", "g1", "g2"):  # and in send order within each group
+                bodies = [body for g, *_, body in expected if g == group]
+                assert bodies == sorted(bodies, key=lambda b: tuple(int(x) for x in b.split(b"-")[1:]))
+            metrics = await standby.metrics(QUEUE)
+            assert (metrics.total, metrics.in_flight) == (71, 4)
+        finally:
+            await standby.close()
+
+
+async def test_a_second_owner_fences_the_first_at_the_stream(nats3: NatsCluster, tmp_path: Path) -> None:
+    async with partition_stream(nats3) as (_, js, layout):
+        first = await promote(js, layout, tmp_path / "a", "a")
+        second: Owner | None = None
+        try:
+            sent = await send(first.service, "g1", b"one", b"two")
+            sent += await send(first.service, "g2", b"three")
+            claimed = await first.service.receive(QUEUE, limit=10)
+            assert {r.delivery.group for r in claimed} == {"g1", "g2"}
+            first_tokens = [r.delivery.token for r in claimed]
+            assert all(token >> TOKEN_SHIFT == first.epoch for token in first_tokens)
+            await first.service.settled()
+
+            second = await promote(js, layout, tmp_path / "b", "b")
+            assert second.epoch > first.epoch
+            assert second.marker == first.log.last_sequence + 1
+
+            # The deposed owner does not know yet; its next write is refused by JetStream itself.
+            with pytest.raises(Unavailable) as refused:
+                await send(first.service, "g3", b"lost")
+            assert refused.value.status == 503 and refused.value.retriable
+            assert isinstance(first.log.failed, Deposed)
+            assert [type(f) for f in first.failures] == [Deposed]
+            assert not first.service.healthy
+            with pytest.raises(Unavailable):  # and every later one, at once
+                await send(first.service, "g4", b"later")
+            assert await last_seq(js, layout) == second.marker  # nothing of it landed
+
+            # The new owner has everything the first one answered, and only that.
+            ids = {item[1] for item in await contents(second.service)}
+            assert ids == {r.message_id for r in sent}
+            await send(second.service, "g5", b"five")
+            (fresh,) = await second.service.receive(QUEUE, limit=10)
+            assert fresh.delivery.group == "g5"
+            assert fresh.delivery.token >> TOKEN_SHIFT == second.epoch
+            assert fresh.delivery.token > max(first_tokens)
+            assert second.log.failed is None and await last_seq(js, layout) == second.log.last_sequence
+        finally:
+            await first.service.close()
+            if second is not None:
+                await second.service.close()
+
+
+async def test_a_restarted_follower_resumes_after_its_recorded_position(
+    nats3: NatsCluster, tmp_path: Path
+) -> None:
+    async with partition_stream(nats3) as (_, js, layout):
+        owner = await promote(js, layout, tmp_path / "owner", "a")
+        path = tmp_path / "standby" / "queue.sqlite3"
+        try:
+            follower = PartitionFollower(path, js, layout.subject(0))
+            await follower.start()
+            for n in range(5):
+                await send(owner.service, f"g{n % 2}", f"before-{n}".encode())
+            assert await follower.caught_up(owner.log.last_sequence, 15.0), follower.failed
+            stopped_at = follower.position
+            await follower.stop()
+            for n in range(5):
+                await send(owner.service, f"g{n % 2}", f"after-{n}".encode())
+
+            again = PartitionFollower(path, js, layout.subject(0))
+            await again.start()
+            try:
+                assert again.position == stopped_at  # from its own store
+                assert await again.caught_up(owner.log.last_sequence, 15.0), again.failed
+                assert again.failed is None
+                assert again.frames == owner.log.last_sequence - stopped_at  # only what it lacked
+            finally:
+                await again.stop()
+            expected = await contents(owner.service)
+        finally:
+            await owner.service.close()
+        standby = await opened(path.parent)
+        try:
+            assert await contents(standby) == expected
+            assert (await standby.metrics(QUEUE)).total == 10
+        finally:
+            await standby.close()
+
+
+async def test_a_frame_that_cannot_be_decoded_stops_the_follower(nats3: NatsCluster, tmp_path: Path) -> None:
+    async with partition_stream(nats3) as (_, js, layout):
+        subject = layout.subject(0)
+        owner = await promote(js, layout, tmp_path / "owner", "a")
+        path = tmp_path / "standby" / "queue.sqlite3"
+        follower = PartitionFollower(path, js, subject)
+        try:
+            await follower.start()
+            await send(owner.service, "g", b"fine")
+            good = owner.log.last_sequence
+            assert await follower.caught_up(good, 15.0)
+            garbage = b"\x93\x01\x00\x91\x92\x7f\x01"  # [1, 0, [[127, 1]]]: an effect of type 127
+            bad = (await js.publish(subject, garbage, timeout=5.0)).seq
+            after = (await js.publish(subject, encode_frame(EffectsFrame(())), timeout=5.0)).seq
+            await until(lambda: follower.failed is not None, what="the follower stops")
+            assert isinstance(follower.failed, CodecError)
+            error = str(follower.failed)
+            assert f"frame {bad} of {subject}" in error and "unknown effect type 127" in error
+            assert follower.position == good
+            assert not await follower.caught_up(after, 5.0)  # at once: it failed
+
+            async def unfollowed() -> bool:
+                return (await js.stream_info(layout.stream(0))).state.consumer_count == 0
+
+            # It lets go of its subscription (nothing keeps buffering the stream, no heartbeat task recreates
+            # the consumer): the server drops the consumer once nobody listens.
+            await until(unfollowed, within=20.0, interval=0.5, what="the consumer is gone")
+            await follower.stop()
+
+            again = PartitionFollower(path, js, subject)  # a restart meets the same frame: never skipped
+            await again.start()
+            try:
+                assert again.position == good
+                await until(lambda: again.failed is not None, what="the restarted follower stops")
+                assert f"frame {bad} of" in str(again.failed) and again.position == good
+            finally:
+                await again.stop()
+        finally:
+            await follower.stop()
+            await owner.service.close()
+
+
+# ------------------------------------------------------------------------------------ ClusterNodes
+def group_in(partition: int, partitions: int, tag: str) -> str:
+    return next(g for i in itertools.count() if partition_of(g := f"{tag}{i}", partitions) == partition)
+
+
+def serving(node: ClusterNode) -> set[int]:
+    return {p for p, slot in node.slots.items() if slot.service is not None and slot.service.healthy}
+
+
+async def test_two_nodes_share_the_partitions_and_the_survivor_takes_them_all(
+    nats3: NatsCluster, tmp_path: Path
+) -> None:
+    async with nats_client(nats3, "node-a") as nc_a, nats_client(nats3, "node-b") as nc_b:
+        layout = await ensure_layout(nc_a.jetstream(), partitions=2, replicas=3)
+        assert layout.partitions == 2
+        a = ClusterNode("a", tmp_path / "a", nc_a, layout, url="http://a")
+        b = ClusterNode("b", tmp_path / "b", nc_b, layout, url="http://b")
+        closed: list[ClusterNode] = []
+        try:
+            await a.start()
+            await until(lambda: serving(a) == {0, 1}, within=20.0, what="node a serves both partitions")
+            await b.start()
+            await until(lambda: serving(a) and serving(b), within=30.0, what="the partitions are shared")
+            await until(lambda: serving(a) | serving(b) == {0, 1}, within=20.0, what="both partitions served")
+            assert not serving(a) & serving(b)
+
+            sent: dict[int, set[str]] = {}
+            for partition in (0, 1):
+                owner = a if partition in serving(a) else b
+                service = owner.slots[partition].service
+                assert service is not None
+                group = group_in(partition, layout.partitions, "grp")
+                sent[partition] = {r.message_id for r in await send(service, group, b"x", b"y")}
+
+            leaving = a if serving(a) else b
+            survivor = b if leaving is a else a
+            started = time.monotonic()
+            await leaving.close()
+            closed.append(leaving)
+            await until(lambda: serving(survivor) == {0, 1}, within=30.0, what="the survivor serves both")
+            assert time.monotonic() - started < 30.0
+            for partition in (0, 1):
+                service = survivor.slots[partition].service
+                assert service is not None
+                assert {item[1] for item in await contents(service)} == sent[partition]
+        finally:
+            for node in (a, b):
+                if node not in closed:
+                    await node.close()
