@@ -50,7 +50,7 @@ nats-server:
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq nats-server >/dev/null; }
 
 cluster: $(STAMP) nats-server
-	$(VENV)/bin/strictq cluster up --nodes 3 --data-dir $(DATA_DIR)-cluster
+	$(VENV)/bin/strictq cluster up --nodes 3 --host $(HOST) --port $(PORT) $(if $(PROXY_PORT),--proxy-port $(PROXY_PORT) )--data-dir $(DATA_DIR)-cluster
 
 # Three workers on this 2-core machine (and CI's): many tests wait on child processes and sockets, and
 # a third worker measured 183-206 s against 206-217 s for two. The 25 slowest tests are listed at the end.

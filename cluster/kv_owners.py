@@ -19,6 +19,7 @@ from .master import live_nodes, read_assignments
 
 RECOMPUTE_EVERY = 0.05
 LOOK_EVERY = 0.25
+ROUTE_STALENESS = 30.0
 
 
 class KvOwnerMap:
@@ -56,7 +57,10 @@ class KvOwnerMap:
         if self._nodes is None or self._owners is None:
             return urls
         assignments, _ = read_assignments(self._owners)
-        nodes = live_nodes(self._nodes)
+        # Not the master's short NODE_TTL: while a bucket elects a new leader no heartbeat lands for a few
+        # seconds, and every owner would look gone. A dead owner's URL refuses connections at once, which
+        # the backend retries until the master's new assignment shows here.
+        nodes = live_nodes(self._nodes, ROUTE_STALENESS)
         for partition, assignment in assignments.items():
             info = nodes.get(assignment.node)
             if info is None or info.incarnation != assignment.incarnation or partition not in info.serving:

@@ -28,6 +28,8 @@ TICK = 0.2
 # A planned move the target never catches up with (or that never finishes) is dropped after this long,
 # so it cannot hold rebalancing back for good.
 MOVE_TIMEOUT = 60.0
+OPERATOR_QUIET = 300.0
+DEAF_AFTER = 1.5  # no heartbeat from anyone for this long: the master, not the nodes, lost contact
 
 
 def assignment_key(partition: int) -> str:
@@ -64,9 +66,9 @@ def read_moves(owners: KvMirror) -> dict[int, str]:
     return moves
 
 
-def live_nodes(nodes: KvMirror) -> dict[str, NodeInfo]:
+def live_nodes(nodes: KvMirror, max_age: float = NODE_TTL) -> dict[str, NodeInfo]:
     live: dict[str, NodeInfo] = {}
-    for key, entry in nodes.fresh(NODE_TTL).items():
+    for key, entry in nodes.fresh(max_age).items():
         try:
             live[key] = NodeInfo.from_json(entry.value)
         except RecordError as exc:
@@ -91,6 +93,8 @@ class MasterRole:
         self._owners = owners
         self._clock = clock
         self.is_master = False
+        self._deaf_until = 0.0
+        self._operator_moved_at = -OPERATOR_QUIET
 
     async def run(self) -> None:
         lease = await self._js.key_value(self._layout.master_bucket)
@@ -128,7 +132,20 @@ class MasterRole:
             else:
                 await asyncio.sleep(MASTER_TTL / 3)
 
+    def _hearing(self) -> bool:
+        """Whether heartbeats reach this master now. While the nodes bucket has no leader (a NATS server
+        died) none lands, from anyone: that is the master going deaf, not every node dying, so it decides
+        nothing then, and after heartbeats resume it waits NODE_TTL before judging anyone gone."""
+        now = time.monotonic()
+        newest = max((entry.heard_at for entry in self._nodes.entries.values()), default=0.0)
+        if now - newest > DEAF_AFTER:
+            self._deaf_until = now + NODE_TTL
+            return False
+        return now >= self._deaf_until
+
     async def _decide(self) -> None:
+        if not self._hearing():
+            return
         assignments, revisions = read_assignments(self._owners)
         moves = read_moves(self._owners)
         nodes = live_nodes(self._nodes)
@@ -148,8 +165,15 @@ class MasterRole:
                 with contextlib.suppress(KeyNotFoundError):
                     await owners.delete(move_key(partition))
                 del moves[partition]
+        if any(
+            _by_operator(entry.value)
+            for key, entry in self._owners.entries.items()
+            if key.startswith("move-p")
+        ):
+            self._operator_moved_at = time.monotonic()
         changes = plan(self._layout.partitions, assignments, nodes, self._clock(), moves)
-        if not changes:
+        # Rebalancing waits a while after an operator's `cluster move`, which would otherwise be undone.
+        if not changes and time.monotonic() - self._operator_moved_at > OPERATOR_QUIET:
             for partition, target in rebalance(self._layout.partitions, assignments, nodes, moves).items():
                 request = orjson.dumps({"node": target, "by": "rebalance"})
                 with contextlib.suppress(KeyWrongLastSequenceError):
@@ -173,3 +197,10 @@ class MasterRole:
 
 def _described(change: Assignment) -> tuple[int, str, int, str]:
     return change.partition, change.node, change.epoch, change.reason
+
+
+def _by_operator(raw: bytes) -> bool:
+    try:
+        return bool(orjson.loads(raw).get("by") == "operator")
+    except (orjson.JSONDecodeError, AttributeError):
+        return False

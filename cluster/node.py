@@ -341,7 +341,8 @@ class ClusterNode:
             marker_at,
             time.monotonic() - started,
         )
-        await self._heartbeat_once()
+        with contextlib.suppress(Exception):  # the next beat tells it anyway
+            await self._heartbeat_once()
 
     async def _step_down(self, slot: Slot, why: str) -> None:
         service = slot.service

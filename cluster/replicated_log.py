@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
-from nats.js.errors import APIError
+from nats.js.errors import APIError, NoStreamResponseError
 
 from queue_core.durability import NO_BODIES, Bodies, DurableLog
 from queue_core.machine import Unavailable
@@ -163,7 +163,8 @@ class ReplicatedLog:
                 if time.monotonic() > deadline:
                     raise
                 log.warning("append to %s refused (%s); retrying", self._subject, exc)
-            except (NatsTimeoutError, NoRespondersError, TimeoutError) as exc:
+            except (NatsTimeoutError, NoRespondersError, NoStreamResponseError, TimeoutError) as exc:
+                # No stream leader right now (an election after a server died): the same append again.
                 if time.monotonic() > deadline:
                     raise Unavailable(f"the partition's stream did not acknowledge: {exc!r}") from None
             except ConnectionClosedError:

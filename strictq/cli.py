@@ -12,6 +12,8 @@ from typing import Any
 from fencing.cli import register as register_proxy_commands
 
 from .admin_cli import register as register_admin_commands
+from .cluster_cli import add_nats_arguments, nats_settings
+from .cluster_cli import register as register_cluster_commands
 from .health_cli import add_settings_arguments as add_health_arguments
 from .health_cli import register as register_health_commands
 
@@ -111,6 +113,34 @@ def build_parser() -> argparse.ArgumentParser:
         "created with development keys)",
     )
     server.add_argument("--init", action="store_true", help=INIT_HELP)
+    cluster_options = server.add_argument_group(
+        "cluster", "run as one queue server of a cluster replicated on NATS JetStream (docs/cluster.md)"
+    )
+    add_nats_arguments(cluster_options)
+    cluster_options.add_argument(
+        "--node", metavar="NAME", help="this queue server's name in the cluster (default: the host name)"
+    )
+    cluster_options.add_argument(
+        "--advertise",
+        metavar="URL",
+        help="the URL gateways reach this queue server at, when it is not the bound address (e.g. with "
+        "--host 0.0.0.0: http://this-host:8470)",
+    )
+    cluster_options.add_argument(
+        "--cluster-partitions",
+        type=int,
+        default=3,
+        metavar="N",
+        help="partitions of a new cluster (the unit of ownership; ignored once the cluster exists; "
+        "default: %(default)s)",
+    )
+    cluster_options.add_argument(
+        "--replicas",
+        type=int,
+        choices=(1, 3),
+        default=3,
+        help="JetStream replicas of a new cluster's streams (default: %(default)s)",
+    )
     add_health_arguments(server)
     add_connection_arguments(server)
     server.set_defaults(handler=cmd_queue_server)
@@ -182,6 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(a private HTTPS backend; repeatable)",
     )
     serve.add_argument("--init", action="store_true", help=INIT_HELP)
+    serve_cluster = serve.add_argument_group(
+        "cluster",
+        "be the gateway of a cluster (docs/cluster.md): route each group to its partition's owner instead "
+        "of running the queue core (excludes --queue-server and --init)",
+    )
+    add_nats_arguments(serve_cluster)
     serve.add_argument(
         "--region",
         dest="regions",
@@ -305,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_proxy_commands(commands)  # strictq proxy / proxy ca (fencing.cli)
     register_admin_commands(commands)  # strictq fence / unfence / fences
     register_health_commands(commands)  # strictq status / suspend / resume / unblacklist
+    register_cluster_commands(commands)  # strictq cluster up / status / move / urls
     from wirelog.cli import register as register_wirelog  # strictq wirelog tail / grep (stdlib imports only)
 
     register_wirelog(commands)
@@ -386,6 +423,12 @@ def cmd_queue_server(args: argparse.Namespace) -> int:
     limits = _connection_limits(args)
     if health is False or limits is None:
         return 2
+    if args.cluster is not None:
+        return _cluster_node(args, limits)
+    for flag, value in (("--node", args.node), ("--advertise", args.advertise)):
+        if value is not None:
+            print(f"strictq: {flag} is for a queue server of a cluster: give --cluster too", file=sys.stderr)
+            return 2
     return run_server(
         lambda: run(
             args.host, args.port, args.data_dir, args.partitions, args.keys, health, args.init, limits
@@ -393,7 +436,42 @@ def cmd_queue_server(args: argparse.Namespace) -> int:
     )
 
 
+def _cluster_node(args: argparse.Namespace, limits: Any) -> int:
+    import socket
+
+    from strictq.cluster_node import NodeOptions, run_node
+
+    settings = nats_settings(args)
+    if settings is None:
+        return 2
+    name = args.node or socket.gethostname()
+    from cluster.names import check_node_name
+
+    problem = check_node_name(name)
+    if problem:
+        print(f"strictq: --node: {problem}", file=sys.stderr)
+        return 2
+    if args.advertise is not None and not args.advertise.startswith(("http://", "https://")):
+        print("strictq: --advertise must be an http:// or https:// URL", file=sys.stderr)
+        return 2
+    options = NodeOptions(
+        host=args.host,
+        port=args.port,
+        data_dir=args.data_dir,
+        name=name,
+        nats=settings,
+        core_partitions=args.partitions,
+        cluster_partitions=args.cluster_partitions,
+        replicas=args.replicas,
+        limits=limits,
+        advertise=args.advertise,
+    )
+    return run_server(lambda: run_node(options))
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from strictq.serve import ServeOptions, run
 
     if not 0 <= args.port <= 65535:
@@ -438,6 +516,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     if args.queue_server is not None and args.init:
         print("strictq: --init is for a store in this process: give it to the queue server", file=sys.stderr)
+        return 2
+    if args.cluster is not None:
+        if args.queue_server is not None:
+            print("strictq: --cluster and --queue-server exclude each other: give one", file=sys.stderr)
+            return 2
+        if args.init:
+            print("strictq: --init is for a store in this process, not a cluster's gateway", file=sys.stderr)
+            return 2
+        settings = nats_settings(args)
+        if settings is None:
+            return 2
+        options = replace(options, cluster=settings)
+    elif args.nats_credentials is not None:
+        print("strictq: --nats-credentials goes with --cluster", file=sys.stderr)
         return 2
     return run_server(lambda: run(options))
 

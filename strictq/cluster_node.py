@@ -41,6 +41,7 @@ class NodeOptions:
     cluster_partitions: int  # used only when this node creates the cluster's layout
     replicas: int
     limits: ConnectionLimits = DEFAULT_LIMITS
+    advertise: str | None = None  # the URL gateways reach this node at (default: the bound address)
 
 
 async def serve_node(options: NodeOptions) -> None:
@@ -68,7 +69,7 @@ async def serve_node(options: NodeOptions) -> None:
         except OSError as exc:
             raise listen_fault(options.host, options.port, exc) from None
         host, port = runner.addresses[0][:2]
-        node.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        node.url = options.advertise or f"http://{f'[{host}]' if ':' in host else host}:{port}"
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -26,6 +26,7 @@ from aiohttp import web
 
 from access.keys import Credential, KeyFileError, KeyRing, write_development_keys
 from access.permissions import tenants_of
+from cluster.connect import NatsSettings
 from fencing.ca import serve_proxy_dir
 from fencing.child import ProxyChild, ProxyStartError, start_proxy_child
 from gateway.app import make_gateway_app
@@ -38,7 +39,6 @@ from queue_core.control import ControlHub, store_registry
 from queue_core.failures import FailureManager
 from queue_core.http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
 from queue_core.machine.health import HealthSettings
-from cluster.connect import NatsSettings
 from queue_core.remote import RemoteQueueService
 from queue_core.service import QueueService
 from queue_core.startup import (
@@ -402,13 +402,16 @@ async def cluster_backend(settings: NatsSettings, data_dir: Path) -> QueueBacken
     try:
         nc = await connect(settings.urls, settings.user, settings.password, name="strictq-gateway")
     except Exception as exc:
-        raise StartupLine(data_dir, f"cannot reach the cluster's NATS servers {list(settings.urls)}: {exc}") from None
+        raise StartupLine(
+            data_dir, f"cannot reach the cluster's NATS servers {list(settings.urls)}: {exc}"
+        ) from None
     js = nc.jetstream()
     layout = await retrying(lambda: read_layout(js), "the cluster's layout")
     if layout is None:
         await nc.close()
         raise StartupLine(
-            data_dir, "no strictq cluster on these NATS servers yet: start its queue servers first (docs/cluster.md)"
+            data_dir,
+            "no strictq cluster on these NATS servers yet: start its queue servers first (docs/cluster.md)",
         )
     owners = KvOwnerMap(js, layout)
     await retrying(owners.start, "the cluster's owners")
