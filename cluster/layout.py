@@ -70,6 +70,15 @@ class ClusterLayout:
         return f"sq.{self.id}.p{partition}"
 
     @property
+    def floors_subject(self) -> str:
+        """Where owners publish fencing-token floors for the gateways' control streams (cluster.floors)."""
+        return f"sq.{self.id}.floors"
+
+    @property
+    def floors_sync_subject(self) -> str:
+        return f"sq.{self.id}.floors.sync"
+
+    @property
     def nodes_bucket(self) -> str:
         return f"sq_{self.id}_nodes"
 

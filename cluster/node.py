@@ -22,7 +22,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +39,7 @@ from queue_core.service import QueueService
 from queue_core.store import SqliteStore
 
 from .codec import EpochMarker, encode_frame
+from .floors import FloorPublisher
 from .follower import PartitionFollower
 from .kv_mirror import KvMirror
 from .layout import ClusterLayout, ensure_streams, retrying
@@ -90,6 +91,7 @@ class ClusterNode:
         self.nodes: KvMirror | None = None
         self.owners: KvMirror | None = None
         self.master: MasterRole | None = None
+        self.floors = FloorPublisher(nc, layout, self._current_floors)
         self.started_at = clock()
         self.ready = False
 
@@ -104,6 +106,7 @@ class ClusterNode:
             follower = slot.follower = self._follower(slot.partition)
             await retrying(follower.start, f"following partition {slot.partition}")
         await retrying(self._heartbeat_once, "the first heartbeat")
+        await self.floors.start()
         self.master = MasterRole(self._js, self.layout, self.name, self.nodes, self.owners, self._clock)
         self._tasks = [
             asyncio.create_task(self._heartbeat_forever(), name="strictq-heartbeat"),
@@ -131,6 +134,12 @@ class ClusterNode:
         for mirror in (self.nodes, self.owners):
             if mirror is not None:
                 await mirror.stop()
+        await self.floors.close()
+
+    def _current_floors(self) -> Iterator[tuple[str, str, int]]:
+        for slot in self.slots.values():
+            if slot.service is not None:
+                yield from slot.service.floors()
 
     # ------------------------------------------------------------------------------ the internal API
     def service_for(self, request: web.Request) -> QueueService:
@@ -333,6 +342,9 @@ class ClusterNode:
             raise
         slot.service = service
         slot.epoch = assigned_epoch
+        # Gateways' control streams learn this partition's floors from here on (cluster.floors).
+        service.floor_listeners.append(self.floors.on_floor)
+        self.floors.publish_all(service.floors())
         log.info(
             "%s serves partition %d at epoch %d (stream at %d; promoted in %.2fs)",
             self.name,

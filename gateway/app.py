@@ -64,4 +64,6 @@ def make_gateway_app(
     if isinstance(service, QueueService):  # the core is in this process: its control stream and fences too
         hub = control or (failures.hub if failures is not None else ControlHub(service))
         add_admin_routes(app, hub, keys, failures)  # failures: failure management's routes and hooks
+    elif control is not None:  # a cluster's gateway: floors from the queue servers, fences here
+        add_admin_routes(app, control, keys)
     return app

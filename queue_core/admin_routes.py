@@ -18,6 +18,7 @@ from .control import ControlHub
 from .failures import FailureManager
 from .health_http import add_health_routes
 from .retry_http import add_retry_routes
+from .service import QueueService
 
 
 def add_admin_routes(
@@ -38,7 +39,8 @@ def add_admin_routes(
     app.router.add_get("/admin/v1/fences", list_fences)
     app.router.add_put("/admin/v1/fences/{worker}", put_fence)
     app.router.add_delete("/admin/v1/fences/{worker}", delete_fence)
-    add_retry_routes(app, hub.service)  # release, redrive and policies of groups (the retry workflow)
+    if isinstance(hub.service, QueueService):  # a cluster's gateway has no core of its own to act on
+        add_retry_routes(app, hub.service)  # release, redrive and policies of groups (the retry workflow)
     if failures is not None:
         add_health_routes(app, failures)
 

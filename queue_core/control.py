@@ -24,9 +24,9 @@ import itertools
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Coroutine, Hashable
+from collections.abc import Callable, Coroutine, Hashable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import orjson
 
@@ -113,8 +113,25 @@ class Subscription:
             self.abort()
 
 
+class FloorSource(Protocol):
+    """Where a hub's floors come from: the core in this process (`QueueService`), or a cluster's queue
+    servers as a gateway hears them (cluster.floors)."""
+
+    clock: Callable[[], float]
+    floor_listeners: list[Callable[[FloorRaised], None]]
+
+    @property
+    def epoch(self) -> int:
+        """The hub's instance: a new one tells reconnecting proxies to take a snapshot."""
+        ...
+
+    def floors(self) -> Iterator[tuple[str, str, int]]:
+        """(queue, group, floor) of every group with a floor above zero."""
+        ...
+
+
 class ControlHub:
-    """Fences, floors and the event stream of one core process.
+    """Fences, floors and the event stream of one core process (or of a cluster's gateway).
 
     Python API (used by the admin HTTP routes, and by failure management inside the core process):
     `await hub.fence(worker, mode, reason, ttl)`, `await hub.unfence(worker, reason)`, `hub.fences()`,
@@ -126,7 +143,7 @@ class ControlHub:
 
     def __init__(
         self,
-        service: QueueService,
+        service: FloorSource,
         registry: FenceRegistry | None = None,
         *,
         floor_interval: float = 0.05,
@@ -140,7 +157,10 @@ class ControlHub:
             raise ValueError("need floor_interval >= 0, keepalive > 0 and positive buffer bounds")
         self.service = service
         # Fences live in the core's store (a legacy fences.json beside it is migrated at start).
-        self.registry = registry if registry is not None else store_registry(service)
+        if registry is None:
+            assert isinstance(service, QueueService), "a hub without a core needs its fence registry"
+            registry = store_registry(service)
+        self.registry = registry
         self.floor_interval = floor_interval
         self.keepalive = keepalive
         self.subscriber_limit = subscriber_limit
@@ -170,7 +190,7 @@ class ControlHub:
         self.registry.load()
         if isinstance(self.registry, StoreFenceRegistry):
             await self.registry.migrate()
-        self.instance = self.service.core.epoch
+        self.instance = self.service.epoch
         self.service.floor_listeners.append(self._on_floor)
         await self._expire_due()  # fences that expired while the process was down
         log.info("control stream: instance %d, %d fences", self.instance, len(self.registry.fences))
@@ -324,11 +344,9 @@ class ControlHub:
         """Every group the core holds with a floor above zero, as `[queue, group, token]` (of the
         queues `scope` sees: its tenant's, whatever its prefixes)."""
         return [
-            [queue.name, group.name, group.floor]
-            for queue in self.service.core.queues.values()
-            if scope is None or scope.sees_queue(queue.name, prefixes=False)
-            for group in queue.groups.values()
-            if group.floor > 0
+            [queue, group, floor]
+            for queue, group, floor in self.service.floors()
+            if scope is None or scope.sees_queue(queue, prefixes=False)
         ]
 
     # --------------------------------------------------------------------------------------- stream

@@ -11,7 +11,7 @@ import gc
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -194,6 +194,17 @@ class QueueService:
     @property
     def core(self) -> QueueCore:
         return self.supervisor.core
+
+    @property
+    def epoch(self) -> int:
+        return self.core.epoch
+
+    def floors(self) -> Iterator[tuple[str, str, int]]:
+        """(queue, group, floor) of every group with a floor above zero (the control stream's snapshot)."""
+        for queue in self.core.queues.values():
+            for group in queue.groups.values():
+                if group.floor > 0:
+                    yield queue.name, group.name, group.floor
 
     # ---------------------------------------------------------------------------------- plumbing
     def _apply(

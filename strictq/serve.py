@@ -37,6 +37,7 @@ from protocol import headers
 from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub, store_registry
 from queue_core.failures import FailureManager
+from queue_core.fences import FenceRegistry
 from queue_core.http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
 from queue_core.machine.health import HealthSettings
 from queue_core.remote import RemoteQueueService
@@ -199,8 +200,9 @@ async def serve(options: ServeOptions) -> None:
     data_dir = options.data_dir
     keys, keys_path, tls, context = prepare(options)
     service: QueueBackend
+    control = None
     if options.cluster is not None:
-        service = await cluster_backend(options.cluster, data_dir)
+        service, control = await cluster_backend(options.cluster, data_dir)
     elif options.queue_server is None:
         service = QueueService(data_dir / "queue", partitions=options.partitions)
         await start_service(service, data_dir)
@@ -211,7 +213,6 @@ async def serve(options: ServeOptions) -> None:
     gc.set_threshold(50_000, 20, 100)
     # With the core in-process, this process serves the control stream and fences (in the store; a legacy
     # <data-dir>/fences.json is migrated into it).
-    control = None
     failures = None
     if isinstance(service, QueueService):
         control = ControlHub(service, store_registry(service, data_dir / "fences.json"))
@@ -391,11 +392,13 @@ def without_unusable_proxy(options: ServeOptions) -> ServeOptions:
     return replace(options, proxy=False)
 
 
-async def cluster_backend(settings: NatsSettings, data_dir: Path) -> QueueBackend:
+async def cluster_backend(settings: NatsSettings, data_dir: Path) -> tuple[QueueBackend, ControlHub]:
     """The gateway of a cluster: every group's operations go to its partition's owner (cluster.backend),
-    read from the cluster's KV buckets (cluster.kv_owners)."""
+    read from the cluster's KV buckets (cluster.kv_owners); its control stream relays the owners' floors
+    (cluster.floors) and holds the fences in <data-dir>/fences.json."""
     from cluster.backend import ClusterBackend
     from cluster.connect import connect
+    from cluster.floors import ClusterFloors
     from cluster.kv_owners import KvOwnerMap
     from cluster.layout import read_layout, retrying
 
@@ -415,9 +418,17 @@ async def cluster_backend(settings: NatsSettings, data_dir: Path) -> QueueBacken
         )
     owners = KvOwnerMap(js, layout)
     await retrying(owners.start, "the cluster's owners")
-    backend = ClusterBackend(owners, on_close=nc.close)
+    floors = ClusterFloors(nc, layout)
+    await floors.start()
+
+    async def closed() -> None:
+        await floors.close()
+        await owners.close()
+        await nc.close()
+
+    backend = ClusterBackend(owners, on_close=closed)
     await backend.start()
-    return backend
+    return backend, ControlHub(floors, FenceRegistry(data_dir / "fences.json"))
 
 
 def run(options: ServeOptions) -> None:
