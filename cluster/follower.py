@@ -3,7 +3,8 @@
 The patent's secondary and tertiary: every node that does not own a partition applies its frames, in
 stream order, to its own SQLite store for it (with the stream position in the same transaction), so that a
 promotion only has to apply the last few frames before opening the store as a `QueueService`. A node that
-restarts resumes right after the position its store recorded.
+restarts resumes right after the position its store recorded; when the stream was trimmed past it (or it
+is new), it first puts the partition's snapshot in its store's place (cluster.snapshots).
 """
 
 from __future__ import annotations
@@ -23,16 +24,25 @@ from queue_core.machine.effects import Effect
 from queue_core.store import SqliteStore
 
 from .codec import CodecError, EffectsFrame, EpochMarker, decode_frame
+from .snapshots import CatchUp, SnapshotInfo, install
 
 log = logging.getLogger("strictq.cluster")
 MAX_FRAMES_PER_COMMIT = 256
 
 
+class StreamGap(Exception):
+    """The stream skips frames this store lacks: they were trimmed (cluster.snapshots). Never skipped."""
+
+
 class PartitionFollower:
-    def __init__(self, store_path: Path, js: JetStreamContext, subject: str) -> None:
+    def __init__(
+        self, store_path: Path, js: JetStreamContext, subject: str, catch_up: CatchUp | None = None
+    ) -> None:
         self._path = store_path
         self._js = js
         self._subject = subject
+        self._catch_up = catch_up  # how to get past a trimmed stream: its snapshot (None: stop at a gap)
+        self.restored: SnapshotInfo | None = None  # the snapshot this follower caught up from, if any
         self._store: SqliteStore | None = None
         self.position = 0
         self.epoch = 0
@@ -49,13 +59,76 @@ class PartitionFollower:
             self._store = store
         self.position = store.position()
         self.epoch = store.epoch()
+        if self._catch_up is not None and self.position < await self._catch_up.first_sequence() - 1:
+            # The stream no longer holds the frames this store lacks: the partition's snapshot first.
+            self._task = asyncio.create_task(
+                self._restore_then_follow(self._catch_up), name=f"strictq-restore-{self._subject}"
+            )
+            return
+        subscription = await self._subscribe()
+        self._task = asyncio.create_task(self._follow(subscription), name=f"strictq-follow-{self._subject}")
+
+    async def _subscribe(self) -> object:
         config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
         if self.position:
             config = ConsumerConfig(
                 deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.position + 1
             )
-        subscription = await self._js.subscribe(self._subject, ordered_consumer=True, config=config)
-        self._task = asyncio.create_task(self._follow(subscription), name=f"strictq-follow-{self._subject}")
+        return await self._js.subscribe(self._subject, ordered_consumer=True, config=config)
+
+    async def _restore_then_follow(self, catch_up: CatchUp) -> None:
+        """Replace the store by the partition's snapshot, then follow the stream's tail from its position.
+        Without a usable snapshot: say so once, apply nothing, and try again every retry_seconds (the
+        owner takes a new one within cluster.snapshots.SNAPSHOT_SECONDS)."""
+        reported = False
+        while True:
+            try:
+                needed = await catch_up.first_sequence() - 1
+                if self.position < needed:
+                    await self._restore(catch_up, needed)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.failed = exc  # caught_up() answers at once meanwhile: a promotion gives up, for now
+                if not reported:
+                    reported = True
+                    log.error(
+                        "%s was trimmed past this store (at position %d) and it cannot catch up from the "
+                        "partition's snapshot: %s; applying nothing, trying again every %gs",
+                        self._subject,
+                        self.position,
+                        exc,
+                        catch_up.retry_seconds,
+                    )
+            await asyncio.sleep(catch_up.retry_seconds)
+        self.failed = None
+        try:
+            subscription = await self._subscribe()
+        except Exception as exc:  # JetStream unreachable: the node follows again (cluster.node._refollow)
+            self.failed = exc
+            log.error("following %s stopped: %s", self._subject, exc)
+            return
+        await self._follow(subscription)
+
+    async def _restore(self, catch_up: CatchUp, needed: int) -> None:
+        copy, info = await catch_up.fetch(self._path, needed)  # checked before the store is touched
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+        await asyncio.to_thread(install, copy, self._path)
+        store = SqliteStore(self._path)
+        await asyncio.to_thread(store.open, time.time())
+        self._store = store
+        self.position = store.position()
+        self.epoch = store.epoch()
+        self.restored = info
+        self._advanced.set()
+        log.info(
+            "%s: caught up from the partition's snapshot at position %d; following from there",
+            self._subject,
+            self.position,
+        )
 
     @property
     def running(self) -> bool:
@@ -122,6 +195,11 @@ class PartitionFollower:
             sequence = message.metadata.sequence.stream
             if sequence <= self.position:
                 continue  # already applied (the consumer re-delivered after a reconnect)
+            if sequence > position + 1:
+                raise StreamGap(
+                    f"{self._subject} goes on at frame {sequence} after this store's {position}: the frames "
+                    "between were trimmed; the partition's snapshot has them"
+                )
             try:
                 frame = decode_frame(message.data)
             except CodecError as exc:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import orjson
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.api import StorageType, StreamConfig
+from nats.js.api import ObjectStoreConfig, StorageType, StreamConfig
 from nats.js.client import JetStreamContext
 from nats.js.errors import (
     APIError,
@@ -89,6 +89,11 @@ class ClusterLayout:
     @property
     def master_bucket(self) -> str:
         return f"sq_{self.id}_master"
+
+    @property
+    def snapshots_bucket(self) -> str:
+        """The object store holding each partition's latest snapshot (cluster.snapshots)."""
+        return f"sq_{self.id}_snapshots"
 
     def to_json(self) -> bytes:
         return orjson.dumps({"id": self.id, "partitions": self.partitions, "replicas": self.replicas})
@@ -177,6 +182,11 @@ async def _ensure_streams(js: JetStreamContext, layout: ClusterLayout) -> None:
     await _bucket(js, layout.nodes_bucket, layout.replicas, ttl=NODE_TTL)
     await _bucket(js, layout.owners_bucket, layout.replicas)
     await _bucket(js, layout.master_bucket, layout.replicas, ttl=MASTER_TTL)
+    try:
+        await js.object_store(layout.snapshots_bucket)
+    except BucketNotFoundError:
+        config = ObjectStoreConfig(storage=StorageType.FILE, replicas=layout.replicas)
+        await js.create_object_store(layout.snapshots_bucket, config=config)
 
 
 async def _bucket(js: JetStreamContext, name: str, replicas: int, ttl: float | None = None) -> KeyValue:

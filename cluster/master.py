@@ -21,6 +21,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from .kv_mirror import KvMirror
 from .layout import MASTER_TTL, NODE_TTL, ClusterLayout
 from .ownership import Assignment, NodeInfo, RecordError, plan, rebalance
+from .snapshots import Trimmer
 
 log = logging.getLogger("strictq.cluster")
 MASTER_KEY = "master"
@@ -95,6 +96,7 @@ class MasterRole:
         self.is_master = False
         self._deaf_until = 0.0
         self._operator_moved_at = -OPERATOR_QUIET
+        self.trimmer = Trimmer(js, layout)  # the streams are purged behind their snapshots
 
     async def run(self) -> None:
         lease = await self._js.key_value(self._layout.master_bucket)
@@ -193,6 +195,8 @@ class MasterRole:
             if change.reason == "moved":
                 with contextlib.suppress(KeyNotFoundError):
                     await owners.delete(move_key(change.partition))
+        if not changes:  # on a quiet tick, at most every TRIM_SECONDS (cluster.snapshots)
+            await self.trimmer.tick(nodes, assignments)
 
 
 def _described(change: Assignment) -> tuple[int, str, int, str]:

@@ -46,6 +46,7 @@ from .layout import ClusterLayout, ensure_streams, retrying
 from .master import MasterRole, live_nodes, read_assignments, read_moves
 from .ownership import NodeInfo
 from .replicated_log import WRONG_LAST_SEQUENCE, ReplicatedLog
+from .snapshots import CatchUp, SnapshotBucket, Snapshotter
 
 log = logging.getLogger("strictq.cluster")
 HEARTBEAT = 0.5
@@ -92,6 +93,8 @@ class ClusterNode:
         self.owners: KvMirror | None = None
         self.master: MasterRole | None = None
         self.floors = FloorPublisher(nc, layout, self._current_floors)
+        # The partitions it serves are copied to the snapshot bucket now and then (cluster.snapshots).
+        self.snapshots = Snapshotter(SnapshotBucket(self._js, layout), self._serving_stores)
         self.started_at = clock()
         self.ready = False
 
@@ -112,6 +115,7 @@ class ClusterNode:
             asyncio.create_task(self._heartbeat_forever(), name="strictq-heartbeat"),
             asyncio.create_task(self._reconcile_forever(), name="strictq-reconcile"),
             asyncio.create_task(self.master.run(), name="strictq-master"),
+            asyncio.create_task(self.snapshots.run(), name="strictq-snapshots"),
         ]
         self.ready = True
 
@@ -268,7 +272,18 @@ class ClusterNode:
         task.add_done_callback(self._transitions.discard)
 
     def _follower(self, partition: int) -> PartitionFollower:
-        return PartitionFollower(self._store_path(partition), self._js, self.layout.subject(partition))
+        catch_up = CatchUp(self._js, self.layout, partition)  # when the stream was trimmed past the store
+        return PartitionFollower(
+            self._store_path(partition), self._js, self.layout.subject(partition), catch_up
+        )
+
+    def _serving_stores(self) -> dict[int, tuple[Path, int]]:
+        """The Snapshotter's view: each partition served now, its store and its last commit's position."""
+        return {
+            partition: (self._store_path(partition), slot.log.last_sequence)
+            for partition, slot in self.slots.items()
+            if slot.service is not None and slot.log is not None and slot.log.failed is None
+        }
 
     def _store_path(self, partition: int) -> Path:
         return self.data_dir / f"p{partition}" / "queue.sqlite3"
