@@ -28,6 +28,9 @@ from .snapshots import CatchUp, SnapshotInfo, install
 
 log = logging.getLogger("strictq.cluster")
 MAX_FRAMES_PER_COMMIT = 256
+# A standby opens its store without bumping its epoch (SqliteStore.open: "at least 1" keeps the stored one):
+# only epoch markers move it, so an owner's epoch is the master's number unless a store says otherwise.
+KEEP_EPOCH = 1
 
 
 class StreamGap(Exception):
@@ -55,7 +58,7 @@ class PartitionFollower:
         store = self._store
         if store is None:  # a retried start keeps the store it opened
             store = SqliteStore(self._path)
-            await asyncio.to_thread(store.open, time.time())
+            await asyncio.to_thread(store.open, time.time(), KEEP_EPOCH)
             self._store = store
         self.position = store.position()
         self.epoch = store.epoch()
@@ -118,7 +121,7 @@ class PartitionFollower:
             self._store = None
         await asyncio.to_thread(install, copy, self._path)
         store = SqliteStore(self._path)
-        await asyncio.to_thread(store.open, time.time())
+        await asyncio.to_thread(store.open, time.time(), KEEP_EPOCH)
         self._store = store
         self.position = store.position()
         self.epoch = store.epoch()

@@ -401,6 +401,7 @@ async def cluster_backend(settings: NatsSettings, data_dir: Path) -> tuple[Queue
     from cluster.floors import ClusterFloors
     from cluster.kv_owners import KvOwnerMap
     from cluster.layout import read_layout, retrying
+    from cluster.replicated_log import APPEND_RETRY_SECONDS
 
     try:
         nc = await connect(settings.urls, settings.user, settings.password, name="strictq-gateway")
@@ -426,7 +427,9 @@ async def cluster_backend(settings: NatsSettings, data_dir: Path) -> tuple[Queue
         await owners.close()
         await nc.close()
 
-    backend = ClusterBackend(owners, on_close=closed)
+    # Not the single queue server's 30 s: an append waits out a stream leader's election (~5-9 s) at most
+    # APPEND_RETRY_SECONDS, and a frozen owner should cost a client this long, not half a minute.
+    backend = ClusterBackend(owners, on_close=closed, timeout=APPEND_RETRY_SECONDS + 3)
     await backend.start()
     return backend, ControlHub(floors, FenceRegistry(data_dir / "fences.json"))
 

@@ -182,7 +182,7 @@ async def test_a_new_follower_catches_up_from_the_snapshot_and_the_tail(
                 assert await follower.caught_up(last, 15.0), follower.failed
                 assert follower.restored == SnapshotInfo(0, snapshot.position, owner.epoch, snapshot.size)
                 assert follower.frames == last - snapshot.position  # the tail only, from the stream
-                assert follower.epoch > owner.epoch  # its store's epoch went on from the snapshot's
+                assert follower.epoch == owner.epoch  # the snapshot's: a standby's open keeps it (KEEP_EPOCH)
             finally:
                 await follower.stop()
             assert not (tmp_path / "new" / "snapshot-in.sqlite3").exists()
