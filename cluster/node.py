@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -42,7 +43,7 @@ from .codec import EpochMarker, encode_frame
 from .floors import FloorPublisher
 from .follower import PartitionFollower
 from .kv_mirror import KvMirror
-from .layout import ClusterLayout, ensure_streams, retrying
+from .layout import ClusterLayout, LayoutError, ensure_streams, retrying
 from .master import MasterRole, live_nodes, read_assignments, read_moves
 from .ownership import NodeInfo
 from .replicated_log import WRONG_LAST_SEQUENCE, ReplicatedLog
@@ -106,6 +107,7 @@ class ClusterNode:
         await retrying(self.nodes.start, "watching the nodes")
         await retrying(self.owners.start, "watching the owners")
         for slot in self.slots.values():
+            await retrying(functools.partial(self._refuse_store_ahead, slot.partition), "checking the stores")
             follower = slot.follower = self._follower(slot.partition)
             await retrying(follower.start, f"following partition {slot.partition}")
         await retrying(self._heartbeat_once, "the first heartbeat")
@@ -270,6 +272,27 @@ class ClusterNode:
         task = asyncio.create_task(run(), name=f"strictq-partition-{slot.partition}")
         self._transitions.add(task)
         task.add_done_callback(self._transitions.discard)
+
+    async def _refuse_store_ahead(self, partition: int) -> None:
+        """A store holding frames its stream does not: the stream lost acknowledged writes (JetStream does
+        not fsync each one; a whole single-machine cluster lost power) or belongs to another cluster. This
+        node must never promote from it, so it does not start (docs/cluster.md, "Guarantees")."""
+        path = self._store_path(partition)
+        if not path.exists():
+            return
+        store = SqliteStore(path)
+        try:
+            await asyncio.to_thread(store.open, time.time(), 1)
+            position = store.position()
+        finally:
+            store.close()
+        last = (await self._js.stream_info(self.layout.stream(partition))).state.last_seq
+        if position > last:
+            raise LayoutError(
+                f"{path} has applied partition {partition}'s stream up to {position}, but the stream ends at "
+                f"{last}: the stream lost writes this store has. Do not promote from it: after checking it, "
+                f"move the partition directory {path.parent} aside (the node catches up from the snapshot)"
+            )
 
     def _follower(self, partition: int) -> PartitionFollower:
         catch_up = CatchUp(self._js, self.layout, partition)  # when the stream was trimmed past the store

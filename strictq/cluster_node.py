@@ -74,7 +74,11 @@ async def serve_node(options: NodeOptions) -> None:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await node.start()
+        try:
+            await node.start()
+        except LayoutError as exc:
+            await runner.cleanup()
+            raise StartupLine(options.data_dir, str(exc)) from None
         print(f"strictq: listening on {node.url}", flush=True)
         print(f"strictq: node {options.name} pid {os.getpid()} {node.url}", flush=True)
         try:

@@ -26,7 +26,7 @@ from nats.js.client import JetStreamContext
 
 from cluster.codec import CodecError, EffectsFrame, EpochMarker, encode_frame
 from cluster.follower import PartitionFollower
-from cluster.layout import ClusterLayout, ensure_layout, ensure_streams
+from cluster.layout import ClusterLayout, LayoutError, ensure_layout, ensure_streams
 from cluster.nats_servers import NatsCluster
 from cluster.node import ClusterNode
 from cluster.replicated_log import Deposed, ReplicatedLog
@@ -352,3 +352,21 @@ async def test_two_nodes_share_the_partitions_and_the_survivor_takes_them_all(
             for node in (a, b):
                 if node not in closed:
                     await node.close()
+
+
+async def test_a_store_ahead_of_its_stream_keeps_the_node_from_starting(
+    nats3: NatsCluster, tmp_path: Path
+) -> None:
+    """A store that applied frames the stream no longer has (the stream lost acknowledged writes, e.g. a
+    one-machine cluster lost power: JetStream does not fsync each write) must never be promoted from."""
+    async with nats_client(nats3, "node-ahead") as nc:
+        layout = ClusterLayout(secrets.token_hex(4), 1, 3)
+        await ensure_streams(nc.jetstream(), layout)
+        store = SqliteStore(tmp_path / "p0" / "queue.sqlite3")
+        store.open(time.time())
+        store.apply([], position=7)  # the stream is empty: it ends at 0
+        store.close()
+        node = ClusterNode("ahead", tmp_path, nc, layout)
+        with pytest.raises(LayoutError, match="stream ends at 0"):
+            await node.start()
+        await node.close()
