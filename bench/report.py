@@ -425,6 +425,10 @@ def render(
 
     failover_section(results, add)
 
+    from .cluster_bench import cluster_section  # issue 15: throughput, failover, moves (if it ran)
+
+    cluster_section(results, add)
+
     prof = results.get("profile")
     bp = (b or {}).get("profile")
     if (prof and prof.get("tool") == "py-spy") or bp:
@@ -662,6 +666,47 @@ def computed_notes(results: dict[str, Any]) -> list[str]:
             f" ~{_n(1e6 / us)} msg/s; its threads share one interpreter lock, so they cannot use more."
         )
     return notes
+
+
+# Sections every report has, whatever ran: `splice` keeps the existing file's.
+RUN_SECTIONS = (
+    "Machine",
+    "Command",
+    "Targets",
+    "The gap to Redis Streams, and what would close it",
+    "Method",
+    "Failures in this run",
+)
+SPLICE_BEFORE = "The gap to Redis Streams, and what would close it"
+
+
+def _sections(text: str) -> list[tuple[str, str]]:
+    """(title, text) of each `## ` section, in order; the text before the first has title ''."""
+    out: list[tuple[str, str]] = [("", "")]
+    for line in text.splitlines(keepends=True):
+        if line.startswith("## "):
+            out.append((line[3:].strip(), ""))
+        title, body = out[-1]
+        out[-1] = (title, body + line)
+    return out
+
+
+def splice(existing: str, fresh: str) -> str:
+    """`existing` (the report of an earlier, fuller run) with the scenario sections of `fresh` (a report of
+    only some scenarios): each replaces the section of the same title, or goes before the closing
+    sections. The rest of the file stays as it was (`python -m bench.run --only X --splice`)."""
+    old = _sections(existing)
+    new = [(t, b) for t, b in _sections(fresh) if t and t not in RUN_SECTIONS]
+    titles = [t for t, _ in old]
+    for title, body in new:
+        body = body.rstrip("\n") + "\n\n"
+        if title in titles:
+            old[titles.index(title)] = (title, body)
+        else:
+            at = titles.index(SPLICE_BEFORE) if SPLICE_BEFORE in titles else len(old)
+            old.insert(at, (title, body))
+            titles.insert(at, title)
+    return "".join(body for _, body in old).rstrip("\n") + "\n"
 
 
 def _head(text: str, lines: int) -> str:

@@ -4,6 +4,9 @@ Scenarios, in order: core, e2e-100, e2e-10k, latency, gw-emodb, gw-sqs, gw-laten
 EmoDB and SQS faces, and latency at half the EmoDB face's peak), backlog (with restart and RSS), redis, and
 with --profile, profile (and py-spy on the gateway in gw-emodb/gw-sqs). `--only e2e` means both e2e
 scenarios; `gw` (or `gateway`) the three gateway scenarios; `restart` and `rss` mean backlog.
+`cluster` is issue 15's: the gateway over `strictq cluster up` at 1-3 queue servers, R1 and R3, beside the
+single-process gateway; failover and planned-move times. `--splice` rewrites only the sections of the
+scenarios run (e.g. `--only cluster --splice`), keeping the rest of docs/benchmarks.md.
 Raw outputs (server logs, profiles, results.json) go to bench/out/ (ignored by git).
 """
 
@@ -20,7 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .procstat import machine_facts
-from .report import render
+from .report import render, splice
 from .scenarios import ALIASES, SCENARIOS, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,6 +71,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         default=ROOT / "docs" / "benchmarks.md",
         help="report path (default docs/benchmarks.md)",
+    )
+    parser.add_argument(
+        "--splice",
+        action="store_true",
+        help="write only the sections of the scenarios run now into the existing report, each replacing"
+        " the section of the same title; every other section stays as it was",
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary data directories")
     parser.add_argument(
@@ -186,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             "\n## Failures in this run\n\n" + "\n".join(f"- {k}: {v}" for k, v in failures.items()) + "\n"
         )
     args.output.parent.mkdir(parents=True, exist_ok=True)
+    if args.splice and args.output.exists():
+        report = splice(args.output.read_text(), report)
     args.output.write_text(report)
     (out_dir / "results.json").write_text(
         json.dumps(

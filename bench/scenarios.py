@@ -614,6 +614,13 @@ def scenario_failover(st: Settings, progress: Progress) -> None:
     st.results["failover"] = run_failover_bench(st.work_dir, st.quick, progress)
 
 
+def scenario_cluster(st: Settings, progress: Progress) -> None:
+    """`strictq cluster up`: gateway throughput at 1-3 queue servers, R1/R3; failover; moves (issue 15)."""
+    from .cluster_bench import run_cluster_bench
+
+    st.results["cluster"] = run_cluster_bench(st, progress)
+
+
 SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "core": scenario_core,
     "e2e-100": scenario_e2e_100,
@@ -627,6 +634,7 @@ SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "proxy": scenario_proxy,
     "spark": scenario_spark,
     "failover": scenario_failover,
+    "cluster": scenario_cluster,
     "profile": scenario_profile,
 }
 ALIASES = {

@@ -59,7 +59,7 @@ class QueueServer:
     def start(self, timeout: float = 120.0) -> QueueServer:
         command = [
             *strictq_command(),
-            self.SUBCOMMAND,
+            *self.SUBCOMMAND.split(),  # e.g. "cluster up"
             "--host",
             "127.0.0.1",
             "--port",
