@@ -402,6 +402,7 @@ class ClusterBackend:
         changed = asyncio.ensure_future(self.owners.changed(wait))
         stopped = asyncio.ensure_future(self._stop_event().wait())
         pending: set[asyncio.Task[Any]] = {*tasks, changed, stopped}
+        every = set(pending)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         self.waiting += 1
@@ -435,6 +436,9 @@ class ClusterBackend:
                 task.cancel()
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
+            for task in every:  # several may have ended together: read every outcome (no "never retrieved")
+                if task.done() and not task.cancelled():
+                    task.exception()
 
     def _stop_event(self) -> asyncio.Event:
         if self._stop is None:

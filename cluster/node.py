@@ -53,6 +53,7 @@ log = logging.getLogger("strictq.cluster")
 HEARTBEAT = 0.5
 CATCH_UP_SECONDS = 15.0
 MOVE_LAG = 64  # frames: a planned move's owner steps down once the target is this close
+FOLLOWER_CHECK = 5.0  # seconds between looks for a standby copy that stopped following
 
 
 @dataclass
@@ -117,6 +118,7 @@ class ClusterNode:
             asyncio.create_task(self._heartbeat_forever(), name="strictq-heartbeat"),
             asyncio.create_task(self._reconcile_forever(), name="strictq-reconcile"),
             asyncio.create_task(self.master.run(), name="strictq-master"),
+            asyncio.create_task(self._watch_followers(), name="strictq-follower-watch"),
             asyncio.create_task(self.snapshots.run(), name="strictq-snapshots"),
         ]
         self.ready = True
@@ -408,6 +410,34 @@ class ClusterNode:
         # JetStream may be unreachable now (that may be why this node stepped down): keep trying; a
         # promotion starts it too.
         await retrying(follower.start, f"following partition {slot.partition}", within=3600.0)
+
+    async def _watch_followers(self) -> None:
+        """A standby copy that is behind its stream and has not moved for two looks in a row is followed
+        anew: a consumer that stopped delivering (after a JetStream outage) must not leave this node
+        stale for good, or a planned move to it never finishes."""
+        seen: dict[int, int] = {}
+        while True:
+            await asyncio.sleep(FOLLOWER_CHECK)
+            for partition, slot in self.slots.items():
+                follower = slot.follower
+                if slot.busy or slot.service is not None or follower is None or not follower.running:
+                    seen.pop(partition, None)
+                    continue
+                try:
+                    last = (await self._js.stream_info(self.layout.stream(partition))).state.last_seq
+                except Exception:  # JetStream unreachable: nothing to judge now
+                    continue
+                stalled = follower.position < last and seen.get(partition) == follower.position
+                seen[partition] = follower.position
+                if stalled and not slot.busy and slot.follower is follower:
+                    log.warning(
+                        "partition %d: following stalled at %d (stream at %d); following again",
+                        partition,
+                        follower.position,
+                        last,
+                    )
+                    seen.pop(partition, None)
+                    self._transition(slot, self._refollow(slot))
 
     async def _refollow(self, slot: Slot) -> None:
         """A standby copy whose following stopped (JetStream unreachable, a frame it could not apply):

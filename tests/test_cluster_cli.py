@@ -11,76 +11,30 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import boto3
 import pytest
-from botocore.config import Config
-from kit.process import ROOT, ChildProcess, launch, strictq
+from cluster_support import (
+    Cluster,
+    alive,
+    nats_pids,
+    run,
+    settled,
+    sqs_client,
+    start_cluster,
+    status,
+)
 from kit.until import until_sync
 
-from access.keys import KeyRing
-
 pytestmark = pytest.mark.xdist_group("cluster")
-
-READY = "strictq: cluster ready"
-UP_TIMEOUT = 120.0  # JetStream, three queue servers, rebalancing and the gateway on a busy 2-core machine
-CLI_TIMEOUT = 60.0
-
-
-class Cluster:
-    def __init__(self, process: ChildProcess, data_dir: Path) -> None:
-        self.process = process
-        self.data_dir = data_dir
-        self.lines = process.lines
-
-    def values(self, prefix: str) -> list[str]:
-        return [line[len(prefix) :] for line in self.lines if line.startswith(prefix)]
-
-    @property
-    def nodes(self) -> dict[str, tuple[int, str]]:
-        """name -> (pid, url), from the `strictq: node` lines."""
-        found = {}
-        for value in self.values("strictq: node "):
-            name, _, pid, url = value.split()
-            found[name] = (int(pid), url)
-        return found
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    data_dir = tmp_path_factory.mktemp("cluster-up") / "c"
-    argv = strictq(
-        "cluster",
-        "up",
-        "--nodes",
-        "3",
-        "--replicas",
-        "3",
-        "--port",
-        "0",
-        "--no-proxy",
-        "--data-dir",
-        str(data_dir),
-    )
-    process = launch(argv, data_dir.parent / "cluster-up.log", wait_for=(READY,), timeout=UP_TIMEOUT)
+    cluster = start_cluster(tmp_path_factory.mktemp("cluster-up") / "c")
     try:
-        yield Cluster(process, data_dir)
+        yield cluster
     finally:
-        process.stop()
-
-
-def run(*args: str, timeout: float = CLI_TIMEOUT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        strictq(*args), cwd=ROOT, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-    )
-
-
-def status(cluster: Cluster) -> dict[str, Any]:
-    done = run("cluster", "status", "--json", "--data-dir", str(cluster.data_dir))
-    assert done.returncode == 0, done.stderr
-    data: dict[str, Any] = json.loads(done.stdout)
-    return data
+        cluster.process.stop()
 
 
 def one_line(done: subprocess.CompletedProcess[str], code: int, *words: str) -> str:
@@ -90,10 +44,6 @@ def one_line(done: subprocess.CompletedProcess[str], code: int, *words: str) -> 
     for word in words:
         assert word in lines[0], lines[0]
     return lines[0]
-
-
-def settled(data: dict[str, Any]) -> bool:
-    return all(p["serving"] and p["moving_to"] is None for p in data["partitions"])
 
 
 # ----------------------------------------------------------------------------------------------- up
@@ -122,19 +72,7 @@ def test_up_prints_the_contract_lines_in_order(cluster: Cluster) -> None:
 
 
 def test_the_gateway_answers_sqs(cluster: Cluster) -> None:
-    url = cluster.process.value("strictq: listening on ")
-    ca = cluster.process.value("strictq: ca ")
-    keys = KeyRing.load(Path(cluster.process.value("strictq: keys ") or ""))
-    admin = next(c for c in keys.credentials if c.role == "admin")
-    sqs = boto3.client(
-        "sqs",
-        endpoint_url=url,
-        region_name="us-east-1",
-        aws_access_key_id=admin.id,
-        aws_secret_access_key=admin.secret,
-        verify=ca,
-        config=Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=30),
-    )
+    sqs = sqs_client(cluster)
     queue = sqs.create_queue(QueueName="orders.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
     for n, group in enumerate(["a", "b", "c", "a"]):
         sqs.send_message(
@@ -246,19 +184,6 @@ def test_a_dead_node_is_reported_and_sigterm_stops_everything(cluster: Cluster) 
     left = [p for p in started if alive(p)]
     assert not left, f"still running: {left}"
     assert not processes_under(cluster.data_dir), processes_under(cluster.data_dir)
-
-
-def nats_pids(data_dir: Path) -> list[int]:
-    return [int(path.read_text()) for path in sorted((data_dir / "nats").glob("n*/server.pid"))]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    return state != "Z"  # a zombie has exited; its parent has not reaped it yet
 
 
 def processes_under(data_dir: Path) -> list[str]:
