@@ -14,9 +14,11 @@ import time
 from dataclasses import dataclass
 
 from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
 log = logging.getLogger("strictq.cluster")
+STALL_CHECK = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,25 +29,74 @@ class MirroredEntry:
 
 
 class KvMirror:
-    def __init__(self, bucket: KeyValue, name: str) -> None:
+    def __init__(
+        self, bucket: KeyValue, name: str, js: JetStreamContext | None = None, stream: str = ""
+    ) -> None:
         self.bucket = bucket
         self.name = name
         self.entries: dict[str, MirroredEntry] = {}
         self._changed = asyncio.Event()
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._guard: asyncio.Task[None] | None = None
+        self._js = js
+        self._stream = stream  # the bucket's stream (KV_<bucket>), for the stall check below
+        self._revision = 0  # the newest revision heard
+        self.restarts = 0
+
+    @classmethod
+    async def open(cls, js: JetStreamContext, bucket: str, name: str) -> KvMirror:
+        return cls(await js.key_value(bucket), name, js, f"KV_{bucket}")
 
     async def start(self, within: float = 10.0) -> None:
         if self._task is None:  # the watch retries by itself; a second start only waits again
             self._task = asyncio.create_task(self._watch_forever(), name=f"strictq-kv-{self.name}")
+        if self._guard is None and self._js is not None:
+            self._guard = asyncio.create_task(self._guard_forever(), name=f"strictq-kv-guard-{self.name}")
         await asyncio.wait_for(self._ready.wait(), within)
 
     async def stop(self) -> None:
+        for task in (self._guard, self._task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._guard = None
+
+    async def _guard_forever(self) -> None:
+        """A watch can stop delivering without an error (seen after a JetStream outage: its consumer was
+        lost and the client never noticed). Every STALL_CHECK seconds, compare the newest revision heard
+        with the bucket stream's last sequence; behind on two looks in a row: watch again from scratch."""
+        assert self._js is not None
+        behind_at = -1
+        while True:
+            await asyncio.sleep(STALL_CHECK)
+            try:
+                last = (await self._js.stream_info(self._stream)).state.last_seq
+            except Exception:
+                continue  # JetStream unreachable: nothing to judge now
+            if last <= self._revision:
+                behind_at = -1
+                continue
+            if behind_at != -1 and self._revision <= behind_at:
+                log.warning(
+                    "watch of %s stalled at revision %d (bucket at %d); watching again",
+                    self.name,
+                    self._revision,
+                    last,
+                )
+                await self._restart()
+                behind_at = -1
+            else:
+                behind_at = self._revision
+
+    async def _restart(self) -> None:
+        self.restarts += 1
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            self._task = None
+        self._task = asyncio.create_task(self._watch_forever(), name=f"strictq-kv-{self.name}")
 
     async def changed(self, within: float) -> bool:
         """Wait until an entry changes (True) or `within` seconds pass (False)."""
@@ -95,6 +146,7 @@ class KvMirror:
                     self._ready.set()
                     self._changed.set()
                 continue
+            self._revision = max(self._revision, entry.revision or 0)
             target = fresh if initial else self.entries
             if entry.operation in ("DEL", "PURGE") or entry.value is None:
                 target.pop(entry.key, None)

@@ -35,8 +35,8 @@ class KvOwnerMap:
         self._computed_at = -1.0
 
     async def start(self) -> None:
-        self._nodes = KvMirror(await self._js.key_value(self.layout.nodes_bucket), "nodes")
-        self._owners = KvMirror(await self._js.key_value(self.layout.owners_bucket), "owners")
+        self._nodes = await KvMirror.open(self._js, self.layout.nodes_bucket, "nodes")
+        self._owners = await KvMirror.open(self._js, self.layout.owners_bucket, "owners")
         await self._nodes.start()
         await self._owners.start()
 

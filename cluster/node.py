@@ -103,8 +103,8 @@ class ClusterNode:
     # ---------------------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         await ensure_streams(self._js, self.layout)
-        self.nodes = KvMirror(await self._js.key_value(self.layout.nodes_bucket), "nodes")
-        self.owners = KvMirror(await self._js.key_value(self.layout.owners_bucket), "owners")
+        self.nodes = await KvMirror.open(self._js, self.layout.nodes_bucket, "nodes")
+        self.owners = await KvMirror.open(self._js, self.layout.owners_bucket, "owners")
         await retrying(self.nodes.start, "watching the nodes")
         await retrying(self.owners.start, "watching the owners")
         for slot in self.slots.values():
