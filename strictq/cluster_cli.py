@@ -316,6 +316,9 @@ class NoCluster(Exception):
 
 def _run(args: argparse.Namespace, main: Any) -> int:
     """Run `main(settings)` with NATS faults turned into one line, exit 1."""
+    import nats.errors
+    import nats.js.errors
+
     from cluster.connect import NatsUnavailable
     from cluster.layout import LayoutError
 
@@ -330,6 +333,8 @@ def _run(args: argparse.Namespace, main: Any) -> int:
         return fail(str(exc), 1)
     except TimeoutError:
         return fail(f"JetStream at {', '.join(settings.urls)} did not answer in time", 1)
+    except (nats.errors.Error, nats.js.errors.Error) as exc:  # e.g. 10008: a server restarting; try again
+        return fail(f"JetStream at {', '.join(settings.urls)} cannot answer now: {exc}", 1)
 
 
 # ------------------------------------------------------------------------------------------- status

@@ -184,6 +184,16 @@ def status(cluster: Cluster) -> dict[str, Any]:
     return data
 
 
+def status_or_none(cluster: Cluster) -> dict[str, Any] | None:
+    """`status`, or None when the command says JetStream cannot answer now (one line, exit 1)."""
+    done = run("cluster", "status", "--json", "--data-dir", str(cluster.data_dir))
+    if done.returncode == 1 and "Traceback" not in done.stderr:
+        return None
+    assert done.returncode == 0, done.stderr
+    data: dict[str, Any] = json.loads(done.stdout)
+    return data
+
+
 def settled(data: dict[str, Any]) -> bool:
     """Every partition served by its owner and no move pending (a `status` answer)."""
     return all(p["serving"] and p["moving_to"] is None for p in data["partitions"])

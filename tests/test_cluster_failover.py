@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_support import Cluster, alive, run, settled, sqs_client, start_cluster, status
+from cluster_support import Cluster, alive, run, settled, sqs_client, start_cluster, status, status_or_none
 from kit.process import ChildProcess, launch, strictq
 from kit.until import until_sync
 
@@ -384,7 +384,9 @@ class Harness:
         seen: list[dict[str, Any]] = []
 
         def check() -> bool:
-            data = self.status()
+            data = status_or_none(self.cluster)  # JetStream recovering: one line, exit 1; look again
+            if data is None:
+                return False
             seen[:] = [data]
             return predicate(data)
 
