@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
+from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 log = logging.getLogger("strictq.cluster")
@@ -53,7 +54,12 @@ class KvMirror:
             self._task = asyncio.create_task(self._watch_forever(), name=f"strictq-kv-{self.name}")
         if self._guard is None and self._js is not None:
             self._guard = asyncio.create_task(self._guard_forever(), name=f"strictq-kv-guard-{self.name}")
-        await asyncio.wait_for(self._ready.wait(), within)
+        try:
+            await asyncio.wait_for(self._ready.wait(), within)
+        except TimeoutError:
+            if not self._revision:  # nothing at all heard: the caller retries or gives up
+                raise
+            log.info("watch of %s: values arriving, no end-of-initial-values marker yet; going on", self.name)
 
     async def stop(self) -> None:
         for task in (self._guard, self._task):
@@ -107,6 +113,19 @@ class KvMirror:
             return False
         return True
 
+    async def refresh(self, key: str) -> None:
+        """Read `key` from the bucket now, past the watch (a compare-and-set just failed on the revision
+        this copy had: the copy is behind, whatever the watch says)."""
+        try:
+            entry = await self.bucket.get(key)
+        except KeyNotFoundError:
+            self.entries.pop(key, None)
+            return
+        if entry.value is None or entry.operation in ("DEL", "PURGE"):
+            self.entries.pop(key, None)
+        else:
+            self.entries[key] = MirroredEntry(entry.value, entry.revision or 0, time.monotonic())
+
     def poke(self) -> None:
         """Wake whoever waits in `changed` (a local event that calls for another look)."""
         self._changed.set()
@@ -132,25 +151,29 @@ class KvMirror:
             await asyncio.sleep(0.2)
 
     async def _drain(self, watcher: KeyValue.KeyWatcher) -> None:
-        initial = True
-        fresh: dict[str, MirroredEntry] = {}
+        """Every update goes straight into `entries` (a busy bucket, heartbeats every half second from
+        each node, may keep the watch's end-of-initial-values marker from ever coming, and the mirror must
+        not freeze waiting for it); the marker, when it comes, drops keys this watch never delivered
+        (deleted or expired while no watch ran)."""
+        delivered: set[str] | None = set()
         while True:
             try:
                 entry = await watcher.updates(timeout=5.0)  # type: ignore[no-untyped-call]
             except NatsTimeoutError:
                 continue
             if entry is None:  # the end of the initial values
-                if initial:
-                    self.entries = fresh
-                    initial = False
+                if delivered is not None:
+                    for key in set(self.entries) - delivered:
+                        del self.entries[key]
+                    delivered = None
                     self._ready.set()
                     self._changed.set()
                 continue
             self._revision = max(self._revision, entry.revision or 0)
-            target = fresh if initial else self.entries
+            if delivered is not None:
+                delivered.add(entry.key)
             if entry.operation in ("DEL", "PURGE") or entry.value is None:
-                target.pop(entry.key, None)
+                self.entries.pop(entry.key, None)
             else:
-                target[entry.key] = MirroredEntry(entry.value, entry.revision or 0, time.monotonic())
-            if not initial:
-                self._changed.set()
+                self.entries[entry.key] = MirroredEntry(entry.value, entry.revision or 0, time.monotonic())
+            self._changed.set()

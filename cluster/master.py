@@ -19,7 +19,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from .kv_mirror import KvMirror
-from .layout import MASTER_TTL, NODE_TTL, ClusterLayout
+from .layout import MASTER_TTL, NODE_TTL, ClusterLayout, retrying
 from .ownership import Assignment, NodeInfo, RecordError, plan, rebalance
 from .snapshots import Trimmer
 
@@ -30,7 +30,8 @@ TICK = 0.2
 # so it cannot hold rebalancing back for good.
 MOVE_TIMEOUT = 60.0
 OPERATOR_QUIET = 300.0
-DEAF_AFTER = 1.5  # no heartbeat from anyone for this long: the master, not the nodes, lost contact
+DEAF_AFTER = 1.5
+MOVE_REPORT = 5.0  # no heartbeat from anyone for this long: the master, not the nodes, lost contact
 
 
 def assignment_key(partition: int) -> str:
@@ -96,10 +97,13 @@ class MasterRole:
         self.is_master = False
         self._deaf_until = 0.0
         self._operator_moved_at = -OPERATOR_QUIET
+        self._moves_reported_at = 0.0
         self.trimmer = Trimmer(js, layout)  # the streams are purged behind their snapshots
 
     async def run(self) -> None:
-        lease = await self._js.key_value(self._layout.master_bucket)
+        lease = await retrying(
+            lambda: self._js.key_value(self._layout.master_bucket), "the master lease", 3600.0
+        )
         revision = 0
         value = orjson.dumps({"node": self._me})
         while True:
@@ -141,9 +145,42 @@ class MasterRole:
         now = time.monotonic()
         newest = max((entry.heard_at for entry in self._nodes.entries.values()), default=0.0)
         if now - newest > DEAF_AFTER:
+            if now >= self._deaf_until:
+                log.warning(
+                    "master %s hears no heartbeat from any node: deciding nothing until it does", self._me
+                )
             self._deaf_until = now + NODE_TTL
             return False
         return now >= self._deaf_until
+
+    def _explain_waiting_moves(
+        self,
+        moves: dict[int, str],
+        assignments: dict[int, Assignment],
+        nodes: dict[str, NodeInfo],
+        changes: list[Assignment],
+    ) -> None:
+        """Every MOVE_REPORT seconds, one line per planned move still waiting, saying on what."""
+        now = time.monotonic()
+        if now - self._moves_reported_at < MOVE_REPORT:
+            return
+        moving = {change.partition for change in changes}
+        for partition, target in moves.items():
+            current = assignments.get(partition)
+            if partition in moving or current is None or current.node == target:
+                continue
+            self._moves_reported_at = now
+            owner = nodes.get(current.node)
+            log.info(
+                "partition %d waits to move to %s: %s applied %d, owner %s %s, applied %d",
+                partition,
+                target,
+                target,
+                nodes[target].applied.get(partition, 0) if target in nodes else -1,
+                current.node,
+                "serving" if owner is not None and partition in owner.serving else "not serving",
+                owner.applied.get(partition, 0) if owner is not None else -1,
+            )
 
     async def _decide(self) -> None:
         if not self._hearing():
@@ -174,6 +211,7 @@ class MasterRole:
         ):
             self._operator_moved_at = time.monotonic()
         changes = plan(self._layout.partitions, assignments, nodes, self._clock(), moves)
+        self._explain_waiting_moves(moves, assignments, nodes, changes)
         # Rebalancing waits a while after an operator's `cluster move`, which would otherwise be undone.
         if not changes and time.monotonic() - self._operator_moved_at > OPERATOR_QUIET:
             for partition, target in rebalance(self._layout.partitions, assignments, nodes, moves).items():
@@ -190,7 +228,13 @@ class MasterRole:
                 else:
                     await owners.create(assignment_key(change.partition), change.to_json())
             except KeyWrongLastSequenceError:
-                continue  # someone else changed it since we read: decide again on the next tick
+                # Changed since this copy was read (or the copy is behind): read it again, decide next tick.
+                log.info(
+                    "partition %d: its assignment changed under the master; reading it again",
+                    change.partition,
+                )
+                await self._owners.refresh(assignment_key(change.partition))
+                continue
             log.info("partition %d -> %s (epoch %d): %s", *_described(change))
             if change.reason == "moved":
                 with contextlib.suppress(KeyNotFoundError):
