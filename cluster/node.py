@@ -33,7 +33,6 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import APIError
 
 from protocol.headers import PARTITION as PARTITION_HEADER
-from queue_core.durability import CommitLog, DurableLog
 from queue_core.machine import InvalidArgument, NotOwner
 from queue_core.machine.groups import DEFAULT_PARTITIONS
 from queue_core.service import QueueService
@@ -46,7 +45,7 @@ from .kv_mirror import KvMirror
 from .layout import ClusterLayout, LayoutError, ensure_streams, retrying
 from .master import MasterRole, live_nodes, read_assignments, read_moves
 from .ownership import NodeInfo
-from .replicated_log import WRONG_LAST_SEQUENCE, ReplicatedLog
+from .replicated_log import WRONG_LAST_SEQUENCE, ReplicatedLog, replicated_logs
 from .snapshots import CatchUp, SnapshotBucket, Snapshotter
 
 log = logging.getLogger("strictq.cluster")
@@ -351,19 +350,17 @@ class ClusterNode:
         await follower.stop()
         slot.follower = None
 
-        def replicated(
-            store: SqliteStore, loop: asyncio.AbstractEventLoop, on_commit: Callable[[int], None]
-        ) -> CommitLog:
-            slot.log = ReplicatedLog(
-                DurableLog(store, loop, on_commit),
-                self._js,
-                subject,
-                last_sequence=marker_at,
-                epoch=epoch,
-                on_failed=lambda exc: self._wake_reconcile(),
-                loop=loop,
-            )
-            return slot.log
+        def made(log: ReplicatedLog) -> None:
+            slot.log = log
+
+        replicated = replicated_logs(
+            self._js,
+            subject,
+            last_sequence=marker_at,
+            epoch=epoch,
+            on_failed=lambda exc: self._wake_reconcile(),
+            made=made,
+        )
 
         service = QueueService(
             self._store_path(partition).parent,

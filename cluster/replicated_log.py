@@ -27,9 +27,10 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError
 
-from queue_core.durability import NO_BODIES, Bodies, DurableLog
+from queue_core.durability import NO_BODIES, Bodies, CommitLog, DurableLog, LogFactory
 from queue_core.machine import Unavailable
 from queue_core.machine.effects import DURABLE_EFFECTS, Effect
+from queue_core.store import SqliteStore
 
 from .codec import EffectsFrame, encode_frame, split_effects
 from .layout import MAX_FRAME_BYTES
@@ -195,3 +196,35 @@ def _copy(source: asyncio.Future[Bodies], target: asyncio.Future[Bodies]) -> Non
         target.set_exception(error)
     else:
         target.set_result(source.result())
+
+
+def replicated_logs(
+    js: JetStreamContext,
+    subject: str,
+    *,
+    last_sequence: int,
+    epoch: int,
+    on_failed: Callable[[BaseException], None],
+    made: Callable[[ReplicatedLog], None],
+    retry_seconds: float = APPEND_RETRY_SECONDS,
+) -> LogFactory:
+    """The `log_factory` of a partition owner's QueueService: its store's DurableLog behind a ReplicatedLog
+    appending to `subject` after `last_sequence` (the owner's epoch marker); `made` gets the log."""
+
+    def factory(
+        store: SqliteStore, loop: asyncio.AbstractEventLoop, on_commit: Callable[[int], None]
+    ) -> CommitLog:
+        log = ReplicatedLog(
+            DurableLog(store, loop, on_commit),
+            js,
+            subject,
+            last_sequence=last_sequence,
+            epoch=epoch,
+            on_failed=on_failed,
+            loop=loop,
+            retry_seconds=retry_seconds,
+        )
+        made(log)
+        return log
+
+    return factory

@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,8 +29,7 @@ from cluster.follower import PartitionFollower
 from cluster.layout import ClusterLayout, LayoutError, ensure_layout, ensure_streams
 from cluster.nats_servers import NatsCluster
 from cluster.node import ClusterNode
-from cluster.replicated_log import Deposed, ReplicatedLog
-from queue_core.durability import CommitLog, DurableLog
+from cluster.replicated_log import Deposed, ReplicatedLog, replicated_logs
 from queue_core.machine import SendRequest, SendResult, Unavailable
 from queue_core.machine.groups import partition_of
 from queue_core.machine.state import TOKEN_SHIFT
@@ -94,21 +93,15 @@ async def promote(js: JetStreamContext, layout: ClusterLayout, data_dir: Path, n
     logs: list[ReplicatedLog] = []
     failures: list[BaseException] = []
 
-    def replicated(
-        store: SqliteStore, loop: asyncio.AbstractEventLoop, on_commit: Callable[[int], None]
-    ) -> CommitLog:
-        log = ReplicatedLog(
-            DurableLog(store, loop, on_commit),
-            js,
-            subject,
-            last_sequence=ack.seq,
-            epoch=epoch,
-            on_failed=failures.append,
-            loop=loop,
-            retry_seconds=3.0,
-        )
-        logs.append(log)
-        return log
+    replicated = replicated_logs(
+        js,
+        subject,
+        last_sequence=ack.seq,
+        epoch=epoch,
+        on_failed=failures.append,
+        made=logs.append,
+        retry_seconds=3.0,
+    )
 
     service = QueueService(data_dir, epoch=epoch, log_factory=replicated)
     await service.start()

@@ -13,7 +13,7 @@ import contextlib
 import itertools
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from cluster.layout import ClusterLayout, ensure_streams
 from cluster.nats_servers import NatsCluster
 from cluster.node import ClusterNode
 from cluster.ownership import Assignment, NodeInfo
-from cluster.replicated_log import ReplicatedLog
+from cluster.replicated_log import ReplicatedLog, replicated_logs
 from cluster.snapshots import (
     EPOCH_HEADER,
     FAR_BEHIND,
@@ -44,10 +44,8 @@ from cluster.snapshots import (
     object_name,
     trim_floor,
 )
-from queue_core.durability import CommitLog, DurableLog
 from queue_core.machine import SendRequest
 from queue_core.service import QueueService
-from queue_core.store import SqliteStore
 
 __all__ = ["nats3"]  # the fixture this module uses (cluster_support)
 
@@ -83,21 +81,15 @@ async def own(js: JetStreamContext, layout: ClusterLayout, data_dir: Path) -> Ow
     ack = await js.publish(subject, encode_frame(EpochMarker(1, "a", "inc-a")), timeout=5.0, headers=headers)
     logs: list[ReplicatedLog] = []
 
-    def replicated(
-        store: SqliteStore, loop: asyncio.AbstractEventLoop, on_commit: Callable[[int], None]
-    ) -> CommitLog:
-        log = ReplicatedLog(
-            DurableLog(store, loop, on_commit),
-            js,
-            subject,
-            last_sequence=ack.seq,
-            epoch=1,
-            on_failed=lambda exc: None,
-            loop=loop,
-            retry_seconds=3.0,
-        )
-        logs.append(log)
-        return log
+    replicated = replicated_logs(
+        js,
+        subject,
+        last_sequence=ack.seq,
+        epoch=1,
+        on_failed=lambda exc: None,
+        made=logs.append,
+        retry_seconds=3.0,
+    )
 
     service = QueueService(data_dir, epoch=1, log_factory=replicated)
     await service.start()
