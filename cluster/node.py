@@ -30,7 +30,7 @@ from pathlib import Path
 from aiohttp import web
 from nats.aio.client import Client as NatsClient
 from nats.js.client import JetStreamContext
-from nats.js.errors import APIError
+from nats.js.errors import APIError, KeyNotFoundError
 
 from protocol.headers import PARTITION as PARTITION_HEADER
 from queue_core.machine import InvalidArgument, NotOwner
@@ -44,7 +44,7 @@ from .follower import PartitionFollower
 from .kv_mirror import KvMirror
 from .layout import ClusterLayout, LayoutError, ensure_streams, retrying
 from .master import MasterRole, live_nodes, read_assignments, read_moves
-from .ownership import NodeInfo
+from .ownership import NodeInfo, RecordError
 from .replicated_log import WRONG_LAST_SEQUENCE, ReplicatedLog, replicated_logs
 from .snapshots import CatchUp, SnapshotBucket, Snapshotter
 
@@ -106,6 +106,7 @@ class ClusterNode:
         self.owners = await KvMirror.open(self._js, self.layout.owners_bucket, "owners")
         await retrying(self.nodes.start, "watching the nodes")
         await retrying(self.owners.start, "watching the owners")
+        await retrying(self._refuse_a_live_namesake, "checking the node's name")
         for slot in self.slots.values():
             await retrying(functools.partial(self._refuse_store_ahead, slot.partition), "checking the stores")
             follower = slot.follower = self._follower(slot.partition)
@@ -273,6 +274,32 @@ class ClusterNode:
         task = asyncio.create_task(run(), name=f"strictq-partition-{slot.partition}")
         self._transitions.add(task)
         task.add_done_callback(self._transitions.discard)
+
+    async def _refuse_a_live_namesake(self) -> None:
+        """Another live process heart-beating under this node's name (two queue servers started with the
+        same --node, or the host name as default) would take partitions from each other for ever: refuse
+        to start while its heartbeat still moves. A record left by a process that just died stops moving,
+        and expires with the bucket's TTL."""
+        bucket = await self._js.key_value(self.layout.nodes_bucket)
+        try:
+            first = await bucket.get(self.name)
+        except KeyNotFoundError:
+            return
+        await asyncio.sleep(HEARTBEAT * 2.5)
+        try:
+            second = await bucket.get(self.name)
+        except KeyNotFoundError:
+            return
+        if second.revision != first.revision and second.value:
+            try:
+                other = NodeInfo.from_json(second.value)
+                where = f"pid {other.pid}, {other.url}"
+            except RecordError:
+                where = "unreadable record"
+            raise LayoutError(
+                f"a queue server named {self.name!r} is already running in this cluster ({where}): "
+                "give this one another --node name"
+            )
 
     async def _refuse_store_ahead(self, partition: int) -> None:
         """A store holding frames its stream does not: the stream lost acknowledged writes (JetStream does

@@ -162,10 +162,10 @@ class RemoteQueueService:
                 status = response.status
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:  # never sent
             self._ready = False
-            raise Unreachable(f"queue server {self.url} did not answer: {exc!r}") from None
+            raise Unreachable(f"queue server {self.url} did not answer: {_why(exc)}") from None
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             self._ready = False
-            raise Unavailable(f"queue server {self.url} did not answer: {exc!r}") from None
+            raise Unavailable(f"queue server {self.url} did not answer: {_why(exc)}") from None
         try:
             payload = orjson.loads(raw) if raw else {}
         except orjson.JSONDecodeError:
@@ -348,3 +348,10 @@ def _move_segment(move_id: str) -> str:
 def _current_task_cancelling() -> bool:
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+def _why(exc: BaseException) -> str:
+    """A connection failure in a few words for a client (not aiohttp's repr of its connection key)."""
+    cause = exc.os_error if isinstance(exc, aiohttp.ClientConnectorError) else exc
+    text = getattr(cause, "strerror", None) or str(cause) or type(cause).__name__
+    return f"{type(exc).__name__}: {text}" if text != type(exc).__name__ else text

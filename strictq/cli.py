@@ -424,6 +424,9 @@ def cmd_queue_server(args: argparse.Namespace) -> int:
     if health is False or limits is None:
         return 2
     if args.cluster is not None:
+        if args.init:  # a node's stores come from the streams and snapshots, never started empty by hand
+            print("strictq: --init is for a single queue server's store, not a cluster node", file=sys.stderr)
+            return 2
         return _cluster_node(args, limits)
     for flag, value in (("--node", args.node), ("--advertise", args.advertise)):
         if value is not None:

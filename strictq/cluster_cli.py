@@ -379,7 +379,7 @@ def render_status(view: Any) -> str:
         ),
         "",
         _table(
-            ["NODE", "PID", "URL", "STATE", "SERVES"],
+            ["NODE", "PID", "URL", "STATE", "PARTITIONS SERVED"],
             [
                 [n.name, str(n.pid), n.url, n.state, ",".join(str(p) for p in n.serving) or "-"]
                 for n in view.nodes

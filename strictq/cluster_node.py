@@ -50,7 +50,7 @@ async def serve_node(options: NodeOptions) -> None:
         nc = await connect(options.nats.urls, options.nats.user, options.nats.password, name=options.name)
     except Exception as exc:
         raise StartupLine(
-            options.data_dir, f"cannot reach the NATS servers {options.nats.urls}: {exc}"
+            options.data_dir, f"cannot reach the NATS servers {', '.join(options.nats.urls)}: {exc}"
         ) from None
     try:
         try:

@@ -363,3 +363,19 @@ async def test_a_store_ahead_of_its_stream_keeps_the_node_from_starting(
         with pytest.raises(LayoutError, match="stream ends at 0"):
             await node.start()
         await node.close()
+
+
+async def test_a_second_node_with_a_live_nodes_name_is_refused(nats3: NatsCluster, tmp_path: Path) -> None:
+    """Two processes under one --node name would take the partitions from each other for ever."""
+    async with nats_client(nats3, "twin-1") as nc1, nats_client(nats3, "twin-2") as nc2:
+        layout = ClusterLayout(secrets.token_hex(4), 1, 3)
+        await ensure_streams(nc1.jetstream(), layout)
+        first = ClusterNode("twin", tmp_path / "1", nc1, layout, url="http://one")
+        second = ClusterNode("twin", tmp_path / "2", nc2, layout, url="http://two")
+        try:
+            await first.start()
+            with pytest.raises(LayoutError, match="already running in this cluster"):
+                await second.start()
+        finally:
+            await second.close()
+            await first.close()
