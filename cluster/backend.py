@@ -458,14 +458,24 @@ class ClusterBackend:
         call: Callable[[RemoteQueueService, list[int]], Awaitable[list[AckOutcome]]],
         *,
         safe: bool,
+        guess: bool = True,
     ) -> list[AckOutcome]:
-        """Per-message calls: each message goes to the partition it was learned in; one not learned (a
-        gateway restarted, another gateway received it) goes to every partition, and its outcome is the
-        one that is not `gone` (only its own partition knows it). Outcomes in the caller's order."""
+        """Per-message calls: each message goes to the partition it was learned in, or whose key class its
+        id shows (ids the core made are `key:016x` with key = partition mod P); one neither learned nor
+        readable (a client's own id) goes to every partition, and its outcome is the one that is not
+        `gone` (only its own partition knows it). A guess answered `gone` is asked of every partition
+        (a client's id may look like the core's). Outcomes in the caller's order."""
         plan: dict[int, list[int]] = {}
         unknown: list[int] = []
+        guessed: list[int] = []
         for index, message_id in enumerate(message_ids):
             partition = self._learned.get(message_id)
+            if (
+                partition is None
+                and guess
+                and (partition := _partition_of_id(message_id, self.partitions)) is not None
+            ):
+                guessed.append(index)
             if partition is None:
                 unknown.append(index)
             else:
@@ -503,6 +513,16 @@ class ClusterBackend:
             outcomes.append(outcome[1])
             if outcome[0] is not None and outcome[1].status not in ("gone", "unavailable"):
                 self._learn(message_ids[index], outcome[0])
+        missed = [index for index in guessed if outcomes[index].status == "gone"]
+        if missed:
+            again = await self._by_message(
+                [message_ids[index] for index in missed],
+                lambda r, indexes: call(r, [missed[i] for i in indexes]),
+                safe=safe,
+                guess=False,
+            )
+            for index, answered in zip(missed, again, strict=True):
+                outcomes[index] = answered
         return outcomes
 
     async def ack(
@@ -627,3 +647,13 @@ def _unavailable(partition: int, why: str) -> Unavailable:
 
 def _key(url: str, partition: int) -> tuple[str, int]:
     return url.rstrip("/"), partition
+
+
+def _partition_of_id(message_id: str, partitions: int) -> int | None:
+    """The partition whose key class a core-made id (`key:016x`, queue_core.machine.records) shows."""
+    if len(message_id) != 16:
+        return None
+    try:
+        return int(message_id, 16) % partitions
+    except ValueError:
+        return None

@@ -275,6 +275,19 @@ class ClusterNode:
         self._transitions.add(task)
         task.add_done_callback(self._transitions.discard)
 
+    def _still_assigned(self, partition: int, epoch: int) -> bool:
+        """The owners bucket still gives `partition` to this process at `epoch` (a promotion whose catch-up
+        outlasted the master's grace must not fence the owner assigned since)."""
+        if self.owners is None:
+            return False
+        assignment = read_assignments(self.owners)[0].get(partition)
+        return (
+            assignment is not None
+            and assignment.node == self.name
+            and assignment.incarnation == self.incarnation
+            and assignment.epoch == epoch
+        )
+
     async def _refuse_a_live_namesake(self) -> None:
         """Another live process heart-beating under this node's name (two queue servers started with the
         same --node, or the host name as default) would take partitions from each other for ever: refuse
@@ -353,8 +366,16 @@ class ClusterNode:
         epoch = 0
         for _ in range(20):
             last = (await self._js.stream_info(stream)).state.last_seq
+            if follower.position > last:  # the stream lost frames this store has: never promote from it
+                raise RuntimeError(
+                    f"partition {partition}'s store is at {follower.position}, ahead of its stream ({last}): "
+                    "the stream lost acknowledged writes; not promoting from this store (docs/cluster.md)"
+                )
             if not await follower.caught_up(last, CATCH_UP_SECONDS):
                 raise RuntimeError(f"could not apply partition {partition}'s stream up to {last}")
+            if not self._still_assigned(partition, assigned_epoch):
+                log.info("partition %d was assigned elsewhere during the catch-up: not promoting", partition)
+                return
             # Above every earlier owner's epoch (their markers are applied) and the master's number.
             epoch = max(follower.epoch + 1, assigned_epoch)
             marker = encode_frame(EpochMarker(epoch, self.name, self.incarnation))
