@@ -354,8 +354,12 @@ def test_sigkill_loses_nothing_that_was_synced(tmp_path: Path) -> None:
         # The child ran on while we read: every id it printed before the kill was fsynced too.
         acknowledged += [line.strip() for line in proc.stdout.read().decode().splitlines() if line.strip()]
         proc.stdout.close()
+    # The victim rotates every 4 KiB: the kill may land between closing one segment and opening the next,
+    # when no segment is open (seen under load); otherwise exactly the open one is recovered.
+    left_open = len(list(directory.glob("*.jsonl.open")))
+    assert left_open <= 1
     with WireLogWriter(directory, "victim") as successor:
-        assert successor.stats.recovered_segments == 1
+        assert successor.stats.recovered_segments == left_open
         after = successor.write({"kind": "event", "event": "restarted"})
     stats = ReadStats()
     ids = [r["id"] for r in read_records(directory, stats=stats)]
