@@ -77,9 +77,12 @@ class ClusterNode:
         url: str = "",
         core_partitions: int = DEFAULT_PARTITIONS,
         clock: Callable[[], float] = time.time,
+        region: str = "",
+        zone: str = "",
     ) -> None:
         self.name = name
         self.incarnation = secrets.token_hex(6)
+        self.region, self.zone = region, zone  # reported in heartbeats and `cluster status`
         self.data_dir = data_dir
         self.url = url
         self.layout = layout
@@ -193,6 +196,8 @@ class ClusterNode:
             applied,
             frozenset(serving),
             started_at=self.started_at,
+            region=self.region,
+            zone=self.zone,
         )
 
     async def _heartbeat_once(self) -> None:

@@ -70,6 +70,8 @@ class NodeInfo:
     serving: frozenset[int] = frozenset()
     draining: frozenset[int] = frozenset()  # partitions it is handing over (cluster move)
     started_at: float = 0.0
+    region: str = ""  # where it runs (--region, --zone): issue 16's placement reads them; "" unknown
+    zone: str = ""
 
     def to_json(self) -> bytes:
         return orjson.dumps(
@@ -82,6 +84,8 @@ class NodeInfo:
                 "serving": sorted(self.serving),
                 "draining": sorted(self.draining),
                 "started_at": self.started_at,
+                "region": self.region,
+                "zone": self.zone,
             }
         )
 
@@ -98,6 +102,8 @@ class NodeInfo:
                 frozenset(int(p) for p in data.get("serving", ())),
                 frozenset(int(p) for p in data.get("draining", ())),
                 float(data.get("started_at", 0.0)),
+                str(data.get("region", "")),
+                str(data.get("zone", "")),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RecordError(f"unreadable node record: {exc}") from None

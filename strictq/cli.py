@@ -126,6 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="the URL gateways reach this queue server at, when it is not the bound address (e.g. with "
         "--host 0.0.0.0: http://this-host:8470)",
     )
+    for flag, what in (("--region", "region"), ("--zone", "zone within the region")):
+        cluster_options.add_argument(
+            flag,
+            default="",
+            metavar="NAME",
+            help=f"the {what} this queue server runs in, shown by `strictq cluster status` (1-64 letters, "
+            "digits, '_' or '-')",
+        )
     cluster_options.add_argument(
         "--cluster-partitions",
         type=int,
@@ -428,7 +436,12 @@ def cmd_queue_server(args: argparse.Namespace) -> int:
             print("strictq: --init is for a single queue server's store, not a cluster node", file=sys.stderr)
             return 2
         return _cluster_node(args, limits)
-    for flag, value in (("--node", args.node), ("--advertise", args.advertise)):
+    for flag, value in (
+        ("--node", args.node),
+        ("--advertise", args.advertise),
+        ("--region", args.region or None),
+        ("--zone", args.zone or None),
+    ):
         if value is not None:
             print(f"strictq: {flag} is for a queue server of a cluster: give --cluster too", file=sys.stderr)
             return 2
@@ -454,6 +467,10 @@ def _cluster_node(args: argparse.Namespace, limits: Any) -> int:
     if problem:
         print(f"strictq: --node: {problem}", file=sys.stderr)
         return 2
+    for flag, value in (("--region", args.region), ("--zone", args.zone)):
+        if value and (problem := check_node_name(value)):
+            print(f"strictq: {flag}: {problem.replace('node name', 'name')}", file=sys.stderr)
+            return 2
     if args.advertise is not None and not args.advertise.startswith(("http://", "https://")):
         print("strictq: --advertise must be an http:// or https:// URL", file=sys.stderr)
         return 2
@@ -468,6 +485,8 @@ def _cluster_node(args: argparse.Namespace, limits: Any) -> int:
         replicas=args.replicas,
         limits=limits,
         advertise=args.advertise,
+        region=args.region,
+        zone=args.zone,
     )
     return run_server(lambda: run_node(options))
 

@@ -200,7 +200,6 @@ def nats_settings(args: argparse.Namespace) -> Any:
         return None
 
 
-
 def fail(message: str, code: int) -> int:
     print(f"strictq: {message}", file=sys.stderr, flush=True)
     return code
@@ -379,9 +378,16 @@ def render_status(view: Any) -> str:
         ),
         "",
         _table(
-            ["NODE", "PID", "URL", "STATE", "PARTITIONS SERVED"],
+            ["NODE", "PID", "URL", "STATE", "REGION/ZONE", "PARTITIONS SERVED"],
             [
-                [n.name, str(n.pid), n.url, n.state, ",".join(str(p) for p in n.serving) or "-"]
+                [
+                    n.name,
+                    str(n.pid),
+                    n.url,
+                    n.state,
+                    "/".join(part for part in (n.region, n.zone) if part) or "-",
+                    ",".join(str(p) for p in n.serving) or "-",
+                ]
                 for n in view.nodes
             ],
         )

@@ -42,6 +42,8 @@ class NodeOptions:
     replicas: int
     limits: ConnectionLimits = DEFAULT_LIMITS
     advertise: str | None = None  # the URL gateways reach this node at (default: the bound address)
+    region: str = ""
+    zone: str = ""
 
 
 async def serve_node(options: NodeOptions) -> None:
@@ -58,7 +60,13 @@ async def serve_node(options: NodeOptions) -> None:
         except LayoutError as exc:
             raise StartupLine(options.data_dir, str(exc)) from None
         node = ClusterNode(
-            options.name, options.data_dir, nc, layout, core_partitions=options.core_partitions
+            options.name,
+            options.data_dir,
+            nc,
+            layout,
+            core_partitions=options.core_partitions,
+            region=options.region,
+            zone=options.zone,
         )
         app = make_app(None, source=node.service_for, ready=node.is_ready)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, **options.limits.handler_args())

@@ -34,6 +34,8 @@ class NodeView:
     age: float  # seconds since its last heartbeat, by JetStream's clock
     serving: tuple[int, ...]
     applied: dict[int, int]
+    region: str = ""
+    zone: str = ""
 
     @property
     def alive(self) -> bool:
@@ -114,6 +116,8 @@ class ClusterView:
                     "state": n.state,
                     "age": round(n.age, 3),
                     "serving": list(n.serving),
+                    "region": n.region or None,
+                    "zone": n.zone or None,
                     "applied": {str(k): v for k, v in sorted(n.applied.items())},
                 }
                 for n in self.nodes
@@ -174,7 +178,15 @@ async def read_view(js: JetStreamContext, layout: ClusterLayout, nats: tuple[str
         age = max(0.0, (now - entry.created).total_seconds())
         nodes.append(
             NodeView(
-                key, info.pid, info.url, info.incarnation, age, tuple(sorted(info.serving)), info.applied
+                key,
+                info.pid,
+                info.url,
+                info.incarnation,
+                age,
+                tuple(sorted(info.serving)),
+                info.applied,
+                info.region,
+                info.zone,
             )
         )
     by_name = {n.name: n for n in nodes}

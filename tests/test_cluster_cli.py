@@ -199,3 +199,17 @@ def processes_under(data_dir: Path) -> list[str]:
         if str(data_dir) in cmdline and alive(int(entry.name)):
             found.append(f"{entry.name}: {cmdline}")
     return found
+
+
+def test_region_and_zone_are_checked_before_anything_starts(tmp_path: Path) -> None:
+    """--region/--zone name where a queue server runs; bad or cluster-less uses are one line, exit 2."""
+    for args, said in (
+        (["queue-server", "--region", "eu"], "--region is for a queue server of a cluster"),
+        (
+            ["queue-server", "--cluster", "nats://u:p@127.0.0.1:1", "--node", "n1", "--zone", "a b"],
+            "--zone: 'a b' is not a name",
+        ),
+    ):
+        done = run(*args, "--data-dir", str(tmp_path / "d"))
+        assert done.returncode == 2, done.stderr
+        assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

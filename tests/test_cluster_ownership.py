@@ -208,8 +208,13 @@ def test_records_round_trip() -> None:
         frozenset({0}),
         frozenset({3}),
         9.25,
+        "eu-west",
+        "eu-west-1b",
     )
     assert NodeInfo.from_json(info.to_json()) == info
+    # A heartbeat from a version without regions: region and zone unknown ("").
+    legacy = orjson.dumps({"node": "n", "incarnation": "i", "url": "http://n", "pid": 1})
+    assert (NodeInfo.from_json(legacy).region, NodeInfo.from_json(legacy).zone) == ("", "")
     assert NodeInfo.from_json(node("x").to_json()) == node("x")
     older = orjson.dumps({"partition": 1, "node": "a", "incarnation": "i", "epoch": 2, "assigned_at": 3})
     assert Assignment.from_json(older) == Assignment(1, "a", "i", 2, 3.0, "")
