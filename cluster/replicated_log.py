@@ -80,6 +80,7 @@ class ReplicatedLog:
         self._appends = 0
         self._wake = asyncio.Event()
         self._closing = False
+        self._abandoned = False
         self._stopped = threading.Event()
         self._sender = loop.create_task(self._send_forever(), name=f"strictq-append-{subject}")
         self.frames = 0
@@ -108,7 +109,10 @@ class ReplicatedLog:
     def close(self) -> None:
         """From a worker thread (QueueService.close): let the sender finish what is queued, then commit."""
         self._loop.call_soon_threadsafe(self._begin_close)
-        self._stopped.wait(timeout=self._retry_seconds + 5)
+        if not self._stopped.wait(timeout=self._retry_seconds + 5):
+            # Still retrying an append (a batch of several frames can outlast the wait): whatever it
+            # finishes now must not reach the closed store; its requests fail as a lost ownership does.
+            self._abandoned = True
         self._inner.close()
 
     def _begin_close(self) -> None:
@@ -141,6 +145,8 @@ class ReplicatedLog:
         position = 0
         for frame in split_effects(effects, MAX_FRAME_BYTES) if effects else ():
             position = await self._append(frame)
+        if self._abandoned:  # closed meanwhile (see close): on the stream, but not answered here
+            raise Unavailable("the partition was closed while its append was retried")
         # The local commit, in the same order; the last submission carries the stream position.
         for index, (durable, fetch, future) in enumerate(batch):
             last = index == len(batch) - 1
