@@ -188,7 +188,7 @@ class MasterRole:
         assignments, revisions = read_assignments(self._owners)
         moves = read_moves(self._owners)
         nodes = live_nodes(self._nodes)
-        owners = await self._js.key_value(self._layout.owners_bucket)
+        owners = self._owners.bucket  # the mirror's handle: no JetStream request per tick
         for partition, target in list(moves.items()):  # done, pointless or stuck: forget it
             current = assignments.get(partition)
             entry = self._owners.entries.get(move_key(partition))

@@ -36,7 +36,6 @@ from protocol.headers import PARTITION as PARTITION_HEADER
 from queue_core.machine import InvalidArgument, NotOwner
 from queue_core.machine.groups import DEFAULT_PARTITIONS
 from queue_core.service import QueueService
-from queue_core.store import SqliteStore
 
 from .codec import EpochMarker, encode_frame
 from .floors import FloorPublisher
@@ -111,9 +110,10 @@ class ClusterNode:
         await retrying(self.owners.start, "watching the owners")
         await retrying(self._refuse_a_live_namesake, "checking the node's name")
         for slot in self.slots.values():
-            await retrying(functools.partial(self._refuse_store_ahead, slot.partition), "checking the stores")
             follower = slot.follower = self._follower(slot.partition)
             await retrying(follower.start, f"following partition {slot.partition}")
+            check = functools.partial(self._refuse_store_ahead, slot.partition, follower)
+            await retrying(check, "checking the stores")
         await retrying(self._heartbeat_once, "the first heartbeat")
         await self.floors.start()
         self.master = MasterRole(self._js, self.layout, self.name, self.nodes, self.owners, self._clock)
@@ -201,8 +201,8 @@ class ClusterNode:
         )
 
     async def _heartbeat_once(self) -> None:
-        bucket = await self._js.key_value(self.layout.nodes_bucket)
-        await bucket.put(self.name, self.info().to_json())
+        assert self.nodes is not None, "the node's mirrors start before its first heartbeat"
+        await self.nodes.bucket.put(self.name, self.info().to_json())
 
     async def _heartbeat_forever(self) -> None:
         while True:
@@ -298,7 +298,8 @@ class ClusterNode:
         same --node, or the host name as default) would take partitions from each other for ever: refuse
         to start while its heartbeat still moves. A record left by a process that just died stops moving,
         and expires with the bucket's TTL."""
-        bucket = await self._js.key_value(self.layout.nodes_bucket)
+        assert self.nodes is not None
+        bucket = self.nodes.bucket
         try:
             first = await bucket.get(self.name)
         except KeyNotFoundError:
@@ -319,26 +320,25 @@ class ClusterNode:
                 "give this one another --node name"
             )
 
-    async def _refuse_store_ahead(self, partition: int) -> None:
+    async def _refuse_store_ahead(self, partition: int, follower: PartitionFollower) -> None:
         """A store holding frames its stream does not: the stream lost acknowledged writes (JetStream does
         not fsync each one; a whole single-machine cluster lost power) or belongs to another cluster. This
         node must never promote from it, so it does not start (docs/cluster.md, "Guarantees")."""
-        path = self._store_path(partition)
-        if not path.exists():
-            return
-        store = SqliteStore(path)
-        try:
-            await asyncio.to_thread(store.open, time.time(), 1)
-            position = store.position()
-        finally:
-            store.close()
         last = (await self._js.stream_info(self.layout.stream(partition))).state.last_seq
-        if position > last:
-            raise LayoutError(
-                f"{path} has applied partition {partition}'s stream up to {position}, but the stream ends at "
-                f"{last}: the stream lost writes this store has. Do not promote from it: after checking it, "
-                f"move the partition directory {path.parent} aside (the node catches up from the snapshot)"
-            )
+        if (ahead := self._ahead_of_stream(partition, follower.position, last)) is not None:
+            await follower.stop()
+            raise ahead
+
+    def _ahead_of_stream(self, partition: int, position: int, last: int) -> LayoutError | None:
+        """The refusal for a store at `position` when its partition's stream ends at `last` (None: fine)."""
+        if position <= last:
+            return None
+        path = self._store_path(partition)
+        return LayoutError(
+            f"{path} has applied partition {partition}'s stream up to {position}, but the stream ends at "
+            f"{last}: the stream lost writes this store has. Do not promote from it: after checking it, "
+            f"move the partition directory {path.parent} aside (the node catches up from the snapshot)"
+        )
 
     def _follower(self, partition: int) -> PartitionFollower:
         catch_up = CatchUp(self._js, self.layout, partition)  # when the stream was trimmed past the store
@@ -371,11 +371,8 @@ class ClusterNode:
         epoch = 0
         for _ in range(20):
             last = (await self._js.stream_info(stream)).state.last_seq
-            if follower.position > last:  # the stream lost frames this store has: never promote from it
-                raise RuntimeError(
-                    f"partition {partition}'s store is at {follower.position}, ahead of its stream ({last}): "
-                    "the stream lost acknowledged writes; not promoting from this store (docs/cluster.md)"
-                )
+            if (ahead := self._ahead_of_stream(partition, follower.position, last)) is not None:
+                raise ahead  # the stream lost frames this store has: never promote from it
             if not await follower.caught_up(last, CATCH_UP_SECONDS):
                 raise RuntimeError(f"could not apply partition {partition}'s stream up to {last}")
             if not self._still_assigned(partition, assigned_epoch):

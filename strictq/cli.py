@@ -468,8 +468,8 @@ def _cluster_node(args: argparse.Namespace, limits: Any) -> int:
         print(f"strictq: --node: {problem}", file=sys.stderr)
         return 2
     for flag, value in (("--region", args.region), ("--zone", args.zone)):
-        if value and (problem := check_node_name(value)):
-            print(f"strictq: {flag}: {problem.replace('node name', 'name')}", file=sys.stderr)
+        if value and (problem := check_node_name(value, "name")):
+            print(f"strictq: {flag}: {problem}", file=sys.stderr)
             return 2
     if args.advertise is not None and not args.advertise.startswith(("http://", "https://")):
         print("strictq: --advertise must be an http:// or https:// URL", file=sys.stderr)
