@@ -91,6 +91,18 @@ class ClusterLayout:
         return f"sq_{self.id}_master"
 
     @property
+    def edges_bucket(self) -> str:
+        """Each gateway's (edge's) report: its region, where its sends come from, its latency to each node
+        (cluster.traffic; TTL EDGE_TTL, so a stopped edge drops out)."""
+        return f"sq_{self.id}_edges"
+
+    @property
+    def placement_bucket(self) -> str:
+        """The placement policy (key `policy`) and the moves placement made (key `history`):
+        cluster.placement."""
+        return f"sq_{self.id}_placement"
+
+    @property
     def snapshots_bucket(self) -> str:
         """The object store holding each partition's latest snapshot (cluster.snapshots)."""
         return f"sq_{self.id}_snapshots"
@@ -151,6 +163,7 @@ async def _ensure_layout(js: JetStreamContext, partitions: int, replicas: int) -
 # two-core machine can give a process, below the 5 s failover target (docs/cluster.md).
 NODE_TTL = 2.5
 MASTER_TTL = 2.5
+EDGE_TTL = 15.0  # an edge reports every second or so; one silent this long is gone
 # JetStream's deduplication window for Nats-Msg-Id: an owner retrying an append whose acknowledgement it
 # never saw (a stream leader failing over) gets the first append's sequence back, not a second copy.
 DUPLICATE_WINDOW = 120.0
@@ -182,6 +195,8 @@ async def _ensure_streams(js: JetStreamContext, layout: ClusterLayout) -> None:
     await _bucket(js, layout.nodes_bucket, layout.replicas, ttl=NODE_TTL)
     await _bucket(js, layout.owners_bucket, layout.replicas)
     await _bucket(js, layout.master_bucket, layout.replicas, ttl=MASTER_TTL)
+    await _bucket(js, layout.edges_bucket, layout.replicas, ttl=EDGE_TTL)
+    await _bucket(js, layout.placement_bucket, layout.replicas)
     try:
         await js.object_store(layout.snapshots_bucket)
     except BucketNotFoundError:

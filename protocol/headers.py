@@ -24,3 +24,8 @@ PROXY_ACTION = "X-Strictq-Proxy-Action"  # on a response the egress proxy made i
 # The internal API of a cluster node: the partition a request is for (a node serves several at once; one
 # that does not serve it now answers 421 `not_owner`). A single-process queue server ignores it.
 PARTITION = "X-Strictq-Partition"
+
+# Geography (issue 16): the region a client says it runs in (the SDK sends STRICTQ_REGION). An edge started
+# with --trust-region-header takes it as the client's region; otherwise it only orders that worker's own
+# polling (partitions owned in its region first) and never counts toward placement.
+REGION = "X-Strictq-Region"
