@@ -10,6 +10,10 @@ connection broke after it was sent) is retried only when doing it twice is harml
 renew, release, queue metadata); send, ack, report and purge answer 503 at once and the client retries,
 as with SQS.
 
+Issue 16: every send is timed and recorded per partition under the caller's trusted client region
+(cluster.geo, cluster.traffic: what placement weighs); `reach` rewrites a node's URL as this gateway must
+reach it; a receive pass offers the caller's region's partitions first.
+
 Moves between queues are refused for now (`InvalidArgument`): a composite move over every partition is
 possible (a group's messages stay in one partition whatever the queue) but not written yet.
 """
@@ -21,7 +25,7 @@ import dataclasses
 import hashlib
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import aiohttp
@@ -47,7 +51,9 @@ from queue_core.machine.inputs import AttemptResult
 from queue_core.remote import PROBE_INTERVAL, RemoteQueueService, Unreachable, client_session
 from queue_core.service import MAX_WAIT, Received
 
+from .geo import client_region
 from .owners import OwnerMap
+from .traffic import TrafficMeter
 
 log = logging.getLogger("strictq.cluster.backend")
 T = TypeVar("T")
@@ -77,9 +83,16 @@ class ClusterBackend:
         timeout: float = 30.0,
         probe_interval: float = PROBE_INTERVAL,
         on_close: Callable[[], Awaitable[object]] | None = None,
+        meter: TrafficMeter | None = None,
+        reach: Mapping[str, str] | None = None,
     ) -> None:
-        """`on_close`: what else to close with it, last (the gateway's NATS connection)."""
+        """`on_close`: what else to close with it, last (the gateway's NATS connection). `meter`: where
+        each send is recorded (partition, client region, latency: cluster.traffic). `reach`: node name ->
+        the URL this gateway reaches that node at, instead of the one it announces (NAT, private links,
+        the WAN simulation's relays)."""
         self.owners = owners
+        self.meter = meter
+        self.reach: dict[str, str] = dict(reach or {})
         self._on_close = on_close
         self.partitions = owners.partitions
         self.retry_budget = retry_budget
@@ -107,12 +120,17 @@ class ClusterBackend:
         self._watch = asyncio.create_task(self._watch_owners(), name="strictq-cluster-owner-watch")
 
     @property
+    def session(self) -> aiohttp.ClientSession | None:
+        """The pooled session of the internal API (None before `start`): the edge's prober shares it."""
+        return self._session
+
+    @property
     def healthy(self) -> bool:
         """Every partition has an owner, and its owner's last probe answered ready."""
         if self._stopping or self._session is None:
             return False
         for partition in range(self.partitions):
-            url = self.owners.owner_url(partition)
+            url = self._owner_url(partition)
             remote = None if url is None else self._remotes.get(_key(url, partition))
             if remote is None or not remote.healthy:
                 return False
@@ -150,7 +168,7 @@ class ClusterBackend:
 
     def _ensure_remotes(self) -> None:
         for partition in range(self.partitions):
-            url = self.owners.owner_url(partition)
+            url = self._owner_url(partition)
             if url is not None:
                 self._remote(url, partition)
 
@@ -175,9 +193,18 @@ class ClusterBackend:
         return remote
 
     # ---------------------------------------------------------------------------------- plumbing
+    def _owner_url(self, partition: int) -> str | None:
+        """Where this gateway reaches the partition's owner: `reach[node]` when given, else the URL the
+        owner announces (None: no owner now). Every call, wait and probe goes here."""
+        url = self.owners.owner_url(partition)
+        if url is None or not self.reach:
+            return url
+        node = self.owners.owner_node(partition)
+        return self.reach.get(node, url) if node is not None else url
+
     async def _once(self, partition: int, operation: Operation[T]) -> T:
         """One try on the partition's current owner (NoOwner if it has none)."""
-        url = self.owners.owner_url(partition)
+        url = self._owner_url(partition)
         if url is None:
             raise NoOwner(f"cluster partition {partition} has no owner now", partition=partition)
         return await operation(self._remote(url, partition))
@@ -223,7 +250,7 @@ class ClusterBackend:
     async def _any(self, operation: Operation[T]) -> T:
         """A read every partition can answer (queue metadata): the first partition that answers."""
         for partition in range(self.partitions):
-            if self.owners.owner_url(partition) is None:
+            if self._owner_url(partition) is None:
                 continue
             try:
                 return await self._once(partition, operation)
@@ -299,7 +326,7 @@ class ClusterBackend:
             return lambda r: r.send(queue, [requests[i] for i in indexes], create=create)
 
         answers = await asyncio.gather(
-            *(self._call(p, sending(indexes), safe=False) for p, indexes in plan.items()),
+            *(self._timed_send(p, len(indexes), sending(indexes)) for p, indexes in plan.items()),
             return_exceptions=True,
         )
         _raise_if_all_failed(answers)
@@ -314,6 +341,26 @@ class ClusterBackend:
                     self._learn(result.message_id, partition)
                 results[index] = result
         return [r for r in results if r is not None]
+
+    async def _timed_send(
+        self, partition: int, messages: int, operation: Operation[list[SendResult | QueueError]]
+    ) -> list[SendResult | QueueError]:
+        """A send call to the partition, recorded in the meter: its client region (only a trusted one:
+        a client's own claim must not move other tenants' partitions) and how long it took."""
+        if self.meter is None:
+            return await self._call(partition, operation, safe=False)
+        caller = client_region()
+        region = caller.region if caller is not None and caller.trusted else ""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        seconds: float | None = None
+        try:
+            answer = await self._call(partition, operation, safe=False)
+            seconds = loop.time() - started
+            return answer
+        finally:
+            owner = self.owners.owner_node(partition) or ""
+            self.meter.record_send(partition, region, messages, seconds, owner=owner)
 
     async def receive(
         self,
@@ -371,10 +418,9 @@ class ClusterBackend:
         self._rotor = (start + 1) % self.partitions
         got: list[Received] = []
         failed: list[tuple[int, QueueError]] = []
-        for step in range(self.partitions):
+        for partition in self._pass_order(start):
             if len(got) >= limit:
                 break
-            partition = (start + step) % self.partitions
             want = limit - len(got)
 
             def receiving(r: RemoteQueueService, want: int = want) -> Awaitable[list[Received]]:
@@ -390,12 +436,23 @@ class ClusterBackend:
             got.extend(items)
         return got, failed
 
+    def _pass_order(self, start: int) -> list[int]:
+        """The partitions from `start` on, those owned in the caller's region first (any answer, a claimed
+        one too: it orders only this caller's own polling), so a worker near a partition's owner takes its
+        messages before a worker far away does."""
+        order = [(start + step) % self.partitions for step in range(self.partitions)]
+        caller = client_region()
+        if caller is None or not caller.region:
+            return order
+        near = [p for p in order if self.owners.owner_region(p) == caller.region]
+        return near + [p for p in order if p not in near] if near else order
+
     async def _wait_any(self, queue: str, worker: str, wait: float) -> bool:
         """Wait on every partition at once until one may have something (True), the owner map changes
         (True: look again), the wait ends or the gateway stops (False)."""
         tasks: dict[asyncio.Task[Any], int | None] = {}
         for partition in range(self.partitions):
-            url = self.owners.owner_url(partition)
+            url = self._owner_url(partition)
             if url is not None:
                 waiting = self._remote(url, partition).wait_ready(queue, wait, worker)
                 tasks[asyncio.ensure_future(waiting)] = partition

@@ -16,6 +16,7 @@ from nats.js.client import JetStreamContext
 from .kv_mirror import KvMirror
 from .layout import ClusterLayout
 from .master import live_nodes, read_assignments
+from .ownership import NodeInfo
 
 RECOMPUTE_EVERY = 0.05
 LOOK_EVERY = 0.25
@@ -31,7 +32,7 @@ class KvOwnerMap:
         self.partitions = layout.partitions
         self._nodes: KvMirror | None = None
         self._owners: KvMirror | None = None
-        self._urls: list[str | None] = [None] * self.partitions
+        self._owners_now: list[NodeInfo | None] = [None] * self.partitions
         self._computed_at = -1.0
 
     async def start(self) -> None:
@@ -46,16 +47,32 @@ class KvOwnerMap:
                 await mirror.stop()
 
     def owner_url(self, partition: int) -> str | None:
+        info = self._owner(partition)
+        return None if info is None else info.url
+
+    def owner_node(self, partition: int) -> str | None:
+        info = self._owner(partition)
+        return None if info is None else info.node
+
+    def owner_region(self, partition: int) -> str:
+        info = self._owner(partition)
+        return "" if info is None else info.region
+
+    def nodes(self, max_age: float = ROUTE_STALENESS) -> dict[str, NodeInfo]:
+        """The nodes heart-beating within `max_age` seconds, by name (an edge probes them)."""
+        return {} if self._nodes is None else live_nodes(self._nodes, max_age)
+
+    def _owner(self, partition: int) -> NodeInfo | None:
         now = time.monotonic()
         if now - self._computed_at > RECOMPUTE_EVERY:  # parsing the records per request would cost
-            self._urls = self._compute()
+            self._owners_now = self._compute()
             self._computed_at = now
-        return self._urls[partition]
+        return self._owners_now[partition]
 
-    def _compute(self) -> list[str | None]:
-        urls: list[str | None] = [None] * self.partitions
+    def _compute(self) -> list[NodeInfo | None]:
+        owners: list[NodeInfo | None] = [None] * self.partitions
         if self._nodes is None or self._owners is None:
-            return urls
+            return owners
         assignments, _ = read_assignments(self._owners)
         # Not the master's short NODE_TTL: while a bucket elects a new leader no heartbeat lands for a few
         # seconds, and every owner would look gone. A dead owner's URL refuses connections at once, which
@@ -66,8 +83,8 @@ class KvOwnerMap:
             if info is None or info.incarnation != assignment.incarnation or partition not in info.serving:
                 continue
             if 0 <= partition < self.partitions:
-                urls[partition] = info.url
-        return urls
+                owners[partition] = info
+        return owners
 
     async def changed(self, seconds: float, /) -> None:
         """Returns when some partition's owner URL changed, or after `seconds`. Node heartbeats arrive every
