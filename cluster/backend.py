@@ -248,8 +248,14 @@ class ClusterBackend:
         return results  # type: ignore[return-value]
 
     async def _any(self, operation: Operation[T]) -> T:
-        """A read every partition can answer (queue metadata): the first partition that answers."""
-        for partition in range(self.partitions):
+        """A read every partition can answer (queue metadata): the first partition that answers, those
+        owned in this edge's own region first (the faces read a queue's attributes before each send: that
+        read must not cross the WAN when a near owner can answer it)."""
+        here = self.meter.edge.region if self.meter is not None else ""
+        order = list(range(self.partitions))
+        if here:
+            order.sort(key=lambda p: self.owners.owner_region(p) != here)  # stable: near first, in order
+        for partition in order:
             if self._owner_url(partition) is None:
                 continue
             try:

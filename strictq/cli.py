@@ -30,7 +30,8 @@ CLIENT_ENV_HELP = (
     "AWS_SECRET_ACCESS_KEY. `strictq serve` writes all of them to <data-dir>/client.env: load it with "
     "`set -a; . var/strictq/client.env; set +a` (make run's data dir). With --queue-server URL or "
     "STRICTQ_QUEUE_URL they talk to a `strictq queue-server`'s internal API instead (the flag wins over "
-    "STRICTQ_QUEUE_URL, which wins over STRICTQ_URL), with STRICTQ_API_KEY and STRICTQ_WORKER_ID."
+    "STRICTQ_QUEUE_URL, which wins over STRICTQ_URL), with STRICTQ_API_KEY and STRICTQ_WORKER_ID. "
+    "STRICTQ_REGION, when set, is sent to the gateway as X-Strictq-Region (an edge of a cluster)."
 )
 
 
@@ -226,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
         "of running the queue core (excludes --queue-server and --init)",
     )
     add_nats_arguments(serve_cluster)
+    add_edge_arguments(serve_cluster)
     serve.add_argument(
         "--region",
         dest="regions",
@@ -233,7 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="REGION",
         help="SQS: a region requests may be signed for (repeatable); others are refused as SQS refuses "
-        "them. Default: any region (queues are the same in every region; ARNs carry the caller's)",
+        "them. Default: any region (queues are the same in every region; ARNs carry the caller's). With "
+        "--cluster the first --region is also this edge's region: its clients' region unless "
+        "--client-regions, --trusted-proxy or --trust-region-header say otherwise",
     )
     add_health_arguments(serve)
     add_connection_arguments(serve)
@@ -362,6 +366,133 @@ def build_parser() -> argparse.ArgumentParser:
     register_spark(commands)
     _plugin_commands(commands)  # strictq demo (scenarios.demo: the failover scenario, narrated)
     return parser
+
+
+def add_edge_arguments(group: argparse._ActionsContainer) -> None:
+    """`strictq serve`'s flags of an edge of a cluster (issue 16: gateway.client_region, cluster.traffic)."""
+    group.add_argument(
+        "--zone", default="", metavar="NAME", help="the zone within its region this edge runs in"
+    )
+    group.add_argument(
+        "--edge-name",
+        metavar="NAME",
+        help="this edge's name in the cluster's reports (default: edge-<first --region, or any>-<port>; "
+        "1-64 letters, digits, '_' or '-')",
+    )
+    group.add_argument(
+        "--client-regions",
+        type=Path,
+        metavar="FILE",
+        help='TOML table of client networks and their regions: lines like "10.1.0.0/16" = "eu" under '
+        "[regions]; the longest matching prefix wins",
+    )
+    group.add_argument(
+        "--trusted-proxy",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="a front proxy whose X-Forwarded-For is believed (repeatable): the right-most forwarded "
+        "address that is not a trusted proxy is the client's, looked up in --client-regions",
+    )
+    group.add_argument(
+        "--trust-region-header",
+        action="store_true",
+        help="take a client's X-Strictq-Region (the SDK's STRICTQ_REGION) as its region, for placement "
+        "too (tests, or clients you run yourself); without it the header only orders that worker's polls",
+    )
+    group.add_argument(
+        "--reach",
+        action="append",
+        default=[],
+        metavar="NODE=URL",
+        help="reach queue server NODE at URL from this edge instead of its advertised URL (NAT, a private "
+        "link, a simulated WAN relay; repeatable)",
+    )
+    group.add_argument(
+        "--traffic-window",
+        type=float,
+        metavar="SECONDS",
+        help="the window of the send rates this edge reports for placement (default: 60)",
+    )
+
+
+EDGE_FLAGS = (  # (attribute, flag): given without --cluster, refused
+    ("zone", "--zone"),
+    ("edge_name", "--edge-name"),
+    ("client_regions", "--client-regions"),
+    ("trusted_proxy", "--trusted-proxy"),
+    ("trust_region_header", "--trust-region-header"),
+    ("reach", "--reach"),
+    ("traffic_window", "--traffic-window"),
+)
+
+
+def _given(value: object) -> bool:
+    """Whether a flag was given: not its default (None, "", [], False; a 0 is given)."""
+    return value is not None and value is not False and value != "" and value != []
+
+
+def edge_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """ServeOptions' edge fields from the flags (with --cluster), or None after one line saying what is
+    wrong with which flag."""
+    from cluster.names import check_node_name
+    from gateway.client_region import RegionTableError, load_table, parse_network
+
+    def bad(flag: str, problem: str) -> None:
+        print(f"strictq: {flag}: {' '.join(problem.split())}", file=sys.stderr)
+
+    names = (("--zone", args.zone, "zone"), ("--edge-name", args.edge_name, "name for an edge"))
+    for flag, value, what in names:
+        if value and (problem := check_node_name(value, what)):
+            bad(flag, problem)
+            return None
+    if args.edge_name is not None and not args.edge_name:
+        bad("--edge-name", "'' is not an edge name: 1-64 letters, digits, '_' or '-'")
+        return None
+    proxies = []
+    for text in args.trusted_proxy:
+        try:
+            proxies.append(parse_network(text))
+        except ValueError as exc:
+            bad("--trusted-proxy", str(exc))
+            return None
+    table: list[Any] = []
+    if args.client_regions is not None:
+        try:
+            table = load_table(args.client_regions)
+        except RegionTableError as exc:
+            bad("--client-regions", str(exc))
+            return None
+    reach: dict[str, str] = {}
+    for text in args.reach:
+        node, equals, url = text.partition("=")
+        if not equals or not url:
+            bad("--reach", f"{text!r} is not NODE=URL (e.g. eu=http://10.0.0.5:8470)")
+            return None
+        if problem := check_node_name(node):
+            bad("--reach", problem)
+            return None
+        if not url.startswith(("http://", "https://")):
+            bad("--reach", f"{text!r}: the URL must be http:// or https://")
+            return None
+        if node in reach:
+            bad("--reach", f"{text!r}: node {node!r} is given twice")
+            return None
+        reach[node] = url.rstrip("/")
+    window = 60.0 if args.traffic_window is None else args.traffic_window
+    if not 1.0 <= window <= 86400.0:  # NaN too
+        bad("--traffic-window", f"{window:g} is not 1-86400 seconds")
+        return None
+    return {
+        "edge_region": args.regions[0] if args.regions else "",
+        "zone": args.zone,
+        "edge_name": args.edge_name,
+        "client_regions": tuple(table),
+        "trusted_proxies": tuple(proxies),
+        "trust_region_header": args.trust_region_header,
+        "reach": tuple(reach.items()),
+        "traffic_window": window,
+    }
 
 
 PLUGIN_GROUP = "strictq.commands"
@@ -549,9 +680,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings = nats_settings(args)
         if settings is None:
             return 2
-        options = replace(options, cluster=settings)
+        edge = edge_options(args)
+        if edge is None:
+            return 2
+        options = replace(options, cluster=settings, **edge)
     elif args.nats_credentials is not None:
         print("strictq: --nats-credentials goes with --cluster", file=sys.stderr)
+        return 2
+    elif given := [flag for name, flag in EDGE_FLAGS if _given(getattr(args, name))]:
+        print(f"strictq: {given[0]} is for an edge of a cluster: it goes with --cluster", file=sys.stderr)
         return 2
     return run_server(lambda: run(options))
 

@@ -107,7 +107,8 @@ class EdgeClient:
         client = self._clients.get(key)
         if client is None:
             try:
-                config = ClientConfig(url=self.endpoint.url, ca_file=self.endpoint.ca_file)
+                region = os.environ.get("STRICTQ_REGION", "").strip() or None  # the SDK's X-Strictq-Region
+                config = ClientConfig(url=self.endpoint.url, ca_file=self.endpoint.ca_file, region=region)
             except ConfigError as exc:
                 raise CliError(str(exc), 2) from None
             client = EmoClient(config, key, timeout=self._timeout, ssl_context=self._ssl)

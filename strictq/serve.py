@@ -21,6 +21,7 @@ import ssl
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -30,6 +31,7 @@ from cluster.connect import NatsSettings
 from fencing.ca import serve_proxy_dir
 from fencing.child import ProxyChild, ProxyStartError, start_proxy_child
 from gateway.app import make_gateway_app
+from gateway.client_region import Network, RegionResolver, client_region_middleware
 from gateway.deliveries import DeliveryLog
 from gateway.sqs_receipts import ReceiptSigner
 from gateway.tls import TlsFiles, ensure_local_certificates, server_context
@@ -59,6 +61,9 @@ from wirelog import logsafe
 from wirelog.files import StartupError, file_faults, write_private
 from wirelog.redaction import load_or_create_key
 
+if TYPE_CHECKING:
+    from cluster.traffic import EdgeIdentity, EdgePublisher
+
 log = logging.getLogger("strictq.gateway")
 
 
@@ -72,10 +77,12 @@ def make_edge_app(
     failures: FailureManager | None = None,
     receipt_key: Path | None = None,
     sqs_regions: tuple[str, ...] = (),
+    regions: RegionResolver | None = None,
 ) -> web.Application:
     """The gateway's app (gateway.app) with, given `index`, GET /admin/v1/search over the wire-log index
     (spark.admin_endpoint; `strictq index` builds it) mounted beside its faces. `sqs_regions`: the regions
-    SQS requests may be signed for (gateway.sqs_regions); empty: any."""
+    SQS requests may be signed for (gateway.sqs_regions); empty: any. `regions`: each request's client
+    region is set for the backend (gateway.client_region; an edge of a cluster)."""
     app = make_gateway_app(
         service,
         keys,
@@ -87,6 +94,8 @@ def make_edge_app(
     )
     if index is not None:
         add_search_route(app, index, keys)
+    if regions is not None:
+        app.middlewares.append(client_region_middleware(regions))
     return app
 
 
@@ -112,11 +121,34 @@ class ServeOptions:
     limits: ConnectionLimits = DEFAULT_LIMITS  # head timeout, keep-alive (queue_core.http_guard)
     regions: tuple[str, ...] = ()  # SQS: the regions requests may be signed for; empty: any (--region)
     cluster: NatsSettings | None = None  # a cluster's JetStream servers (--cluster): route to its owners
+    # An edge of a cluster (issue 16; only with `cluster`): where its clients are (gateway.client_region)
+    # and what it reports of their traffic (cluster.traffic).
+    edge_region: str = ""  # the first --region: this edge's own region
+    zone: str = ""
+    edge_name: str | None = None  # default: edge-<region or any>-<port>
+    client_regions: tuple[tuple[Network, str], ...] = ()  # --client-regions, loaded
+    trusted_proxies: tuple[Network, ...] = ()
+    trust_region_header: bool = False
+    reach: tuple[tuple[str, str], ...] = ()  # (node, URL): reach that queue server there from this edge
+    traffic_window: float = 60.0
 
     @property
     def core_here(self) -> bool:
         """Whether the queue core runs in this process (not --queue-server, not --cluster)."""
         return self.queue_server is None and self.cluster is None
+
+    def region_resolver(self) -> RegionResolver | None:
+        """The client-region rule of an edge of a cluster (gateway.client_region); None otherwise: one
+        process has no regions to tell apart."""
+        if self.cluster is None:
+            return None
+        return RegionResolver(
+            self.edge_region, self.client_regions, self.trusted_proxies, self.trust_region_header
+        )
+
+    def edge_name_for(self, port: int) -> str:
+        """--edge-name, or edge-<region or any>-<port> (the bound port: --port 0 picks one)."""
+        return self.edge_name or f"edge-{self.edge_region or 'any'}-{port}"
 
 
 def client_env(
@@ -201,8 +233,9 @@ async def serve(options: ServeOptions) -> None:
     keys, keys_path, tls, context = prepare(options)
     service: QueueBackend
     control = None
+    publisher = None  # an edge of a cluster's traffic reports (cluster.traffic), started once it listens
     if options.cluster is not None:
-        service, control = await cluster_backend(options.cluster, data_dir)
+        service, control, publisher = await cluster_backend(options.cluster, data_dir, options)
     elif options.queue_server is None:
         service = QueueService(data_dir / "queue", partitions=options.partitions)
         await start_service(service, data_dir)
@@ -231,6 +264,7 @@ async def serve(options: ServeOptions) -> None:
             failures=failures,
             receipt_key=data_dir / "receipt.key",  # SQS receipt handles stay valid across restarts
             sqs_regions=options.regions,
+            regions=options.region_resolver(),
         ),
         access_log=None,
         handle_signals=False,
@@ -248,6 +282,9 @@ async def serve(options: ServeOptions) -> None:
     host, port = runner.addresses[0][:2]
     scheme = "https" if context is not None else "http"
     url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+    if publisher is not None:  # now that its port and URL are known; closed with the backend
+        publisher.meter.edge = edge_identity(options, port, url)
+        await publisher.start()
     # Handlers first: a SIGTERM right after the `listening` line must still stop cleanly.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -392,16 +429,33 @@ def without_unusable_proxy(options: ServeOptions) -> ServeOptions:
     return replace(options, proxy=False)
 
 
-async def cluster_backend(settings: NatsSettings, data_dir: Path) -> tuple[QueueBackend, ControlHub]:
+def edge_identity(options: ServeOptions, port: int, url: str) -> EdgeIdentity:
+    """Who this edge is in the cluster's edges bucket: --edge-name (or edge-<region>-<port>), the first
+    --region, --zone, the URL it listens on."""
+    from cluster.traffic import EdgeIdentity
+
+    return EdgeIdentity(options.edge_name_for(port), options.edge_region, options.zone, url)
+
+
+async def cluster_backend(
+    settings: NatsSettings, data_dir: Path, options: ServeOptions | None = None
+) -> tuple[QueueBackend, ControlHub, EdgePublisher]:
     """The gateway of a cluster: every group's operations go to its partition's owner (cluster.backend),
-    read from the cluster's KV buckets (cluster.kv_owners); its control stream relays the owners' floors
-    (cluster.floors) and holds the fences in <data-dir>/fences.json."""
+    read from the cluster's KV buckets (cluster.kv_owners), through `options.reach` where given; its
+    control stream relays the owners' floors (cluster.floors) and holds the fences in
+    <data-dir>/fences.json. Its sends are measured (cluster.traffic.TrafficMeter over
+    `options.traffic_window`) and published by the EdgePublisher returned, which the caller starts once
+    it listens (edge_identity needs the port) and the backend's close closes."""
     from cluster.backend import ClusterBackend
     from cluster.connect import connect
     from cluster.floors import ClusterFloors
     from cluster.kv_owners import KvOwnerMap
     from cluster.layout import read_layout, retrying
     from cluster.replicated_log import APPEND_RETRY_SECONDS
+    from cluster.traffic import EdgePublisher, TrafficMeter
+
+    options = options or ServeOptions(host="127.0.0.1", port=0, data_dir=data_dir, cluster=settings)
+    reach = dict(options.reach)
 
     try:
         nc = await connect(settings.urls, settings.user, settings.password, name="strictq-gateway")
@@ -421,17 +475,22 @@ async def cluster_backend(settings: NatsSettings, data_dir: Path) -> tuple[Queue
     await retrying(owners.start, "the cluster's owners")
     floors = ClusterFloors(nc, layout)
     await floors.start()
+    meter = TrafficMeter(edge_identity(options, options.port, ""), window=options.traffic_window)
+    publisher = EdgePublisher(js, layout, meter, owners, reach=reach)
 
     async def closed() -> None:
+        await publisher.close()  # first: it reads the owner map and deletes its key over `nc`
         await floors.close()
         await owners.close()
         await nc.close()
 
     # Not the single queue server's 30 s: an append waits out a stream leader's election (~5-9 s) at most
     # APPEND_RETRY_SECONDS, and a frozen owner should cost a client this long, not half a minute.
-    backend = ClusterBackend(owners, on_close=closed, timeout=APPEND_RETRY_SECONDS + 3)
+    backend = ClusterBackend(
+        owners, on_close=closed, timeout=APPEND_RETRY_SECONDS + 3, meter=meter, reach=reach
+    )
     await backend.start()
-    return backend, ControlHub(floors, FenceRegistry(data_dir / "fences.json"))
+    return backend, ControlHub(floors, FenceRegistry(data_dir / "fences.json")), publisher
 
 
 def run(options: ServeOptions) -> None:

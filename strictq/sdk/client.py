@@ -90,9 +90,12 @@ class EmoClient:
         if self._session is None:
             verify = self._ssl if self._ssl is not None else self.config.gateway_ssl() or False
             connector = aiohttp.TCPConnector(ssl=verify)
+            session_headers = {API_KEY_HEADER: self._api_key}
+            if self.config.region:  # STRICTQ_REGION: the edge of a cluster reads it (gateway.client_region)
+                session_headers[headers.REGION] = self.config.region
             self._session = aiohttp.ClientSession(
                 connector=connector,
-                headers={API_KEY_HEADER: self._api_key},
+                headers=session_headers,
                 timeout=aiohttp.ClientTimeout(total=self._timeout),
                 json_serialize=lambda value: orjson.dumps(value).decode(),
             )

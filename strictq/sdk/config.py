@@ -8,7 +8,10 @@
 - `STRICTQ_PROXY_URL`: the egress proxy for outbound calls (unset: calls go straight out); a
   comma-separated list when the proxy runs several processes (`strictq proxy --processes N`): each
   worker uses one, picked by a stable hash of its worker id, so its calls stay on one process;
-- `STRICTQ_PROXY_CA_FILE`: PEM of the proxy's CA, trusted for outbound HTTPS (the proxy intercepts TLS).
+- `STRICTQ_PROXY_CA_FILE`: PEM of the proxy's CA, trusted for outbound HTTPS (the proxy intercepts TLS);
+- `STRICTQ_REGION`: the region this client runs in (e.g. `eu`), sent as `X-Strictq-Region` on every
+  gateway request: an edge of a cluster offers a worker the partitions owned in its region first, and one
+  started with `--trust-region-header` counts a producer's sends as from there (gateway.client_region).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from typing import Any
 
 from yarl import URL
 
+from cluster.names import check_node_name
+
 from .errors import ConfigError
 
 ENV_VARS = (
@@ -33,6 +38,7 @@ ENV_VARS = (
     "STRICTQ_WORKER_SECRET",
     "STRICTQ_PROXY_URL",
     "STRICTQ_PROXY_CA_FILE",
+    "STRICTQ_REGION",
 )
 
 __all__ = ["ENV_VARS", "ClientConfig", "ConfigError"]
@@ -47,6 +53,7 @@ class ClientConfig:
     worker_secret: str | None = field(default=None, repr=False)
     proxy_url: str | None = None
     proxy_ca_file: str | None = None
+    region: str | None = None  # STRICTQ_REGION: sent as X-Strictq-Region when set
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ClientConfig:
@@ -68,6 +75,7 @@ class ClientConfig:
             worker_secret=get("STRICTQ_WORKER_SECRET"),
             proxy_url=get("STRICTQ_PROXY_URL"),
             proxy_ca_file=get("STRICTQ_PROXY_CA_FILE"),
+            region=get("STRICTQ_REGION"),
         )
         return replace(config, **overrides) if overrides else config
 
@@ -83,6 +91,8 @@ class ClientConfig:
         if not valid or parsed.query_string or parsed.fragment:
             raise ConfigError(f"STRICTQ_URL is not a valid gateway URL ({example}): {self.url!r}")
         object.__setattr__(self, "url", self.url.rstrip("/"))
+        if self.region is not None and (problem := check_node_name(self.region, "region")):
+            raise ConfigError(f"STRICTQ_REGION: {problem}")
 
     # -- what each role needs -------------------------------------------------------------------------
 
