@@ -26,7 +26,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +34,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from cluster.connect import credentials_path
+from cluster.names import check_node_name
 from wirelog.files import StartupError, file_faults, open_private, private_dir, write_private
 
 BINARY = "nats-server"
@@ -56,6 +57,9 @@ START_TIMEOUT = 20.0
 STOP_TIMEOUT = 10.0
 POLL = 0.05
 PORT_RETRIES = 3  # a fresh cluster whose picked port another process took meanwhile picks again
+ZONE_TAG = "zone:"  # server_tags prefixes (placement tags); unique_tag names the zone's
+REGION_TAG = "region:"
+REPLICAS_MAX = 3  # the most replicas a stream has (cluster.layout): zones needed for zone-distinct replicas
 
 
 class NatsServerMissing(StartupError):
@@ -123,7 +127,13 @@ class NatsCluster:
     """`count` nats-server processes with JetStream, clustered (routes, one meta group) when count > 1.
 
     Synchronous on purpose: the tests and `strictq cluster up` start it before any event loop matters.
-    `start()` on a data dir used before reuses its ports and password."""
+    `start()` on a data dir used before reuses its ports and password.
+
+    `zones`/`regions` (one per server, "" for none) become the servers' `server_tags` (`zone:<z>`,
+    `region:<r>`); with at least REPLICAS_MAX distinct zones the servers also get
+    `jetstream { unique_tag: "zone:" }`, so JetStream never places two replicas of one stream (a partition,
+    a bucket) in one zone. With fewer zones that constraint could not be met and R3 streams would fail to
+    be created, so it is left out (replicas then land where JetStream picks)."""
 
     def __init__(
         self,
@@ -133,9 +143,13 @@ class NatsCluster:
         *,
         binary: str | None = None,
         cluster_name: str = CLUSTER_NAME,
+        zones: Sequence[str] | None = None,
+        regions: Sequence[str] | None = None,
     ) -> None:
         if count < 1:
             raise ValueError("a NATS cluster needs at least one server")
+        self.zones = _placement_names(zones, count, "zone")
+        self.regions = _placement_names(regions, count, "region")
         self.data_dir = Path(data_dir)
         self.count = count
         self.host = host
@@ -368,7 +382,9 @@ class NatsCluster:
             f"  store_dir: {_q(str(directory))}",
             f"  max_memory_store: {MAX_MEMORY_STORE}",
             f"  max_file_store: {MAX_FILE_STORE}",
+            *([f"  unique_tag: {_q(ZONE_TAG)}"] if self.zone_distinct else []),
             "}",
+            *self._tags_lines(i),
             "authorization {",
             f"  user: {_q(s.user)}",
             f"  password: {_q(s.password)}",
@@ -395,6 +411,20 @@ class NatsCluster:
                 "}",
             ]
         return "\n".join(lines) + "\n"
+
+    @property
+    def zone_distinct(self) -> bool:
+        """Whether the servers span enough zones that JetStream is told to keep replicas zone-distinct."""
+        return len({zone for zone in self.zones if zone}) >= REPLICAS_MAX
+
+    def server_tags(self, i: int) -> list[str]:
+        """Server `i`'s JetStream placement tags: `zone:<z>`, `region:<r>` (each only when set)."""
+        tags = [f"{ZONE_TAG}{self.zones[i]}"] if self.zones[i] else []
+        return tags + ([f"{REGION_TAG}{self.regions[i]}"] if self.regions[i] else [])
+
+    def _tags_lines(self, i: int) -> list[str]:
+        tags = self.server_tags(i)
+        return [f"server_tags: [{', '.join(_q(tag) for tag in tags)}]"] if tags else []
 
     def _spawn(self, i: int) -> None:
         self._refuse_foreign(i)
@@ -486,6 +516,18 @@ class NatsCluster:
     def _last_error(self, i: int) -> str:
         errors = [line for line in self._tail(i).splitlines() if "[ERR]" in line or "[FTL]" in line]
         return f": {errors[-1].strip()}" if errors else ""
+
+
+def _placement_names(names: Sequence[str] | None, count: int, what: str) -> list[str]:
+    """One zone (or region) per server, checked: the names go into the servers' configs as tags."""
+    if names is None:
+        return [""] * count
+    if isinstance(names, str) or len(names) != count:
+        raise ValueError(f"give one {what} per JetStream server ({count}), not {names!r}")
+    for name in names:
+        if name and (problem := check_node_name(name, what)):
+            raise ValueError(problem)
+    return [str(name) for name in names]
 
 
 def _dotted(version: tuple[int, ...]) -> str:
