@@ -21,6 +21,8 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from .kv_mirror import KvMirror
 from .layout import MASTER_TTL, NODE_TTL, ClusterLayout, retrying
 from .ownership import Assignment, NodeInfo, RecordError, plan, rebalance
+from .placer import Placer
+from .replica_repair import ReplicaRepair
 from .snapshots import Trimmer
 
 log = logging.getLogger("strictq.cluster")
@@ -99,8 +101,17 @@ class MasterRole:
         self._operator_moved_at = -OPERATOR_QUIET
         self._moves_reported_at = 0.0
         self.trimmer = Trimmer(js, layout)  # the streams are purged behind their snapshots
+        self.placer = Placer(js, layout, owners, clock)  # partitions moved toward their producers
+        self.replicas = ReplicaRepair(js, layout)  # dead JetStream replicas replaced (zone-distinct)
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            await self.placer.close()
+            await self.replicas.close()
+
+    async def _run(self) -> None:
         lease = await retrying(
             lambda: self._js.key_value(self._layout.master_bucket), "the master lease", 3600.0
         )
@@ -212,8 +223,10 @@ class MasterRole:
             self._operator_moved_at = time.monotonic()
         changes = plan(self._layout.partitions, assignments, nodes, self._clock(), moves)
         self._explain_waiting_moves(moves, assignments, nodes, changes)
-        # Rebalancing waits a while after an operator's `cluster move`, which would otherwise be undone.
-        if not changes and time.monotonic() - self._operator_moved_at > OPERATOR_QUIET:
+        # Rebalancing waits a while after an operator's `cluster move`, which would otherwise be undone,
+        # and does not run while placement (cluster.placer) is on: evening out by count would undo it.
+        quiet = not changes and time.monotonic() - self._operator_moved_at > OPERATOR_QUIET
+        if quiet and not (await self.placer.open() and self.placer.holds_rebalance()):
             for partition, target in rebalance(self._layout.partitions, assignments, nodes, moves).items():
                 request = orjson.dumps({"node": target, "by": "rebalance"})
                 with contextlib.suppress(KeyWrongLastSequenceError):
@@ -241,6 +254,10 @@ class MasterRole:
                     await owners.delete(move_key(change.partition))
         if not changes:  # on a quiet tick, at most every TRIM_SECONDS (cluster.snapshots)
             await self.trimmer.tick(nodes, assignments)
+        if not changes:  # at most every PLACEMENT_EVERY; never raises
+            await self.placer.tick(assignments, nodes, moves)
+        if not changes:  # at most every CHECK_EVERY, in the background; never raises (cluster.replica_repair)
+            await self.replicas.tick(time.monotonic())
 
 
 def _described(change: Assignment) -> tuple[int, str, int, str]:
@@ -248,7 +265,8 @@ def _described(change: Assignment) -> tuple[int, str, int, str]:
 
 
 def _by_operator(raw: bytes) -> bool:
+    """`strictq cluster move` ("operator") or `strictq cluster plan --apply` ("plan"): rebalancing waits."""
     try:
-        return bool(orjson.loads(raw).get("by") == "operator")
+        return bool(orjson.loads(raw).get("by") in ("operator", "plan"))
     except (orjson.JSONDecodeError, AttributeError):
         return False

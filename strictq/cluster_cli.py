@@ -1,4 +1,5 @@
-"""`strictq cluster up | status | move | urls`: run a cluster on one machine, look at one, move a partition.
+"""`strictq cluster up | status | move | placement | plan | urls`: run a cluster on one machine, look at one,
+move a partition, set where partitions should live and see (or make) the moves that would put them there.
 
 The commands import the cluster's packages when they run, so `strictq --help` stays fast. status and move
 find the cluster by the data dir of `strictq cluster up` (its recorded NATS ports and credentials) or by
@@ -21,6 +22,7 @@ MAX_NODES = 64
 MAX_NATS_SERVERS = 9
 MOVE_POLL = 0.25
 PROGRESS_EVERY = 1.0
+MAX_PLAN_WAIT = 3600.0
 
 UP_EPILOG = """\
 Output: the gateway's start-up lines as `strictq serve` prints them (listening on, ca, keys, proxy on,
@@ -46,9 +48,31 @@ See docs/cluster.md for a layout over three machines."""
 STATUS_EPILOG = """\
 --json prints one object: {"cluster": {"id", "partitions", "replicas", "nats": [url...]}, "partitions":
 [{"partition", "owner", "epoch", "serving", "last_seq", "moving_to", "standbys": [{"node", "applied",
-"lag"}]}], "nodes": [{"node", "pid", "url", "state" ("alive" | "stale"), "age" (seconds since its last
-heartbeat), "serving": [partition...], "applied": {"partition": position}}]}. A standby's lag is the
-stream's last sequence minus the position it has applied. Exit 1 when there is no cluster there."""
+"lag"}], "region" (the owner's), "traffic": null | {"rate" (msg/s), "regions": {region: msg/s},
+"unknown" (msg/s from clients of no known region), "top_region", "top_share"}}], "nodes": [{"node", "pid",
+"url", "state" ("alive" | "stale"), "age" (seconds since its last heartbeat), "serving": [partition...],
+"region", "zone", "applied": {"partition": position}}], "edges": [{"edge", "region", "zone", "url", "age"
+(seconds since its last report), "window", "sends_per_s", "nodes": {node: {"region", "rtt_ms"}},
+"partitions": {"partition": {"rates", "sends", "p50_ms", "p99_ms", "owner"}}}], "placement": the policy
+(`strictq cluster placement --json`)}. A standby's lag is the stream's last sequence minus the position it
+has applied; rates are over each edge's window. Exit 1 when there is no cluster there."""
+
+PLACEMENT_EPILOG = """\
+Modes: off (the master only balances partitions over the nodes), traffic (a partition's owner moves to the
+region its sends come from, when that region sends at least --min-share of them and the measured latency
+saved is at least --min-saving-ms), schedule (every partition follows the schedule: at 08:00 of the day
+the 08:00 step's region owns them; a compressed day with --day-seconds). Either way a partition moves only
+after the same region was wanted for --hold seconds, not again within --cooldown seconds of its last move,
+and the cluster makes at most --max-moves-per-hour moves. Changes keep the other settings. Exit 2 for a bad
+value, 1 when there is no cluster. See docs/cluster.md, "Regions, edges and placement"."""
+
+PLAN_EPILOG = """\
+The proposals follow the placement policy's mode (or --by; traffic when the policy is off) as if made
+now: --hold does not apply, the move budget and moves under way do. STATUS says "ready" or why not
+yet. --apply writes the ready moves (the master carries them out like `strictq cluster move`), records
+them in the placement history, and waits for them: one line per finished move; exit 0 when all finished,
+1 when one did not within --wait (the requests stay). --json prints {"mode", "proposals": [{"partition",
+"from_node", "to_node", "from_region", "to_region", "reason", "saved_ms", "risk", "blocked", "status"}]}."""
 
 
 def register(commands: Any) -> None:
@@ -105,6 +129,13 @@ def register(commands: Any) -> None:
         help="JetStream servers (at least 3 for --replicas 3; 1 is enough for --replicas 1; default: "
         "%(default)s; fixed once the data dir has them)",
     )
+    up.add_argument(
+        "--regions",
+        metavar="R1,R2,...",
+        help="simulated geography: queue server nK (and JetStream server K) runs in region R[(K-1) mod "
+        "count], zone <region>-1 (`strictq queue-server --region --zone`; the regions' names: 1-64 "
+        "letters, digits, '_' or '-'). Default: no regions",
+    )
     up.set_defaults(handler=cmd_up)
 
     status = sub.add_parser(
@@ -136,6 +167,79 @@ def register(commands: Any) -> None:
     _where_arguments(move)
     move.set_defaults(handler=cmd_move)
 
+    placement = sub.add_parser(
+        "placement",
+        help="show or set the placement policy: off, by traffic, or a follow-the-sun schedule",
+        description="Show the placement policy (no option), or change it: the options given change those "
+        "settings, the others stay; the new policy is printed.",
+        epilog=PLACEMENT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    mode = placement.add_mutually_exclusive_group()
+    mode.add_argument("--off", dest="mode", action="store_const", const="off", help="placement off")
+    mode.add_argument(
+        "--traffic",
+        dest="mode",
+        action="store_const",
+        const="traffic",
+        help="move each partition toward the region its sends come from (measured by the edges)",
+    )
+    mode.add_argument(
+        "--schedule",
+        metavar="HH:MM=REGION,...",
+        help="follow the sun: from each time of day on, partitions are owned in that step's region, "
+        "e.g. 00:00=ap,08:00=eu,16:00=us (sets the mode to schedule)",
+    )
+    placement.add_argument(
+        "--day-seconds",
+        metavar="S",
+        help="the length of the schedule's day: 86400 (the default) for a real one, less for a compressed "
+        "day, which then starts now unless --day-origin says when",
+    )
+    placement.add_argument(
+        "--day-origin",
+        metavar="UNIX_TIME",
+        help="when the schedule's day starts (default: 0, midnight UTC, for a real day; now for a "
+        "compressed one)",
+    )
+    for flag, what in (
+        ("--hold", "seconds the same region must be wanted before a partition moves (default: 300)"),
+        ("--cooldown", "seconds after a partition's move before it moves again (default: 900)"),
+        ("--max-moves-per-hour", "moves placement makes in any hour, at most (default: 12)"),
+        ("--min-share", "traffic: the top region's least share (0-1) of a partition's sends (default: 0.5)"),
+        ("--min-saving-ms", "traffic: the latency a move must save, in ms (default: 5)"),
+        ("--min-rate", "traffic: partitions sending less (msg/s) are left where they are (default: 0.2)"),
+    ):
+        placement.add_argument(flag, metavar="N", help=what)
+    placement.add_argument("--json", action="store_true", help="print the policy as one JSON object")
+    _where_arguments(placement)
+    placement.set_defaults(handler=cmd_placement)
+
+    plan_parser = sub.add_parser(
+        "plan",
+        help="the moves placement would make now and why (latency saved, risk); --apply makes them",
+        description="Show the partition moves the placement policy would make now: from which node and "
+        "region to which, why, the latency saved, the risk, and whether they can be made now.",
+        epilog=PLAN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    plan_parser.add_argument("--apply", action="store_true", help="make the ready moves and wait for them")
+    plan_parser.add_argument(
+        "--by",
+        choices=("traffic", "schedule"),
+        help="plan by the measured traffic or by the schedule (default: the policy's mode; traffic when "
+        "it is off)",
+    )
+    plan_parser.add_argument(
+        "--wait",
+        default="60",
+        metavar="SECONDS",
+        help="with --apply: give up waiting after this long (the requests stay; default: %(default)s)",
+    )
+    plan_parser.add_argument("--json", action="store_true", help="one JSON object (shape below)")
+    _where_arguments(plan_parser)
+    plan_parser.set_defaults(handler=cmd_plan)
+
     urls = sub.add_parser(
         "urls",
         help="the JetStream servers of a `cluster up` data dir, as a --cluster value",
@@ -150,7 +254,7 @@ def register(commands: Any) -> None:
 
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_usage(sys.stderr)
-    print("strictq: give a cluster command: up, status, move or urls", file=sys.stderr)
+    print("strictq: give a cluster command: up, status, move, placement, plan or urls", file=sys.stderr)
     return 2
 
 
@@ -229,6 +333,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         return fail("--proxy-port and --no-proxy exclude each other", 2)
     if args.proxy_port is not None and not 1 <= args.proxy_port <= 65525:
         return fail("--proxy-port must be 1-65525 (its admin port is --proxy-port + 10)", 2)
+    regions = _regions(args.regions)
+    if isinstance(regions, str):
+        return fail(f"--regions: {regions}", 2)
     options = UpOptions(
         data_dir=args.data_dir,
         nodes=args.nodes,
@@ -239,11 +346,27 @@ def cmd_up(args: argparse.Namespace) -> int:
         proxy=args.proxy,
         proxy_port=args.proxy_port,
         nats_servers=args.nats_servers,
+        regions=regions,
     )
     try:
         return run_up(options)
     except StartupError as exc:  # the data dir, its lock, a port, the nats-server binary: one line
         return fail(str(exc).replace("\r", " ").replace("\n", " "), 2)
+
+
+def _regions(text: str | None) -> tuple[str, ...] | str:
+    """The --regions names, or what is wrong with them."""
+    from cluster.names import check_node_name
+
+    if text is None:
+        return ()
+    names = tuple(name.strip() for name in text.split(","))
+    for name in names:
+        if problem := check_node_name(name, "region name"):
+            return problem
+    if len(set(names)) != len(names):
+        return f"{text!r} names a region twice"
+    return names
 
 
 # --------------------------------------------------------------------------------------------- urls
@@ -343,7 +466,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     async def main(settings: Any) -> int:
         nc, layout = await _open(settings, "strictq-cluster-status")
         try:
-            view = await read_view(nc.jetstream(), layout, settings.urls)
+            view = await read_view(nc.jetstream(), layout, settings.urls, geo=True)
         finally:
             await nc.close()
         if args.json:
@@ -357,21 +480,25 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def render_status(view: Any) -> str:
     layout = view.layout
+    geo = view.geo
     lines = [
         f"cluster {layout.id}: {layout.partitions} partitions, {layout.replicas} replica"
         f"{'s' if layout.replicas != 1 else ''}, NATS {','.join(view.nats)}",
+        *([_policy_line(geo)] if geo is not None else []),
         "",
         _table(
-            ["PARTITION", "OWNER", "EPOCH", "STATE", "LAST SEQ", "STANDBYS (lag)"],
+            ["PARTITION", "OWNER", "REGION", "EPOCH", "STATE", "LAST SEQ", "STANDBYS (lag)", "SENDS FROM"],
             [
                 [
                     str(p.partition),
                     p.owner or "-",
+                    p.region or "-",
                     str(p.epoch) if p.epoch is not None else "-",
                     ("serving" if p.serving else "not served")
                     + (f", moving to {p.moving_to}" if p.moving_to else ""),
                     str(p.last_seq) if p.last_seq is not None else "?",
                     ", ".join(f"{s.node} ({'?' if s.lag is None else s.lag})" for s in p.standbys) or "-",
+                    _sends_from(geo.traffic(p.partition) if geo is not None else None),
                 ]
                 for p in view.partitions
             ],
@@ -394,7 +521,66 @@ def render_status(view: Any) -> str:
         if view.nodes
         else "no queue server has a heartbeat",
     ]
+    if geo is not None:
+        none = "no edge has reported (gateways report every second)"
+        lines += ["", _edges_table(geo.edges) if geo.edges else none]
     return "\n".join(lines)
+
+
+def _sends_from(traffic: Any) -> str:
+    """The region sending most, its share and the total rate ("us 90% of 12.0/s"), or "-" for none."""
+    if traffic is None or traffic.total <= 0:
+        return "-"
+    top = traffic.top
+    if top is None:
+        return f"unknown regions, {traffic.total:.1f}/s"
+    return f"{top[0]} {top[1]:.0%} of {traffic.total:.1f}/s"
+
+
+def _edges_table(edges: Any) -> str:
+    return _table(
+        ["EDGE", "REGION", "ZONE", "URL", "SENDS/S", "RTT TO NODES (ms)"],
+        [
+            [
+                e.name,
+                e.report.region or "-",
+                e.report.zone or "-",
+                e.report.url or "-",
+                f"{e.sends_per_s:.1f}",
+                ", ".join(f"{name} {n.rtt_ms:.0f}" for name, n in sorted(e.report.nodes.items())) or "-",
+            ]
+            for e in edges
+        ],
+    )
+
+
+def _policy_line(geo: Any) -> str:
+    if geo.policy is None:
+        return f"placement: unknown ({geo.problem})"
+    return describe_policy(geo.policy, geo.history, time.time())
+
+
+def describe_policy(policy: Any, history: Any, now: float) -> str:
+    """One line: the placement policy's mode and settings, and the moves it made in the last hour."""
+    from cluster.placement import BUDGET_WINDOW, format_schedule
+
+    limits = f"hold {policy.hold:g}s, cooldown {policy.cooldown:g}s, "
+    limits += f"at most {policy.max_moves_per_hour} moves/hour"
+    if policy.mode == "off":
+        head = "placement: off (the master only balances partitions over the nodes)"
+    elif policy.mode == "traffic":
+        head = (
+            f"placement: by traffic (a region sending >= {policy.min_share:.0%} of >= {policy.min_rate:g} "
+            f"msg/s, saving >= {policy.min_saving_ms:g} ms), {limits}"
+        )
+    else:
+        day = "a 24h day" if policy.day_seconds == 86400.0 else f"a {policy.day_seconds:g}s day"
+        head = (
+            f"placement: by schedule {format_schedule(policy.schedule)} over {day} (now "
+            f"{policy.scheduled_region(now)}), {limits}"
+        )
+    recent = sum(1 for record in history if record.at > now - BUDGET_WINDOW)
+    return f"{head}; {recent} move{'s' if recent != 1 else ''} in the last hour"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -457,35 +643,61 @@ async def move(js: Any, layout: Any, partition: int, node: str, wait: float) -> 
         return 0
     started = time.monotonic()
     await owners.put(move_key(partition), orjson.dumps({"node": node, "by": "operator"}))
+    left, view = await wait_moves(js, layout, view, {partition: node}, started, wait)
+    if not left:
+        return 0
+    return fail(
+        f"partition {partition} did not move to {node} within {wait:g}s: {_progress(view, partition, node)}"
+        "; the request stays (`strictq cluster move` it to its owner to cancel)",
+        1,
+    )
+
+
+async def wait_moves(
+    js: Any,
+    layout: Any,
+    view: Any,
+    targets: dict[int, str],
+    started: float,
+    wait: float,
+    out: Any = None,
+) -> tuple[dict[int, str], Any]:
+    """Until each partition of `targets` is served by its target node, or `wait` seconds after `started`
+    (time.monotonic()): one line on `out` (stdout) per finished move, a progress line on stderr every
+    second per unfinished one. Returns the unfinished moves and the last view."""
+    import contextlib
+
+    from .cluster_view import read_view
+
+    left = dict(targets)
     deadline = started + wait
     next_progress = started + PROGRESS_EVERY
-    while True:
+    while left:
         await asyncio.sleep(MOVE_POLL)
         with contextlib.suppress(TimeoutError):  # a slow read: look again
             view = await read_view(js, layout)
-        seen = view.partitions[partition]
-        if seen.owner == node and seen.serving:
-            took = time.monotonic() - started
-            print(
-                f"strictq: partition {partition} moved to {node} (epoch {seen.epoch}) in {took:.2f}s",
-                flush=True,
-            )
-            return 0
+        for partition, node in sorted(left.items()):
+            seen = view.partitions[partition]
+            if seen.owner == node and seen.serving:
+                took = time.monotonic() - started
+                print(
+                    f"strictq: partition {partition} moved to {node} (epoch {seen.epoch}) in {took:.2f}s",
+                    file=out or sys.stdout,
+                    flush=True,
+                )
+                del left[partition]
         now = time.monotonic()
-        if now >= deadline:
-            return fail(
-                f"partition {partition} did not move to {node} within {wait:g}s: "
-                f"{_progress(view, partition, node)}"
-                "; the request stays (`strictq cluster move` it to its owner to cancel)",
-                1,
-            )
+        if not left or now >= deadline:
+            break
         if now >= next_progress:
             next_progress = now + PROGRESS_EVERY
-            print(
-                f"strictq: partition {partition}: {_progress(view, partition, node)}",
-                file=sys.stderr,
-                flush=True,
-            )
+            for partition, node in sorted(left.items()):
+                print(
+                    f"strictq: partition {partition}: {_progress(view, partition, node)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    return left, view
 
 
 def _progress(view: Any, partition: int, node: str) -> str:
@@ -501,3 +713,233 @@ def _progress(view: Any, partition: int, node: str) -> str:
         last = "?" if seen.last_seq is None else str(seen.last_seq)
         where = f"{node} applied {'nothing' if applied is None else applied} of {last}"
     return f"{owner}, {where}"
+
+
+# ---------------------------------------------------------------------------------------- placement
+# The numeric options of `cluster placement`: (flag, policy field, lowest, highest, whole number).
+POLICY_NUMBERS: tuple[tuple[str, str, float, float, bool], ...] = (
+    ("--day-seconds", "day_seconds", 1.0, 10 * 86400.0, False),
+    ("--day-origin", "day_origin", 0.0, 1e11, False),
+    ("--hold", "hold", 0.0, 86400.0, False),
+    ("--cooldown", "cooldown", 0.0, 86400.0, False),
+    ("--max-moves-per-hour", "max_moves_per_hour", 0, 10_000, True),
+    ("--min-share", "min_share", 0.0, 1.0, False),
+    ("--min-saving-ms", "min_saving_ms", 0.0, 60_000.0, False),
+    ("--min-rate", "min_rate", 0.0, 1e9, False),
+)
+
+
+def parse_number(text: str, flag: str, low: float, high: float, whole: bool = False) -> float | int | str:
+    """`text` as a number within low-high (a whole one with `whole`), or the one line saying what is
+    wrong (argparse's own would add a usage line)."""
+    import math
+
+    try:
+        value = int(text) if whole else float(text)
+    except ValueError:
+        return f"{flag}: {text!r} is not a {'whole number' if whole else 'number'}"
+    if not math.isfinite(value) or not low <= value <= high:
+        return f"{flag} must be {low:g}-{high:g}, not {text}"
+    return value
+
+
+def cmd_placement(args: argparse.Namespace) -> int:
+    from cluster.placement import PlacementPolicy, PolicyError, parse_schedule
+
+    changes: dict[str, Any] = {}
+    for flag, name, low, high, whole in POLICY_NUMBERS:
+        text = getattr(args, name)
+        if text is None:
+            continue
+        value = parse_number(text, flag, low, high, whole)
+        if isinstance(value, str):
+            return fail(value, 2)
+        changes[name] = value
+    if args.mode is not None:
+        changes["mode"] = args.mode
+    if args.schedule is not None:
+        try:
+            changes["schedule"] = parse_schedule(args.schedule)
+        except PolicyError as exc:
+            return fail(f"--schedule: {exc}", 2)
+        changes["mode"] = "schedule"
+    if "day_seconds" in changes and "day_origin" not in changes:
+        # A compressed day starts now; a real one at midnight UTC.
+        changes["day_origin"] = 0.0 if changes["day_seconds"] == 86400.0 else float(int(time.time()))
+
+    async def main(settings: Any) -> int:
+        from dataclasses import replace
+
+        from cluster.placement_store import read_placement, write_policy
+
+        nc, layout = await _open(settings, "strictq-cluster-placement")
+        try:
+            js = nc.jetstream()
+            try:
+                policy, history = await read_placement(js, layout)
+            except PolicyError as exc:  # another version's record: only a change can replace it
+                if not changes:
+                    return fail(f"the placement policy cannot be read: {exc}", 1)
+                policy, history = PlacementPolicy(), ()
+            if changes:
+                try:
+                    policy = replace(policy, **changes)
+                except PolicyError as exc:  # e.g. --traffic kept, --schedule never given: mode schedule
+                    return fail(f"placement: {exc}", 2)
+                await write_policy(js, layout, policy)
+        finally:
+            await nc.close()
+        if args.json:
+            print(json.dumps(policy.to_dict()))
+        else:
+            print(describe_policy(policy, history, time.time()))
+        return 0
+
+    return _run(args, main)
+
+
+# --------------------------------------------------------------------------------------------- plan
+def cmd_plan(args: argparse.Namespace) -> int:
+    wait = parse_number(args.wait, "--wait", 0.0, MAX_PLAN_WAIT)
+    if isinstance(wait, str):
+        return fail(wait, 2)
+    if wait <= 0:
+        return fail(f"--wait must be more than 0 and at most {MAX_PLAN_WAIT:g} seconds", 2)
+
+    async def main(settings: Any) -> int:
+        from .cluster_view import read_view
+
+        nc, layout = await _open(settings, "strictq-cluster-plan")
+        try:
+            js = nc.jetstream()
+            view = await read_view(js, layout, settings.urls, geo=True)
+            return await plan(js, layout, view, args.by, args.apply, float(wait), args.json)
+        finally:
+            await nc.close()
+
+    return _run(args, main)
+
+
+async def plan(
+    js: Any, layout: Any, view: Any, by: str | None, apply: bool, wait: float, as_json: bool
+) -> int:
+    """`strictq cluster plan`: the placement proposals for now (hold waived: an operator asked), and with
+    `apply` the ready ones written as planned moves, recorded, and waited for."""
+    from dataclasses import replace
+
+    import orjson
+    from nats.js.errors import KeyWrongLastSequenceError
+
+    from cluster import traffic
+    from cluster.master import move_key
+    from cluster.placement import MoveRecord, PlacementState, propose
+    from cluster.placement_store import record_moves
+
+    geo = view.geo
+    policy = geo.policy
+    if policy is None:
+        return fail(f"the placement policy cannot be read: {geo.problem}", 1)
+    mode = by or (policy.mode if policy.mode != "off" else "traffic")
+    if mode == "schedule" and not policy.schedule:
+        return fail(
+            "no schedule to plan by: set one with `strictq cluster placement --schedule 00:00=ap,...`", 2
+        )
+    if mode == "traffic" and not geo.edges:
+        note = "no traffic measured yet: edges report every second"
+        print(json.dumps({"mode": mode, "proposals": [], "note": note}) if as_json else f"strictq: {note}")
+        return 0
+    now = time.time()
+    demand = traffic.demand(geo.reports)
+    proposals, _ = propose(
+        partitions=layout.partitions,
+        assignments=view.assignments,
+        nodes=view.live_infos(),
+        demand=demand,
+        latency=traffic.latency(geo.reports),
+        policy=replace(policy, hold=0.0),
+        state=PlacementState({}, geo.history),
+        now=now,
+        pending_moves={p.partition: p.moving_to for p in view.partitions if p.moving_to is not None},
+        mode="schedule" if mode == "schedule" else "traffic",
+    )
+    status = {p.partition: p.blocked or ("moving" if apply else "ready") for p in proposals}
+    targets: dict[int, str] = {}
+    if apply:
+        owners = await js.key_value(layout.owners_bucket)
+        made: list[Any] = []
+        for proposal in proposals:
+            if proposal.blocked or not proposal.to_node:
+                continue
+            request = {"node": proposal.to_node, "by": "plan", "why": proposal.reason}
+            try:
+                await owners.create(move_key(proposal.partition), orjson.dumps(request))
+            except KeyWrongLastSequenceError:  # someone asked for a move of it since the view was read
+                status[proposal.partition] = "a move is under way"
+                continue
+            targets[proposal.partition] = proposal.to_node
+            made.append(MoveRecord.of(proposal, now, "plan"))
+        if made:
+            await record_moves(js, layout, made)
+    if as_json and not apply:
+        print(json.dumps({"mode": mode, "proposals": [_proposal_json(p, status) for p in proposals]}))
+        return 0
+    if not as_json:
+        print(_plan_text(mode, len(geo.edges), bool(demand), proposals, status), flush=True)
+    left: dict[int, str] = {}
+    if targets:
+        out = sys.stderr if as_json else sys.stdout  # stdout stays one JSON object
+        left, view = await wait_moves(js, layout, view, targets, time.monotonic(), wait, out)
+        for partition in targets:
+            status[partition] = "not moved yet" if partition in left else "moved"
+    if as_json:
+        print(json.dumps({"mode": mode, "proposals": [_proposal_json(p, status) for p in proposals]}))
+    if left:
+        return fail(
+            f"{len(left)} of {len(targets)} moves did not finish within {wait:g}s: "
+            + "; ".join(f"partition {p}: {_progress(view, p, node)}" for p, node in sorted(left.items()))
+            + "; the requests stay",
+            1,
+        )
+    return 0
+
+
+def _plan_text(mode: str, edges: int, demand: bool, proposals: list[Any], status: dict[int, str]) -> str:
+    if not proposals:
+        if mode == "schedule":
+            return "strictq: no moves: every partition is owned in the schedule's region of now"
+        if not demand:
+            return (
+                f"strictq: no moves: {edges} edge{'s' if edges != 1 else ''} reported, but no sends from "
+                "a known client region"
+            )
+        return "strictq: no moves: every partition with traffic is owned where its senders are served best"
+    return _table(
+        ["PARTITION", "FROM", "TO", "WHY", "SAVED", "RISK", "STATUS"],
+        [
+            [
+                str(p.partition),
+                f"{p.from_node} ({p.from_region or '?'})",
+                f"{p.to_node or '-'} ({p.to_region})",
+                p.reason,
+                "-" if p.saved_ms is None else f"{p.saved_ms:.0f} ms",
+                p.risk or "-",
+                status[p.partition],
+            ]
+            for p in proposals
+        ],
+    )
+
+
+def _proposal_json(proposal: Any, status: dict[int, str]) -> dict[str, Any]:
+    return {
+        "partition": proposal.partition,
+        "from_node": proposal.from_node,
+        "to_node": proposal.to_node or None,
+        "from_region": proposal.from_region or None,
+        "to_region": proposal.to_region,
+        "reason": proposal.reason,
+        "saved_ms": None if proposal.saved_ms is None else round(proposal.saved_ms, 3),
+        "risk": proposal.risk,
+        "blocked": proposal.blocked,
+        "status": status[proposal.partition],
+    }

@@ -64,6 +64,7 @@ class UpOptions:
     proxy: bool = True
     proxy_port: int | None = None
     nats_servers: int = 3
+    regions: tuple[str, ...] = ()  # --regions: node (and JetStream server) i runs in regions[i % len]
     node_timeout: float = NODE_START_TIMEOUT
     gateway_timeout: float = GATEWAY_START_TIMEOUT
     settle_timeout: float = SETTLE_TIMEOUT
@@ -237,7 +238,17 @@ class ClusterUp:
             str(o.partitions),
             "--replicas",
             str(o.replicas),
+            *self.where(int(name.removeprefix("n")) - 1),
         )
+
+    def where(self, i: int) -> list[str]:
+        """`--region R --zone R-1` for the i-th node (0-based) with --regions, else nothing."""
+        region = self.region(i)
+        return [] if region is None else ["--region", region, "--zone", f"{region}-1"]
+
+    def region(self, i: int) -> str | None:
+        regions = self.options.regions
+        return regions[i % len(regions)] if regions else None
 
     def gateway_argv(self) -> list[str]:
         o = self.options
@@ -303,7 +314,10 @@ class ClusterUp:
         with file_faults(self.logs):
             private_dir(self.data_dir)
             private_dir(self.logs)
-        self.nats = NatsCluster(self.data_dir, o.nats_servers, o.host)
+        # With --regions, JetStream server i runs where node i does (its tags: cluster.nats_servers).
+        regions = [o.regions[i % len(o.regions)] for i in range(o.nats_servers)] if o.regions else None
+        zones = [f"{region}-1" for region in regions] if regions is not None else None
+        self.nats = NatsCluster(self.data_dir, o.nats_servers, o.host, zones=zones, regions=regions)
         self.nats.start()
         self._nats_pids = [self.nats.pid(i) for i in range(self.nats.count)]
         if self.stop.is_set():
