@@ -9,6 +9,10 @@ with its diff. It ends with a summary and exits 0 only if nothing was lost and n
 
 `--no-spark` leaves out the Spark steps (index, search, errors); `--fast` uses shorter intervals (what
 the CI test runs); `--keep` keeps the data directory for poking around.
+
+`--geo` runs the regions demo instead (scenarios/geo_demo.py, issue 16): three simulated regions, a
+producer's partition moved near it by placement with its send latency measured before and after, and
+follow-the-sun over a compressed day.
 """
 
 from __future__ import annotations
@@ -41,6 +45,12 @@ def register(commands: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    demo.add_argument(
+        "--geo",
+        action="store_true",
+        help="the regions demo instead: a producer's partition placed near it, follow-the-sun (scenarios/"
+        "geo_demo.py; --fast, --keep and --data-dir apply)",
+    )
     demo.add_argument("--no-spark", action="store_true", help="skip strictq index / search / errors (Spark)")
     demo.add_argument("--no-replay", action="store_true", help="skip strictq replay")
     demo.add_argument("--fast", action="store_true", help="shorter intervals and fewer customers (CI)")
@@ -51,6 +61,10 @@ def register(commands: Any) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.geo:
+        from .geo_demo import cmd_geo_demo  # the world of regions: only when asked for
+
+        return cmd_geo_demo(args)
     if args.workers < 3:
         print("strictq: demo: --workers must be at least 3", file=sys.stderr)
         return 2
