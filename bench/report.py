@@ -429,6 +429,10 @@ def render(
 
     cluster_section(results, add)
 
+    from .geo_bench import geo_section  # issue 16: latency per region before/after placement (if it ran)
+
+    geo_section(results, add)
+
     prof = results.get("profile")
     bp = (b or {}).get("profile")
     if (prof and prof.get("tool") == "py-spy") or bp:

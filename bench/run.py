@@ -5,7 +5,9 @@ EmoDB and SQS faces, and latency at half the EmoDB face's peak), backlog (with r
 with --profile, profile (and py-spy on the gateway in gw-emodb/gw-sqs). `--only e2e` means both e2e
 scenarios; `gw` (or `gateway`) the three gateway scenarios; `restart` and `rss` mean backlog.
 `cluster` is issue 15's: the gateway over `strictq cluster up` at 1-3 queue servers, R1 and R3, beside the
-single-process gateway; failover and planned-move times. `--splice` rewrites only the sections of the
+single-process gateway; failover and planned-move times. `geo` is issue 16's: three simulated regions
+(strictq.geo_sim), send latency per region before and after placement by traffic, follow-the-sun moves per
+simulated day, messages lost (bench/geo_bench.py). `--splice` rewrites only the sections of the
 scenarios run (e.g. `--only cluster --splice`), keeping the rest of docs/benchmarks.md.
 Raw outputs (server logs, profiles, results.json) go to bench/out/ (ignored by git).
 """

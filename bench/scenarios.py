@@ -621,6 +621,13 @@ def scenario_cluster(st: Settings, progress: Progress) -> None:
     st.results["cluster"] = run_cluster_bench(st, progress)
 
 
+def scenario_geo(st: Settings, progress: Progress) -> None:
+    """Regions (issue 16): send latency per region before/after placement, follow-the-sun (geo_bench.py)."""
+    from .geo_bench import run_geo_bench
+
+    st.results["geo"] = run_geo_bench(st, progress)
+
+
 SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "core": scenario_core,
     "e2e-100": scenario_e2e_100,
@@ -635,6 +642,7 @@ SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "spark": scenario_spark,
     "failover": scenario_failover,
     "cluster": scenario_cluster,
+    "geo": scenario_geo,
     "profile": scenario_profile,
 }
 ALIASES = {
