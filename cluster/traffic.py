@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -29,10 +29,14 @@ from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
 
 from .layout import ClusterLayout
-from .ownership import RecordError
+from .ownership import NodeInfo, RecordError
 
-if TYPE_CHECKING:
-    from .kv_owners import KvOwnerMap
+
+class NodeDirectory(Protocol):
+    """The live nodes an edge probes (cluster.kv_owners.KvOwnerMap), named by what is used so this module
+    does not import kv_owners (which imports master, which imports the placer, which reads reports here)."""
+
+    def nodes(self) -> dict[str, NodeInfo]: ...
 
 log = logging.getLogger("strictq.cluster.traffic")
 
@@ -295,7 +299,7 @@ class EdgePublisher:
         js: JetStreamContext,
         layout: ClusterLayout,
         meter: TrafficMeter,
-        owners: KvOwnerMap,
+        owners: NodeDirectory,
         session: aiohttp.ClientSession | None = None,
         reach: Mapping[str, str] | None = None,
         every: float = 1.0,

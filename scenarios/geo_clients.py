@@ -26,6 +26,7 @@ import aiohttp
 from cluster.layout import read_layout
 from cluster.placement import MoveRecord
 from cluster.placement_store import read_placement
+from protocol import headers
 from strictq.geo_sim import GeoError, GeoWorld
 
 QUEUE = "geo-orders"
@@ -45,7 +46,7 @@ class EmoClient:
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=context),
             timeout=aiohttp.ClientTimeout(total=timeout),
-            headers={"X-BV-API-Key": world.credential(role).secret},
+            headers={headers.API_KEY: world.credential(role).secret},
         )
 
     async def close(self) -> None:

@@ -9,8 +9,9 @@ eu<->ap 120 ms one way).
   sends and a worker consumes all along: nothing lost, nothing out of order.
 
 The group is chosen in partition 0 on purpose: the faces read the queue's attributes on one partition's
-owner before each send (cluster.backend `_any` tries partition 0 first), so with the group's partition
-being partition 0 every send touches one owner only and its latency is that owner's link.
+owner before each send (cluster.backend `_any` asks the partitions owned in the edge's region first, then
+the rest in order, partition 0 first), so with every partition in eu and the group's partition being
+partition 0, every send before the move touches one owner only and its latency is that owner's link.
 """
 
 from __future__ import annotations
