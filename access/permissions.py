@@ -101,3 +101,12 @@ def visible_names(
 ) -> list[str]:
     names = (visible_name(credential, q, face) for q in queues)
     return [n for n in names if n is not None and n.startswith(prefix)]
+
+
+def sets_limits(credential: Credential, credentials: Iterable[Credential]) -> bool:
+    """Whether the credential may change a tenant's send limit (gateway.limits_http): an `operator`, or
+    the `admin` of a key file that serves one tenant only (the embedded default, whose admin is the
+    operator). With several tenants a tenant's admin must not raise its own limit."""
+    if spans_tenants(credential):
+        return True
+    return credential.role == "admin" and tenants_of(credentials) == {credential.tenant}

@@ -21,6 +21,8 @@ from queue_core.service import QueueService
 from . import emodb, sqs
 from .app_keys import KEYS, MAX_EDGE_BODY, ROUTER, SERVICE
 from .deliveries import DELIVERIES, DeliveryLog
+from .limits_http import add_limit_routes
+from .rate_limits import TenantRateLimiter
 from .routing import PartitionRouter
 
 
@@ -47,10 +49,12 @@ def make_gateway_app(
     failures: FailureManager | None = None,
     receipt_key: Path | None = None,
     sqs_regions: Collection[str] | None = None,
+    limiter: TenantRateLimiter | None = None,
 ) -> web.Application:
     """`deliveries`: write a wire-log record per message handed to a worker (gateway.deliveries).
     `receipt_key`: the file of the SQS receipt-handle key (gateway.sqs_receipts); None: in memory.
-    `sqs_regions`: the regions SQS requests may be signed for (gateway.sqs_regions); None: any."""
+    `sqs_regions`: the regions SQS requests may be signed for (gateway.sqs_regions); None: any.
+    `limiter`: per-tenant send rates (gateway.rate_limits); None: unlimited, not kept on disk."""
     app = web.Application(client_max_size=MAX_EDGE_BODY, middlewares=[json_http_errors])
     app[SERVICE] = service
     app[KEYS] = keys
@@ -61,6 +65,7 @@ def make_gateway_app(
     app.router.add_get("/readyz", readyz)
     sqs.add_routes(app, receipt_key, sqs_regions)  # the faces register their own routes
     emodb.add_routes(app)
+    add_limit_routes(app, limiter if limiter is not None else TenantRateLimiter(), keys)
     if isinstance(service, QueueService):  # the core is in this process: its control stream and fences too
         hub = control or (failures.hub if failures is not None else ControlHub(service))
         add_admin_routes(app, hub, keys, failures)  # failures: failure management's routes and hooks

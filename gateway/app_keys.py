@@ -8,6 +8,7 @@ from aiohttp import web
 from access.keys import KeyRing
 from queue_core.backend import QueueBackend
 
+from .rate_limits import TenantRateLimiter
 from .routing import PartitionRouter
 
 # Bodies above this are refused while being read (aiohttp stops at client_max_size), before they are
@@ -17,3 +18,4 @@ MAX_EDGE_BODY = 4 * 1024 * 1024
 SERVICE = web.AppKey("service", QueueBackend)
 KEYS = web.AppKey("keys", KeyRing)
 ROUTER = web.AppKey("router", PartitionRouter)
+LIMITER = web.AppKey("limiter", TenantRateLimiter)  # per-tenant send rates (gateway.rate_limits)

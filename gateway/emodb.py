@@ -82,6 +82,7 @@ from queue_core.scope import internal_name
 
 from .app_keys import KEYS, ROUTER
 from .deliveries import deliveries_of
+from .limits_http import check_sends
 from .results_log import log_results
 
 log = logging.getLogger("strictq.gateway.emodb")
@@ -368,6 +369,7 @@ async def ensure_queue(call: Call, service: QueueBackend, queue: str) -> None:
 
 async def send_all(call: Call, batches: dict[str, list[SendRequest]], group: str | None) -> None:
     """Send each queue's messages; the first failed message is the request's error (EmoDB: not atomic)."""
+    check_sends(call.request, call.credential.tenant, sum(map(len, batches.values())))
     failures: list[tuple[str, int, QueueError]] = []
     for queue, requests in batches.items():
         if not requests:

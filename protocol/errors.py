@@ -31,6 +31,8 @@ TIMEOUT = "timeout"  # aiohttp gave up on a handler (504)
 # A cluster node asked for a partition it does not own now (421, retriable: the owner map moved on; the
 # gateway re-reads it and sends the request to the new owner).
 NOT_OWNER = "not_owner"
+# A tenant's sends over its rate at the edge (429 with Retry-After, retriable; SQS: RequestThrottled).
+THROTTLED = "throttled"
 HTTP_ERROR_CODES = {
     400: BAD_REQUEST,
     404: NO_SUCH_ROUTE,

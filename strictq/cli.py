@@ -16,6 +16,7 @@ from .cluster_cli import add_nats_arguments, nats_settings
 from .cluster_cli import register as register_cluster_commands
 from .health_cli import add_settings_arguments as add_health_arguments
 from .health_cli import register as register_health_commands
+from .limits_cli import register as register_limits_commands
 
 INIT_HELP = (
     "start with an empty store although the data dir shows an earlier one (a marker, development keys, "
@@ -239,6 +240,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--cluster the first --region is also this edge's region: its clients' region unless "
         "--client-regions, --trusted-proxy or --trust-region-header say otherwise",
     )
+    serve.add_argument(
+        "--tenant-rate",
+        type=float,
+        metavar="MSGS_PER_S",
+        help="every tenant's default send limit, messages per second (a token bucket per tenant; sends over "
+        "it get 429 + Retry-After on the EmoDB face, RequestThrottled on the SQS face). Default: unlimited. "
+        "`strictq limits set` gives a tenant its own at run time",
+    )
+    serve.add_argument(
+        "--tenant-burst",
+        type=float,
+        metavar="MSGS",
+        help="with --tenant-rate: messages a tenant may send at once after a quiet spell (default: the rate)",
+    )
     add_health_arguments(serve)
     add_connection_arguments(serve)
     serve.set_defaults(handler=cmd_serve)
@@ -352,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     queues.set_defaults(handler=cmd_queues)
     register_proxy_commands(commands)  # strictq proxy / proxy ca (fencing.cli)
     register_admin_commands(commands)  # strictq fence / unfence / fences
+    register_limits_commands(commands)  # strictq limits [list|set|clear]
     register_health_commands(commands)  # strictq status / suspend / resume / unblacklist
     register_cluster_commands(commands)  # strictq cluster up / status / move / urls
     from wirelog.cli import register as register_wirelog  # strictq wirelog tail / grep (stdlib imports only)
@@ -622,6 +638,24 @@ def _cluster_node(args: argparse.Namespace, limits: Any) -> int:
     return run_server(lambda: run_node(options))
 
 
+def _tenant_limit(args: argparse.Namespace) -> Any:
+    """--tenant-rate/--tenant-burst as a TenantLimit, None (unlimited), or False after one line saying
+    what is wrong."""
+    from gateway.rate_limits import InvalidLimit, TenantLimit
+
+    if args.tenant_rate is None:
+        if args.tenant_burst is not None:
+            print("strictq: --tenant-burst goes with --tenant-rate", file=sys.stderr)
+            return False
+        return None
+    try:
+        return TenantLimit.parse(args.tenant_rate, args.tenant_burst)
+    except InvalidLimit as exc:
+        flag = "--tenant-rate" if exc.message.startswith("rate") else "--tenant-burst"
+        print(f"strictq: {flag}: {exc.message}", file=sys.stderr)
+        return False
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
@@ -644,6 +678,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"strictq: --region: {exc}", file=sys.stderr)
         return 2
+    tenant_limit = _tenant_limit(args)
+    if tenant_limit is False:
+        return 2
     options = ServeOptions(
         host=args.host,
         port=args.port,
@@ -663,6 +700,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         init=args.init,
         limits=limits,
         regions=tuple(sorted(regions or ())),
+        tenant_limit=tenant_limit,
     )
     if args.queue_server is not None and not args.queue_server.startswith(("http://", "https://")):
         print("strictq: --queue-server must be an http:// or https:// URL", file=sys.stderr)

@@ -33,6 +33,7 @@ from fencing.child import ProxyChild, ProxyStartError, start_proxy_child
 from gateway.app import make_gateway_app
 from gateway.client_region import Network, RegionResolver, client_region_middleware
 from gateway.deliveries import DeliveryLog
+from gateway.rate_limits import TenantLimit, TenantRateLimiter
 from gateway.sqs_receipts import ReceiptSigner
 from gateway.tls import TlsFiles, ensure_local_certificates, server_context
 from protocol import headers
@@ -78,6 +79,7 @@ def make_edge_app(
     receipt_key: Path | None = None,
     sqs_regions: tuple[str, ...] = (),
     regions: RegionResolver | None = None,
+    limiter: TenantRateLimiter | None = None,
 ) -> web.Application:
     """The gateway's app (gateway.app) with, given `index`, GET /admin/v1/search over the wire-log index
     (spark.admin_endpoint; `strictq index` builds it) mounted beside its faces. `sqs_regions`: the regions
@@ -91,6 +93,7 @@ def make_edge_app(
         failures=failures,
         receipt_key=receipt_key,
         sqs_regions=sqs_regions,
+        limiter=limiter,
     )
     if index is not None:
         add_search_route(app, index, keys)
@@ -131,6 +134,7 @@ class ServeOptions:
     trust_region_header: bool = False
     reach: tuple[tuple[str, str], ...] = ()  # (node, URL): reach that queue server there from this edge
     traffic_window: float = 60.0
+    tenant_limit: TenantLimit | None = None  # --tenant-rate/--tenant-burst: every tenant's default send rate
 
     @property
     def core_here(self) -> bool:
@@ -231,6 +235,8 @@ def prepare(options: ServeOptions) -> tuple[KeyRing, Path, TlsFiles | None, ssl.
 async def serve(options: ServeOptions) -> None:
     data_dir = options.data_dir
     keys, keys_path, tls, context = prepare(options)
+    # Operators' per-tenant limits (gateway.rate_limits): a damaged file stops the start before the store.
+    limiter = TenantRateLimiter.load(data_dir / "limits.json", options.tenant_limit)
     service: QueueBackend
     control = None
     publisher = None  # an edge of a cluster's traffic reports (cluster.traffic), started once it listens
@@ -265,6 +271,7 @@ async def serve(options: ServeOptions) -> None:
             receipt_key=data_dir / "receipt.key",  # SQS receipt handles stay valid across restarts
             sqs_regions=options.regions,
             regions=options.region_resolver(),
+            limiter=limiter,
         ),
         access_log=None,
         handle_signals=False,

@@ -19,6 +19,7 @@ from aiohttp import web
 from access.keys import Credential, KeyRing
 from gateway.app import make_gateway_app
 from gateway.deliveries import DeliveryLog
+from gateway.rate_limits import TenantRateLimiter
 from queue_core.service import QueueService
 
 CREDENTIALS = [
@@ -69,9 +70,13 @@ async def serve_gateway(
     deliveries: DeliveryLog | None = None,
     receipt_key: Path | None = None,
     sqs_regions: frozenset[str] | None = None,
+    limiter: TenantRateLimiter | None = None,
+    credentials: list[Credential] | None = None,
 ) -> AsyncIterator[Gateway]:
     """`receipt_key`: the SQS receipt-handle key file (as `strictq serve` keeps it); None: in memory.
-    `sqs_regions`: the regions SQS requests may be signed for (gateway.sqs_regions); None: any."""
+    `sqs_regions`: the regions SQS requests may be signed for (gateway.sqs_regions); None: any.
+    `limiter`: per-tenant send limits (gateway.rate_limits); None: unlimited. `credentials`: the key file
+    (default CREDENTIALS)."""
     ca = trustme.CA()
     ca_file = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
@@ -79,9 +84,14 @@ async def serve_gateway(
     ca.issue_cert("127.0.0.1", "localhost").configure_cert(context)
     service = QueueService(tmp_path / "queue")
     await service.start()
-    keys = KeyRing(list(CREDENTIALS))
+    keys = KeyRing(list(CREDENTIALS if credentials is None else credentials))
     app = make_gateway_app(
-        service, keys, deliveries=deliveries, receipt_key=receipt_key, sqs_regions=sqs_regions
+        service,
+        keys,
+        deliveries=deliveries,
+        receipt_key=receipt_key,
+        sqs_regions=sqs_regions,
+        limiter=limiter,
     )
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

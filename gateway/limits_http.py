@@ -1,0 +1,103 @@
+"""The edge's per-tenant send limits over HTTP: the faces' one admission call, and the admin routes that
+read and change the limits at run time (gateway.rate_limits holds the buckets).
+
+- `GET /admin/v1/limits`: an `admin` key sees its tenant's limit and counters, an `operator` key every
+  tenant of the key file and the default;
+- `PUT /admin/v1/limits/{tenant}` with `{"rate": R, "burst": B}` (burst optional; `{"rate": null}`:
+  unlimited) and `DELETE /admin/v1/limits/{tenant}` (back to the default): an `operator` key, or the
+  `admin` key of a key file with one tenant (access.permissions.sets_limits): with several tenants a
+  tenant's admin must not raise its own limit.
+
+Errors are the one JSON body of the admin routes (queue_core.admin_http).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from access.keys import KeyRing
+from access.permissions import READ_ROLES, WRITE_ROLES, sets_limits, spans_tenants, tenants_of
+from protocol.errors import Forbidden, RequestTooLarge
+from queue_core.admin_http import ADMIN_KEYS, authenticate, errors_as_json
+from queue_core.http_errors import json_response
+
+from .app_keys import LIMITER
+from .rate_limits import InvalidLimit, TenantLimit, TenantRateLimiter, UnknownTenant
+
+MAX_LIMIT_BODY = 4096
+
+
+def check_sends(request: web.Request, tenant: str, messages: int) -> None:
+    """Admit `messages` sends of `tenant` now, or raise Throttled (rendered by each face)."""
+    request.app[LIMITER].check(tenant, messages, time.monotonic())
+
+
+def add_limit_routes(app: web.Application, limiter: TenantRateLimiter, keys: KeyRing) -> None:
+    app[LIMITER] = limiter
+    if ADMIN_KEYS not in app:
+        app[ADMIN_KEYS] = keys
+    app.router.add_get("/admin/v1/limits", list_limits)
+    app.router.add_put("/admin/v1/limits/{tenant}", put_limit)
+    app.router.add_delete("/admin/v1/limits/{tenant}", delete_limit)
+
+
+def _tenant(request: web.Request) -> str:
+    """The path's tenant, which must be one the key file serves (404 otherwise), if the caller may change
+    limits (403 otherwise)."""
+    credential = authenticate(request, WRITE_ROLES)
+    if not sets_limits(credential, request.app[ADMIN_KEYS].credentials):
+        raise Forbidden(
+            f"credential {credential.id!r} (role {credential.role}) may not change send limits: an operator "
+            "key may (a tenant's admin may only where the key file serves that one tenant)"
+        )
+    tenant = request.match_info["tenant"]
+    if tenant not in tenants_of(request.app[ADMIN_KEYS].credentials):
+        raise UnknownTenant(f"no tenant {tenant!r} in the key file")
+    return tenant
+
+
+@errors_as_json
+async def list_limits(request: web.Request) -> web.StreamResponse:
+    credential = authenticate(request, READ_ROLES)
+    limiter = request.app[LIMITER]
+    if spans_tenants(credential):
+        tenants = sorted(tenants_of(request.app[ADMIN_KEYS].credentials) | set(limiter.overrides))
+    else:
+        tenants = [credential.tenant]
+    default = None if limiter.default is None else limiter.default.to_dict()
+    return json_response({"default": default, "tenants": [limiter.describe(t) for t in tenants]})
+
+
+@errors_as_json
+async def put_limit(request: web.Request) -> web.StreamResponse:
+    tenant = _tenant(request)
+    if request.content_length is not None and request.content_length > MAX_LIMIT_BODY:
+        raise RequestTooLarge(f"request body over {MAX_LIMIT_BODY} bytes")
+    raw = await request.read()
+    try:
+        data: Any = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError as exc:
+        raise InvalidLimit(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or "rate" not in data or set(data) - {"rate", "burst"}:
+        example = '{"rate": <messages/s>, "burst": <messages>} or {"rate": null}'
+        raise InvalidLimit(f"send a JSON object: {example}")
+    limiter = request.app[LIMITER]
+    if data["rate"] is None:
+        if data.get("burst") is not None:
+            raise InvalidLimit('an unlimited tenant ({"rate": null}) has no burst')
+        limiter.set(tenant, None)
+    else:
+        limiter.set(tenant, TenantLimit.parse(data["rate"], data.get("burst")))
+    return json_response(limiter.describe(tenant))
+
+
+@errors_as_json
+async def delete_limit(request: web.Request) -> web.StreamResponse:
+    tenant = _tenant(request)
+    limiter = request.app[LIMITER]
+    limiter.clear(tenant)
+    return json_response(limiter.describe(tenant))

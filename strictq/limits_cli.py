@@ -1,0 +1,115 @@
+"""`strictq limits`: read and change the gateway's per-tenant send limits at run time (gateway.limits_http).
+
+Cheap to import (stdlib only), like strictq.admin_cli, whose admin-key and request plumbing it shares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from .admin_cli import ENV_HELP, UsageError, _common, _json_flag, _print_json, _quote, _run, print_line
+
+LIMITS_HELP = (
+    "A tenant's sends (messages, a batch counting each) are admitted by a token bucket: RATE messages per "
+    "second on average, BURST at once after a quiet spell. Sends over it are refused with 429 and "
+    "Retry-After (EmoDB face) or RequestThrottled (SQS face), and nothing of a refused send is stored. "
+    "Every tenant without a limit of its own gets `strictq serve --tenant-rate/--tenant-burst` (default: "
+    "unlimited). Limits set here are kept in <data-dir>/limits.json across restarts; each gateway process "
+    "limits the sends it sees. Changing them takes an operator key (or the admin key where the key file "
+    "serves one tenant, as `make run`'s does). "
+)
+
+
+def register(commands: Any) -> None:
+    """Add `strictq limits [list|set|clear]` to the `strictq` subcommand parsers."""
+    limits = commands.add_parser(
+        "limits",
+        help="per-tenant send rate limits at the gateway: list, set, clear",
+        description="Show the send limit of each tenant (its own or the default) and how many requests and "
+        "messages it had throttled, or change one. " + LIMITS_HELP + ENV_HELP,
+    )
+    actions = limits.add_subparsers(dest="limits_action", metavar="{list,set,clear}")
+    listing = actions.add_parser("list", help="each tenant's limit and throttle counts (the default action)")
+    _json_flag(listing, "the server's answer as JSON instead of a table")
+    _common(listing)
+    setting = actions.add_parser(
+        "set",
+        help="give TENANT a limit of its own",
+        description="Give TENANT its own send limit (instead of the default). " + LIMITS_HELP + ENV_HELP,
+    )
+    setting.add_argument("tenant", metavar="TENANT")
+    amount = setting.add_mutually_exclusive_group(required=True)
+    amount.add_argument("--rate", type=float, metavar="MSGS_PER_S", help="messages per second on average")
+    amount.add_argument("--unlimited", action="store_true", help="no limit for TENANT, whatever the default")
+    setting.add_argument(
+        "--burst", type=float, metavar="MSGS", help="messages at once after a quiet spell (default: the rate)"
+    )
+    _json_flag(setting, "the server's answer as JSON instead of a line")
+    _common(setting)
+    clearing = actions.add_parser("clear", help="TENANT back to the default limit")
+    clearing.add_argument("tenant", metavar="TENANT")
+    _json_flag(clearing, "the server's answer as JSON instead of a line")
+    _common(clearing)
+    # `strictq limits` alone lists, with the admin key from the environment; the flags are the actions'
+    # (the same flags on the parent would be overwritten by a subcommand's defaults: argparse).
+    for parser in (limits, listing, setting, clearing):
+        parser.set_defaults(handler=cmd_limits, json=False)
+
+
+def cmd_limits(args: argparse.Namespace) -> int:
+    action = args.limits_action or "list"
+    if action == "list":
+        return _run(args, "GET", "/admin/v1/limits", None, lambda result: _show_list(args, result))
+    path = f"/admin/v1/limits/{_quote(args.tenant)}"
+    if action == "clear":
+        return _run(args, "DELETE", path, None, lambda result: _show_one(args, result))
+
+    def body() -> dict[str, Any]:
+        if args.unlimited:
+            if args.burst is not None:
+                raise UsageError("--burst goes with --rate, not --unlimited")
+            return {"rate": None}
+        if not (math.isfinite(args.rate) and args.rate > 0):
+            raise UsageError(f"--rate {args.rate:g}: give a positive number of messages per second")
+        if args.burst is not None and not (math.isfinite(args.burst) and args.burst >= 1):
+            raise UsageError(f"--burst {args.burst:g}: give a number of messages, at least 1")
+        return {"rate": args.rate} | ({} if args.burst is None else {"burst": args.burst})
+
+    return _run(args, "PUT", path, body, lambda result: _show_one(args, result))
+
+
+def describe_limit(limit: Any) -> str:
+    if not isinstance(limit, dict):
+        return "unlimited"
+    return f"{limit.get('rate', 0):g} msg/s, burst {limit.get('burst', 0):g}"
+
+
+def _show_one(args: argparse.Namespace, result: Any) -> None:
+    if args.json:
+        _print_json(result)
+        return
+    source = "its own" if result.get("source") == "tenant" else "the default"
+    print_line(f"{result.get('tenant')}: {describe_limit(result.get('limit'))} ({source})")
+
+
+def _show_list(args: argparse.Namespace, result: Any) -> None:
+    if args.json:
+        _print_json(result)
+        return
+    print_line(f"default: {describe_limit(result.get('default'))}")
+    rows = [("TENANT", "LIMIT", "FROM", "ADMITTED", "THROTTLED (REQUESTS/MESSAGES)")]
+    for item in result.get("tenants", []):
+        rows.append(
+            (
+                str(item.get("tenant")),
+                describe_limit(item.get("limit")),
+                "tenant" if item.get("source") == "tenant" else "default",
+                str(item.get("admitted", 0)),
+                f"{item.get('throttled_requests', 0)}/{item.get('throttled_messages', 0)}",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print_line("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
