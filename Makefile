@@ -69,7 +69,7 @@ test: $(STAMP) nats-server
 	  $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 \
 	  $(if $(TEST_TMP),--basetemp $(TEST_TMP)) $(PYTEST_ARGS) $(if $(TEST_TMP),&& rm -rf $(TEST_TMP))
 
-demo: $(STAMP)
+demo: $(STAMP) nats-server
 	$(VENV)/bin/strictq demo $(DEMO_ARGS)
 
 lint: $(STAMP)

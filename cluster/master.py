@@ -226,7 +226,7 @@ class MasterRole:
         # Rebalancing waits a while after an operator's `cluster move`, which would otherwise be undone,
         # and does not run while placement (cluster.placer) is on: evening out by count would undo it.
         quiet = not changes and time.monotonic() - self._operator_moved_at > OPERATOR_QUIET
-        if quiet and not (await self.placer.open() and self.placer.holds_rebalance()):
+        if quiet and not self.placer.holds_rebalance():
             for partition, target in rebalance(self._layout.partitions, assignments, nodes, moves).items():
                 request = orjson.dumps({"node": target, "by": "rebalance"})
                 with contextlib.suppress(KeyWrongLastSequenceError):
@@ -254,8 +254,8 @@ class MasterRole:
                     await owners.delete(move_key(change.partition))
         if not changes:  # on a quiet tick, at most every TRIM_SECONDS (cluster.snapshots)
             await self.trimmer.tick(nodes, assignments)
-        if not changes:  # at most every PLACEMENT_EVERY; never raises
-            await self.placer.tick(assignments, nodes, moves)
+        if not changes:  # at most every PLACEMENT_EVERY, in the background; never raises (cluster.placer)
+            self.placer.kick(assignments, nodes, moves)
         if not changes:  # at most every CHECK_EVERY, in the background; never raises (cluster.replica_repair)
             await self.replicas.tick(time.monotonic())
 

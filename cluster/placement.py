@@ -433,29 +433,37 @@ def _wish(
     total = sum(rates.values())
     shares = {region: rate / total for region, rate in rates.items()} if total > 0 else {}
 
-    def cost(where: str) -> float | None:
-        if not shares or not where:
+    def measured(targets: list[str]) -> dict[str, float]:
+        """The shares of the client regions whose latency to every target some edge measured: nothing is
+        assumed of the others (a region without an edge), which only dilute the decision."""
+        return {r: s for r, s in shares.items() if all((r, where) in latency for where in targets)}
+
+    def cost(where: str, weights: Mapping[str, float]) -> float | None:
+        """Share-weighted round trip to `where` over the measured client regions (renormalised)."""
+        known = sum(weights.values())
+        if not where or known <= 0:
             return None
-        pairs = [(share, latency.get((region, where))) for region, share in shares.items()]
-        if any(ms is None for _, ms in pairs):
-            return None
-        return sum(share * (ms or 0.0) for share, ms in pairs)
+        return sum(share * latency[(region, where)] for region, share in weights.items()) / known
 
     if mode == "schedule":
         step = policy.current_step(now)
         if step is None or step.region == owner.region:
             return None
-        here, there = cost(owner.region), cost(step.region)
+        weights = measured([owner.region, step.region]) if owner.region else {}
+        here, there = cost(owner.region, weights), cost(step.region, weights)
         saved = None if here is None or there is None else here - there
         return step.region, f"schedule: {step}", saved
     if total < policy.min_rate or not owner.region:
         return None
     regions = sorted({info.region for info in nodes.values() if info.region})
+    weights = measured(regions)
+    if sum(weights.values()) < policy.min_share:
+        return None  # too little of the traffic comes from where latency was measured
     costs: dict[str, float] = {}
     for where in regions:
-        value = cost(where)
+        value = cost(where, weights)
         if value is None:
-            return None  # a pair no edge measured: nothing is assumed
+            return None
         costs[where] = value
     # Ties keep the partition where it is, then go to the first name: the same input, the same answer.
     best = min(regions, key=lambda where: (costs[where], where != owner.region, where))
@@ -465,9 +473,15 @@ def _wish(
     saved = costs[owner.region] - costs[best]
     if share < policy.min_share or saved < policy.min_saving_ms:
         return None
+    unmeasured = 1.0 - sum(weights.values())
     why = (
         f"{share:.0%} of {total:.1f} msg/s from {top}; "
         f"{costs[owner.region]:.0f} ms -> {costs[best]:.0f} ms from the edges"
+        + (
+            f" ({unmeasured:.0%} of the sends from regions without measured latency)"
+            if unmeasured > 0.005
+            else ""
+        )
     )
     return best, why, saved
 

@@ -7,11 +7,16 @@ report per edge), opened the first time this node acts as master. Each unblocked
 of that partition is asked for already), which cluster.ownership.plan carries out as any planned move
 (the old owner drains, the new one opens at the next epoch: per-group order holds), and a MoveRecord in
 the history (compare-and-set), which the budget and the cooldown count, whichever master comes next.
-The region each partition leans toward (the hold) lives in memory only: a new master starts over.
+The region each partition leans toward (the hold) lives in memory only: a new master starts over, and
+so does a master that did not tick for a while (it lost the lease and got it back).
+
+The master runs it in the background (`kick`): opening the buckets and recording the history may wait
+seconds on JetStream, and the master's loop must renew its 2.5 s lease meanwhile.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -31,6 +36,9 @@ log = logging.getLogger("strictq.cluster")
 PLACEMENT_EVERY = 1.0
 OPEN_RETRY = 5.0  # after a failed attempt to watch the buckets
 COMPLAIN_EVERY = 60.0  # an unreadable policy or a failing tick is logged at most this often
+# Until the policy is heard, rebalancing waits (it could undo placement) this long after the first attempt
+# to watch the buckets, then goes on without placement.
+OPEN_GRACE = 30.0
 
 
 def move_request(node: str, why: str) -> bytes:
@@ -54,7 +62,10 @@ class Placer:
         self.placement: KvMirror | None = None
         self.edges: KvMirror | None = None
         self._opened_at = -OPEN_RETRY
+        self._first_open: float | None = None  # when this placer first tried to watch the buckets
         self._placed_at = -every
+        self._ticked_at: float | None = None  # when the last tick ran: a long gap starts the holds over
+        self._task: asyncio.Task[list[MoveRecord]] | None = None
         self._complained: dict[str, float] = {}
         self._leaning: dict[int, tuple[str, float]] = {}
         self._made: tuple[MoveRecord, ...] = ()  # this master's own records (the mirror may lag a write)
@@ -68,6 +79,8 @@ class Placer:
         if now - self._opened_at < OPEN_RETRY:
             return False
         self._opened_at = now
+        if self._first_open is None:
+            self._first_open = now
         mirrors: list[KvMirror] = []
         try:
             for bucket, name in (
@@ -86,6 +99,10 @@ class Placer:
         return True
 
     async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
         for mirror in (self.placement, self.edges):
             if mirror is not None:
                 await mirror.stop()
@@ -101,7 +118,10 @@ class Placer:
             return PlacementPolicy()
 
     def holds_rebalance(self) -> bool:
-        """Rebalancing evens out ownership by count, which would undo placement: not while it is on."""
+        """Rebalancing evens out ownership by count, which would undo placement: not while it is on, nor
+        while the policy is not heard yet (for OPEN_GRACE seconds; then the buckets are taken as missing)."""
+        if self.placement is None:
+            return self._first_open is None or time.monotonic() - self._first_open < OPEN_GRACE
         return self.policy().mode != "off"
 
     def reports(self) -> list[EdgeReport]:
@@ -119,6 +139,14 @@ class Placer:
         entry = None if self.placement is None else self.placement.entries.get(HISTORY_KEY)
         heard = history_of(None if entry is None else entry.value)
         return tuple(sorted({*heard, *self._made}, key=lambda record: record.at))
+
+    def kick(
+        self, assignments: Mapping[int, Assignment], nodes: Mapping[str, NodeInfo], moves: Mapping[int, str]
+    ) -> None:
+        """`tick` in the background, unless one is under way: the master's loop never waits on it."""
+        if self._task is None or self._task.done():
+            work = self.tick(dict(assignments), dict(nodes), dict(moves))
+            self._task = asyncio.create_task(work, name="placer")
 
     async def tick(
         self, assignments: Mapping[int, Assignment], nodes: Mapping[str, NodeInfo], moves: Mapping[int, str]
@@ -140,6 +168,10 @@ class Placer:
     ) -> list[MoveRecord]:
         if not await self.open():
             return []
+        now = time.monotonic()
+        if self._ticked_at is not None and now - self._ticked_at > 3 * max(self._every, 1.0):
+            self._leaning = {}  # not master for a while: the holds start over
+        self._ticked_at = now
         policy = self.policy()
         if policy.mode == "off":
             self._leaning = {}

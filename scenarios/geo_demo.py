@@ -26,14 +26,16 @@ import json
 import logging
 import shlex
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from cluster.nats_servers import NatsClusterError
 from strictq.geo_sim import GeoError, GeoWorld
-from wirelog.files import private_dir, restrict_umask
+from wirelog.files import StartupError, private_dir, restrict_umask
 
 from .geo_clients import (
     Consumer,
@@ -154,6 +156,10 @@ class GeoDemo:
                 await world.start()
             self.describe(world)
             return await self.story(world)
+        except (StartupError, NatsClusterError) as exc:  # no nats-server, or it would not start
+            message = " ".join(str(exc).split())
+            print(f"strictq: demo --geo: {message}", file=sys.stderr, flush=True)
+            return 2
         except (DemoFailed, GeoError, EmoError) as exc:
             print(f"\nstrictq demo --geo: the scenario stopped: {exc}", flush=True)
             return 1

@@ -392,8 +392,8 @@ def add_edge_arguments(group: argparse._ActionsContainer) -> None:
     group.add_argument(
         "--edge-name",
         metavar="NAME",
-        help="this edge's name in the cluster's reports (default: edge-<first --region, or any>-<port>; "
-        "1-64 letters, digits, '_' or '-')",
+        help="this edge's name in the cluster's reports, unique among the cluster's edges (default: "
+        "edge-<first --region, or any>-<host name>-<port>; 1-64 letters, digits, '_' or '-')",
     )
     group.add_argument(
         "--client-regions",

@@ -866,20 +866,24 @@ async def plan(
     targets: dict[int, str] = {}
     if apply:
         owners = await js.key_value(layout.owners_bucket)
-        made: list[Any] = []
-        for proposal in proposals:
-            if proposal.blocked or not proposal.to_node:
-                continue
+        ready = [p for p in proposals if not p.blocked and p.to_node]
+        # Recorded before they are asked for: the budget and the cooldown (the master's too) count a move
+        # that a failure below left unasked, never one asked for and not counted.
+        if ready:
+            await record_moves(js, layout, [MoveRecord.of(p, now, "plan") for p in ready])
+        for proposal in ready:
             request = {"node": proposal.to_node, "by": "plan", "why": proposal.reason}
             try:
                 await owners.create(move_key(proposal.partition), orjson.dumps(request))
             except KeyWrongLastSequenceError:  # someone asked for a move of it since the view was read
                 status[proposal.partition] = "a move is under way"
                 continue
+            except Exception:
+                if targets:
+                    asked = ", ".join(f"partition {p} to {n}" for p, n in sorted(targets.items()))
+                    print(f"strictq: asked for before the failure: {asked}", file=sys.stderr, flush=True)
+                raise
             targets[proposal.partition] = proposal.to_node
-            made.append(MoveRecord.of(proposal, now, "plan"))
-        if made:
-            await record_moves(js, layout, made)
     if as_json and not apply:
         print(json.dumps({"mode": mode, "proposals": [_proposal_json(p, status) for p in proposals]}))
         return 0

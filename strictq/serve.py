@@ -16,7 +16,9 @@ import asyncio
 import contextlib
 import gc
 import logging
+import re
 import signal
+import socket
 import ssl
 import sys
 from dataclasses import dataclass, replace
@@ -128,7 +130,7 @@ class ServeOptions:
     # and what it reports of their traffic (cluster.traffic).
     edge_region: str = ""  # the first --region: this edge's own region
     zone: str = ""
-    edge_name: str | None = None  # default: edge-<region or any>-<port>
+    edge_name: str | None = None  # default: edge-<region or any>-<host>-<port>
     client_regions: tuple[tuple[Network, str], ...] = ()  # --client-regions, loaded
     trusted_proxies: tuple[Network, ...] = ()
     trust_region_header: bool = False
@@ -151,8 +153,14 @@ class ServeOptions:
         )
 
     def edge_name_for(self, port: int) -> str:
-        """--edge-name, or edge-<region or any>-<port> (the bound port: --port 0 picks one)."""
-        return self.edge_name or f"edge-{self.edge_region or 'any'}-{port}"
+        """--edge-name, or edge-<region or any>-<host>-<port> (the bound port: --port 0 picks one): the
+        host name keeps the reports of several edges of one region on one port (behind geo DNS) apart."""
+        if self.edge_name:
+            return self.edge_name
+        host = re.sub(r"[^A-Za-z0-9_-]+", "-", socket.gethostname().split(".")[0]).strip("-") or "host"
+        prefix = f"edge-{self.edge_region or 'any'}-"
+        suffix = f"-{port}"
+        return prefix + host[: 64 - len(prefix) - len(suffix)] + suffix
 
 
 def client_env(
@@ -437,7 +445,7 @@ def without_unusable_proxy(options: ServeOptions) -> ServeOptions:
 
 
 def edge_identity(options: ServeOptions, port: int, url: str) -> EdgeIdentity:
-    """Who this edge is in the cluster's edges bucket: --edge-name (or edge-<region>-<port>), the first
+    """Who this edge is in the cluster's edges bucket: --edge-name (or edge-<region>-<host>-<port>), the first
     --region, --zone, the URL it listens on."""
     from cluster.traffic import EdgeIdentity
 

@@ -196,6 +196,19 @@ def test_unmeasured_latency_gives_no_proposal() -> None:
     assert run(demand={0: {"us": 10.0}}, nodes=nodes, assignments=owned(p0="x1"))[0] == []
 
 
+def test_a_trickle_from_an_unmeasured_region_does_not_stop_placement() -> None:
+    # A region no edge measures (a client table's entry without an edge) sends 5%: the decision is made on
+    # the measured 95% and says so; once the unmeasured part passes 1 - min_share, nothing is proposed.
+    table = {**LATENCY}
+    proposal = only(run(demand={0: {"us": 9.5, "sa": 0.5}}, latency=table)[0])
+    assert (
+        proposal.to_region == "us"
+        and "5% of the sends from regions without measured latency" in proposal.reason
+    )
+    assert proposal.saved_ms == pytest.approx(79.0)
+    assert run(demand={0: {"us": 4.0, "sa": 6.0}}, latency=table)[0] == []
+
+
 def test_a_dead_owner_is_left_to_failover() -> None:
     assert run(demand={0: {"us": 10.0}}, assignments=owned(p0="gone"))[0] == []
     assert run(demand={0: {"us": 10.0}}, assignments={})[0] == []
@@ -654,6 +667,7 @@ async def test_the_masters_placer_asks_for_the_move_and_records_it(nats1: NatsCl
         await owners.start()
         placer = Placer(js, layout, owners, clock=lambda: NOW, every=0.0)
         try:
+            assert placer.holds_rebalance()  # the policy not heard yet: rebalancing waits (OPEN_GRACE)
             nodes = nodes_of(node("eu1", "eu"), node("us1", "us"))
             assignments = owned(p0="eu1", p1="eu1")
             assert await placer.tick(assignments, nodes, {}) == []  # off: nothing
