@@ -123,7 +123,8 @@ class CoreCollector:
 
     def _workers(self) -> Iterator[Metric]:
         fences = GaugeMetricFamily(
-            "strictq_fences", "Operator fences in force, by the fenced worker's tenant and fence mode.",
+            "strictq_fences",
+            "Fences in force (an operator's or failure management's), by worker tenant and mode.",
             labels=["tenant", "mode"],
         )
         if self.hub is not None:
