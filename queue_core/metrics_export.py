@@ -29,31 +29,56 @@ HELD_STATES = ("fenced", "probing", "blacklisted")
 # (name, help, how to read it) of the per-queue series; the type is in the table each sits in.
 QueueValue = Callable[[QueueGauges], float]
 QUEUE_GAUGES: tuple[tuple[str, str, QueueValue], ...] = (
-    ("strictq_queue_visible_messages", "Messages a receive could claim now or once their group frees.",
-     lambda g: g.visible),
-    ("strictq_queue_in_flight_messages", "Messages claimed and not yet acknowledged or released.",
-     lambda g: g.in_flight),
+    (
+        "strictq_queue_visible_messages",
+        "Messages a receive could claim now or once their group frees.",
+        lambda g: g.visible,
+    ),
+    (
+        "strictq_queue_in_flight_messages",
+        "Messages claimed and not yet acknowledged or released.",
+        lambda g: g.in_flight,
+    ),
     ("strictq_queue_delayed_messages", "Messages whose delay has not passed yet.", lambda g: g.delayed),
     ("strictq_queue_groups", "Groups with at least one message or claim.", lambda g: g.groups),
-    ("strictq_queue_oldest_message_age_seconds", "Age of the oldest message (0 when empty).",
-     lambda g: g.oldest_age),
-    ("strictq_queue_oldest_unattempted_age_seconds",
-     "AgeOfFirstAttempt: age of the oldest deliverable message no worker has attempted yet (0: none).",
-     lambda g: g.oldest_unattempted_age),
-    ("strictq_queue_first_attempt_wait_seconds",
-     "How long the latest message to get its first attempt had waited since it was sent.",
-     lambda g: g.first_attempt_wait),
+    (
+        "strictq_queue_oldest_message_age_seconds",
+        "Age of the oldest message (0 when empty).",
+        lambda g: g.oldest_age,
+    ),
+    (
+        "strictq_queue_oldest_unattempted_age_seconds",
+        "AgeOfFirstAttempt: age of the oldest deliverable message no worker has attempted yet (0: none).",
+        lambda g: g.oldest_unattempted_age,
+    ),
+    (
+        "strictq_queue_first_attempt_wait_seconds",
+        "How long the latest message to get its first attempt had waited since it was sent.",
+        lambda g: g.first_attempt_wait,
+    ),
 )
 QUEUE_COUNTERS: tuple[tuple[str, str, QueueValue], ...] = (
     ("strictq_queue_sent_messages", "Messages accepted since the process started.", lambda g: g.sent),
-    ("strictq_queue_received_messages", "Deliveries (claims of a message) since the process started.",
-     lambda g: g.received),
-    ("strictq_queue_deleted_messages", "Messages deleted (acknowledged, purged, expired) since start.",
-     lambda g: g.deleted),
-    ("strictq_queue_dead_lettered_messages", "Messages moved to the dead-letter queue since start.",
-     lambda g: g.dead_lettered),
-    ("strictq_queue_empty_receives", "Receives (a long poll: its whole wait) that returned no message.",
-     lambda g: g.empty_receives),
+    (
+        "strictq_queue_received_messages",
+        "Deliveries (claims of a message) since the process started.",
+        lambda g: g.received,
+    ),
+    (
+        "strictq_queue_deleted_messages",
+        "Messages deleted (acknowledged, purged, expired) since start.",
+        lambda g: g.deleted,
+    ),
+    (
+        "strictq_queue_dead_lettered_messages",
+        "Messages moved to the dead-letter queue since start.",
+        lambda g: g.dead_lettered,
+    ),
+    (
+        "strictq_queue_empty_receives",
+        "Receives (a long poll: its whole wait) that returned no message.",
+        lambda g: g.empty_receives,
+    ),
 )
 
 
@@ -93,7 +118,8 @@ class CoreCollector:
             yield counter
         monitor = service.supervisor.monitor
         suspended = GaugeMetricFamily(
-            "strictq_queue_suspended", "1 while failure management or an operator suspends the queue.",
+            "strictq_queue_suspended",
+            "1 while failure management or an operator suspends the queue.",
             labels=QUEUE_LABELS,
         )
         for g in gauges:
@@ -106,7 +132,8 @@ class CoreCollector:
             labels=GROUP_LABELS,
         )
         group_age = GaugeMetricFamily(
-            "strictq_group_oldest_message_age_seconds", "Age of the oldest message of those top groups.",
+            "strictq_group_oldest_message_age_seconds",
+            "Age of the oldest message of those top groups.",
             labels=GROUP_LABELS,
         )
         for g in gauges:

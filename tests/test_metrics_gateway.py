@@ -110,4 +110,3 @@ async def test_tenant_scoping_and_the_request_counter(gw: Health) -> None:
             assert (await response.json())["error"]["code"] in ("unauthorized", "forbidden")
     ops = await scrape(gw, "ops-1")
     assert value(ops, "strictq_http_requests_total", face="admin", status_class="4xx") == 2
-
