@@ -8,6 +8,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from access.keys import KeyRing
 from protocol.errors import NOT_READY, error_body
@@ -16,6 +17,8 @@ from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
 from queue_core.http_errors import json_http_errors
+from queue_core.metrics_export import CoreCollector
+from queue_core.metrics_http import add_metrics_route
 from queue_core.service import QueueService
 
 from . import emodb, sqs
@@ -23,6 +26,7 @@ from .app_keys import KEYS, MAX_EDGE_BODY, ROUTER, SERVICE
 from .deliveries import DELIVERIES, DeliveryLog
 from .limits_http import add_limit_routes
 from .rate_limits import TenantRateLimiter
+from .request_metrics import RequestCounter
 from .routing import PartitionRouter
 
 
@@ -55,7 +59,8 @@ def make_gateway_app(
     `receipt_key`: the file of the SQS receipt-handle key (gateway.sqs_receipts); None: in memory.
     `sqs_regions`: the regions SQS requests may be signed for (gateway.sqs_regions); None: any.
     `limiter`: per-tenant send rates (gateway.rate_limits); None: unlimited, not kept on disk."""
-    app = web.Application(client_max_size=MAX_EDGE_BODY, middlewares=[json_http_errors])
+    requests = RequestCounter()  # outermost: it counts the status the client gets
+    app = web.Application(client_max_size=MAX_EDGE_BODY, middlewares=[requests.middleware, json_http_errors])
     app[SERVICE] = service
     app[KEYS] = keys
     if deliveries is not None:
@@ -66,9 +71,15 @@ def make_gateway_app(
     sqs.add_routes(app, receipt_key, sqs_regions)  # the faces register their own routes
     emodb.add_routes(app)
     add_limit_routes(app, limiter if limiter is not None else TenantRateLimiter(), keys)
+    # /metrics (queue_core.metrics_http): this app's registry; the core's series only where the core runs
+    # in this process (with --queue-server or --cluster, the request counts; the queue servers have theirs).
+    registry = CollectorRegistry()
+    registry.register(requests)
     if isinstance(service, QueueService):  # the core is in this process: its control stream and fences too
         hub = control or (failures.hub if failures is not None else ControlHub(service))
         add_admin_routes(app, hub, keys, failures)  # failures: failure management's routes and hooks
+        registry.register(CoreCollector(service, hub, keys))
     elif control is not None:  # a cluster's gateway: floors from the queue servers, fences here
         add_admin_routes(app, control, keys)
+    add_metrics_route(app, registry, keys)
     return app

@@ -43,6 +43,7 @@ from .machine.effects import (
     MessageInserted,
     MessagesDeleted,
 )
+from .machine.gauges import TOP_GROUPS, QueueGauges
 from .machine.groups import DEFAULT_PARTITIONS
 from .machine.health import Probe
 from .machine.inputs import AttemptResult, ControlRows
@@ -339,6 +340,10 @@ class QueueService:
     async def group_metrics(self, name: str, group: str) -> dict[str, Any]:
         return self._read(self.core.group_metrics, name, group)
 
+    def gauges(self, top: int = TOP_GROUPS) -> list[QueueGauges]:
+        """Every queue's gauges for a scrape (machine.gauges); synchronous, as a Prometheus collector is."""
+        return self._read(self.core.gauges, top)
+
     # -------------------------------------------------------------------------------- messages
     async def send(
         self, queue: str, requests: Sequence[SendRequest], *, create: bool = False
@@ -374,6 +379,8 @@ class QueueService:
                 return [self._probe_item(polled.probe)]
             remaining = give_up - loop.time()
             if deliveries or remaining <= 0 or not self.ready:
+                if not deliveries:
+                    supervisor.core.count_empty_receive(queue)
                 break
             self._submit(supervisor.drain_effects(now))  # a declaration, the gate's bookkeeping
             event = self._waiters.setdefault(queue, asyncio.Event())

@@ -21,6 +21,8 @@ from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
 from queue_core.http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
 from queue_core.machine.health import HealthSettings
+from queue_core.metrics_export import core_registry
+from queue_core.metrics_http import add_metrics_route
 from queue_core.server import make_app
 from queue_core.service import QueueService
 from queue_core.startup import (
@@ -73,6 +75,7 @@ async def serve(
     )
     # Its internal API has no tenants: untenanted queues and workers are every admin's (queue_core.scope).
     add_admin_routes(app, hub, key_ring, failures, untenanted=True)
+    add_metrics_route(app, core_registry(service, hub, key_ring), key_ring)  # GET /metrics, scoped per key
     runner = web.AppRunner(app, access_log=None, handle_signals=False, **limits.handler_args())
     await runner.setup()
     # A head timeout per connection, memory back after slow readers (queue_core.http_guard).

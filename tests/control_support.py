@@ -235,7 +235,7 @@ async def unfence_worker(server: Core, admin_secret: str, worker: str) -> None:
 async def proxy_control(admin_url: str) -> dict[str, Any]:
     """The proxy's view of the control stream, from its admin /metrics."""
     async with aiohttp.ClientSession() as session:
-        async with session.get(admin_url.rstrip("/") + "/metrics") as resp:
+        async with session.get(admin_url.rstrip("/") + "/metrics?format=json") as resp:
             return dict((await resp.json())["control"])
 
 

@@ -164,8 +164,11 @@ async def health(tmp_path: Path) -> AsyncIterator[Health]:
 
 
 @contextlib.asynccontextmanager
-async def running_health(tmp_path: Path, settings: HealthSettings = SETTINGS) -> AsyncIterator[Health]:
-    """The gateway with failure management on, a control-stream client synchronised with it."""
+async def running_health(
+    tmp_path: Path, settings: HealthSettings = SETTINGS, keys: KeyRing | None = None
+) -> AsyncIterator[Health]:
+    """The gateway with failure management on, a control-stream client synchronised with it; `keys`:
+    another key file than CREDENTIALS' (it must hold admin-1)."""
     ca = trustme.CA()
     ca_file = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
@@ -177,7 +180,7 @@ async def running_health(tmp_path: Path, settings: HealthSettings = SETTINGS) ->
     hub = ControlHub(service)
     wirelog = tmp_path / "wirelog"
     manager = FailureManager(service, hub, settings, wirelog=wirelog, alert_poll=0.05)
-    keys = KeyRing(list(CREDENTIALS))
+    keys = keys or KeyRing(list(CREDENTIALS))
     runner = web.AppRunner(make_gateway_app(service, keys, failures=manager), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)

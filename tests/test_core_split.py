@@ -1,9 +1,9 @@
 """The core as a facade over its parts (issue 13): reads that advance time are drained like any call.
 
-`metrics`, `group_metrics` and `peek` run the core's timer (claims expire, retention drops messages on the
-way). Their effects must reach the shell in the same step: heard by failure management and made durable,
-not left in the core until some later call. A real `QueueService` on a real store, with the kit's fake
-clock; a restart proves the effects were persisted.
+`metrics`, `group_metrics`, `peek` and a scrape's `gauges` run the core's timer (claims expire, retention
+drops messages on the way). Their effects must reach the shell in the same step: heard by failure
+management and made durable, not left in the core until some later call. A real `QueueService` on a real
+store, with the kit's fake clock; a restart proves the effects were persisted.
 """
 
 from __future__ import annotations
@@ -21,7 +21,14 @@ from queue_core.machine.core import QueueCore
 from queue_core.machine.effects import AttemptRecorded
 from queue_core.service import QueueService
 
+
+async def scrape(service: QueueService) -> Any:
+    """A Prometheus scrape's read (queue_core.metrics_export): synchronous, every queue at once."""
+    return service.gauges()
+
+
 READS: dict[str, Callable[[QueueService], Awaitable[Any]]] = {
+    "gauges": scrape,
     "metrics": lambda service: service.metrics("q"),
     "group_metrics": lambda service: service.group_metrics("q", "g"),
     "peek": lambda service: service.peek("q", 10),

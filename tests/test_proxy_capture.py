@@ -93,7 +93,7 @@ async def test_untrusted_upstream_certificate_is_an_error(shared_proxy: ProxyPro
 async def test_metrics_count_calls(shared_proxy: ProxyProcess, shared_backends) -> None:
     marker = unique("metrics")
     async with aiohttp.ClientSession() as http:
-        async with http.get(f"{shared_proxy.admin_url}/metrics") as resp:
+        async with http.get(f"{shared_proxy.admin_url}/metrics?format=json") as resp:
             before = (await resp.json())["counters"]
     async with WorkerClient(shared_proxy) as client:
         await client.call("GET", f"{shared_backends.http.url}/{marker}")
@@ -101,7 +101,7 @@ async def test_metrics_count_calls(shared_proxy: ProxyProcess, shared_backends) 
         await client.call("GET", f"{shared_backends.http.url}/{marker}")
     await wait_marked(shared_proxy, marker, 2)
     async with aiohttp.ClientSession() as http:
-        async with http.get(f"{shared_proxy.admin_url}/metrics") as resp:
+        async with http.get(f"{shared_proxy.admin_url}/metrics?format=json") as resp:
             metrics = await resp.json()
     after = metrics["counters"]
 

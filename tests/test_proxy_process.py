@@ -49,7 +49,7 @@ async def test_startup_contract_admin_and_sigterm(proxy: ProxyProcess, backends)
     assert (await get(f"{proxy.admin_url}/healthz")) == (200, {"status": "ok", "process": "proxy"})
     status, ready = await get(f"{proxy.admin_url}/readyz")  # no --control: nothing to wait for
     assert status == 200 and ready["ready"] is True
-    status, metrics = await get(f"{proxy.admin_url}/metrics")
+    status, metrics = await get(f"{proxy.admin_url}/metrics?format=json")
     assert status == 200 and metrics["control"]["synced"] is True
 
     marker = unique("stop")

@@ -4,8 +4,11 @@
 - `/readyz`: ready to pass tagged calls, i.e. the control stream is synchronised (503 until then, with
   the gateway's `{"error": {"code": "not_ready", ...}}` body; a proxy started without `--control` has no
   stream to wait for and is ready at once);
-- `/metrics`: JSON counters (calls by action, code and status class, auth refusals, malformed tags,
-  upstream errors, records written, the wire-log writer's counters, open client connections).
+- `/metrics`: Prometheus text (fencing.metrics_export; names in docs/metrics.md): calls by action, code and
+  status class, auth refusals, malformed tags, upstream errors, records written, the wire-log writer's
+  counters, fences and floors known, open client connections, calls in flight. The same as one JSON object
+  with `?format=json` or `Accept: application/json` (what the tests and scripts read). Unauthenticated: the
+  admin port listens on loopback by default (docs/security.md).
 
 Errors (an unknown route, a wrong method) are JSON like every other app's (queue_core.http_errors).
 It runs on the proxy's own loop, so it answers only while that loop is responsive: exactly what a
@@ -21,7 +24,10 @@ from typing import Any
 from aiohttp import web
 from mitmproxy import exceptions
 from mitmproxy.addonmanager import Loader
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from fencing.metrics_export import ProxyCollector
 from fencing.runtime import ProxyRuntime
 from protocol.errors import NOT_READY, error_body
 from queue_core.http_errors import json_http_errors
@@ -36,6 +42,9 @@ class Admin:
         self.host = "127.0.0.1"
         self.port = 0
         self._runner: web.AppRunner | None = None
+        # This process's own registry (never prometheus_client's global one), read at scrape time.
+        self.registry = CollectorRegistry()
+        self.registry.register(ProxyCollector(runtime, self._client_connections, self._wirelog_counters))
 
     def load(self, loader: Loader) -> None:
         add = loader.add_option
@@ -106,22 +115,36 @@ class Admin:
             body.update(error_body(NOT_READY, reason, retriable=True))
         return web.json_response(body, status=200 if ready else 503)
 
-    async def metrics(self, request: web.Request) -> web.Response:
+    @staticmethod
+    def _client_connections() -> int | None:
         from mitmproxy import ctx
 
+        proxyserver = ctx.master.addons.get("proxyserver")
+        return None if proxyserver is None else len(proxyserver.connections)
+
+    @staticmethod
+    def _wirelog_counters() -> dict[str, int] | None:
+        from mitmproxy import ctx
+
+        writer = getattr(ctx.master.addons.get("capture"), "writer", None)
+        return None if writer is None else dict(writer.counters())
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        if not wants_json(request):
+            text = generate_latest(self.registry)
+            return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE_LATEST})
         body: dict[str, Any] = {
             "process": self.runtime.name,
             "uptime_s": round(time.time() - self.runtime.started_at, 3),
             "counters": dict(self.runtime.metrics),
             "in_flight": self.runtime.in_flight,
         }
-        proxyserver = ctx.master.addons.get("proxyserver")
-        if proxyserver is not None:
-            body["client_connections"] = len(proxyserver.connections)
-        capture = ctx.master.addons.get("capture")
-        writer = getattr(capture, "writer", None)
-        if writer is not None:
-            body["wirelog"] = writer.counters()
+        connections = self._client_connections()
+        if connections is not None:
+            body["client_connections"] = connections
+        wirelog = self._wirelog_counters()
+        if wirelog is not None:
+            body["wirelog"] = wirelog
         state = self.runtime.control
         body["control"] = {
             "synced": bool(state.synced),
@@ -130,3 +153,11 @@ class Admin:
             "last_event_id": state.last_event_id,
         }
         return web.json_response(body)
+
+
+def wants_json(request: web.Request) -> bool:
+    """`?format=json`, or an Accept that names JSON and not Prometheus' text formats."""
+    if request.query.get("format") == "json":
+        return True
+    accept = request.headers.get("Accept", "")
+    return "application/json" in accept and "text/plain" not in accept and "openmetrics" not in accept

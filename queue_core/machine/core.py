@@ -28,6 +28,7 @@ from .claims import (
 )
 from .effects import Effect, QueueDropped, QueuePurged, QueueSaved
 from .errors import QueueError
+from .gauges import QueueGauges, queue_gauges
 from .groups import DEFAULT_PARTITIONS
 from .inputs import AttemptResult, SendRequest, Snapshot
 from .moves import MOVE_CHUNK, Moves
@@ -257,6 +258,18 @@ class QueueCore:
     def group_metrics(self, queue_name: str, group_name: str, now: float) -> dict[str, Any]:
         self.handle_timer(now)
         return inspection.group_metrics(self.state.queue(queue_name), group_name, self.state.partitions, now)
+
+    def gauges(self, top: int, now: float) -> list[QueueGauges]:
+        """Every queue's scrape-time gauges (machine.gauges), at `now`."""
+        self.handle_timer(now)
+        return [queue_gauges(queue, now, top) for queue in self.state.queues.values()]
+
+    def count_empty_receive(self, queue_name: str) -> None:
+        """A receive that returned nothing (the shell knows when a long poll's wait is over); no effect:
+        like the other counters, it starts again at 0 with the process."""
+        queue = self.state.queues.get(queue_name)
+        if queue is not None:
+            queue.empty_receives += 1
 
     # ------------------------------------------------------------------------------------- time
     def next_deadline(self) -> float | None:

@@ -4,8 +4,8 @@ port. Service-level tests use it instead of a `strictq queue-server` subprocess 
 process itself (SIGTERM, SIGKILL, restarts, start-up faults) keep the subprocess (kit.process).
 
 `clock`: the service's clock (a kit.clock.FakeClock to move time by hand); the wall clock by default.
-`keys`: a key ring, to mount the admin routes (control stream, fences) as the queue server does; without
-it, only the internal API.
+`keys`: a key ring, to mount the admin routes (control stream, fences) and /metrics as the queue server
+does; without it, only the internal API.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from aiohttp.test_utils import TestServer
 from access.keys import KeyRing
 from queue_core.admin_routes import add_admin_routes
 from queue_core.control import ControlHub
+from queue_core.metrics_export import core_registry
+from queue_core.metrics_http import add_metrics_route
 from queue_core.server import make_app
 from queue_core.service import QueueService
 
@@ -58,6 +60,7 @@ async def serve_in_process(
     if keys is not None:  # as strictq.queue_server composes it (no failure management)
         hub = ControlHub(service)
         add_admin_routes(app, hub, keys, untenanted=True)
+        add_metrics_route(app, core_registry(service, hub, keys), keys)
     server = TestServer(app, host="127.0.0.1")
     try:
         await server.start_server()
