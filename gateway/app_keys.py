@@ -8,6 +8,7 @@ from aiohttp import web
 from access.keys import KeyRing
 from queue_core.backend import QueueBackend
 
+from .backpressure import BackpressureGate
 from .rate_limits import TenantRateLimiter
 from .routing import PartitionRouter
 
@@ -19,3 +20,4 @@ SERVICE = web.AppKey("service", QueueBackend)
 KEYS = web.AppKey("keys", KeyRing)
 ROUTER = web.AppKey("router", PartitionRouter)
 LIMITER = web.AppKey("limiter", TenantRateLimiter)  # per-tenant send rates (gateway.rate_limits)
+BACKPRESSURE = web.AppKey("backpressure", BackpressureGate)  # queues slowing producers (gateway.backpressure)

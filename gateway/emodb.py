@@ -74,6 +74,7 @@ from queue_core.machine import (
     SendResult,
     error_class,
 )
+from queue_core.machine.attributes import QueueAttributes
 from queue_core.machine.capabilities import HEADER as CAPABILITIES_HEADER
 from queue_core.machine.capabilities import parse_header as parse_capabilities
 from queue_core.machine.text import DECIMAL_RE, INTEGER_RE, check_name
@@ -82,7 +83,7 @@ from queue_core.scope import internal_name
 
 from .app_keys import KEYS, ROUTER
 from .deliveries import deliveries_of
-from .limits_http import check_sends
+from .limits_http import check_backlog, check_sends
 from .results_log import log_results
 
 log = logging.getLogger("strictq.gateway.emodb")
@@ -359,23 +360,30 @@ def ttl_of(request: web.Request) -> float:
 
 
 # ------------------------------------------------------------------------------------------ sending
-async def ensure_queue(call: Call, service: QueueBackend, queue: str) -> None:
+async def ensure_queue(call: Call, service: QueueBackend, queue: str) -> QueueAttributes:
     """EmoDB queues exist implicitly; dedup queues must be created with their kind before the first send."""
     try:
-        await service.attributes(queue)
+        return await service.attributes(queue)
     except QueueNotFound:
-        await service.create_queue(queue, call.face.create_attributes)
+        return await service.create_queue(queue, call.face.create_attributes)
 
 
 async def send_all(call: Call, batches: dict[str, list[SendRequest]], group: str | None) -> None:
-    """Send each queue's messages; the first failed message is the request's error (EmoDB: not atomic)."""
-    check_sends(call.request, call.credential.tenant, sum(map(len, batches.values())))
-    failures: list[tuple[str, int, QueueError]] = []
+    """Send each queue's messages; the first failed message is the request's error (EmoDB: not atomic).
+    Admission first, for every queue of the request, so a refusal leaves nothing sent: each queue's
+    backpressure (gateway.backpressure), then the tenant's rate (gateway.rate_limits)."""
+    targets: list[tuple[str, list[SendRequest], QueueBackend]] = []
     for queue, requests in batches.items():
         if not requests:
             continue
         service = call.service_for_send(queue, group)
-        await ensure_queue(call, service, queue)
+        attributes = await ensure_queue(call, service, queue)
+        shown = call.face.visible(call.credential, queue) or queue
+        await check_backlog(call.request, service, queue, shown, attributes)
+        targets.append((queue, requests, service))
+    check_sends(call.request, call.credential.tenant, sum(len(requests) for _, requests, _ in targets))
+    failures: list[tuple[str, int, QueueError]] = []
+    for queue, requests, service in targets:
         results: list[SendResult | QueueError] = await service.send(queue, requests, create=True)
         failures.extend((queue, i, r) for i, r in enumerate(results) if isinstance(r, QueueError))
     if failures:

@@ -1,5 +1,6 @@
-"""The edge's per-tenant send limits over HTTP: the faces' one admission call, and the admin routes that
-read and change the limits at run time (gateway.rate_limits holds the buckets).
+"""Admission of sends at the edge over HTTP: the faces' calls (`check_sends`: the tenant's rate,
+gateway.rate_limits; `check_backlog`: the queue's backpressure, gateway.backpressure), and the admin routes
+that read and change the per-tenant limits at run time.
 
 - `GET /admin/v1/limits`: an `admin` key sees its tenant's limit and counters, an `operator` key every
   tenant of the key file and the default;
@@ -7,6 +8,11 @@ read and change the limits at run time (gateway.rate_limits holds the buckets).
   unlimited) and `DELETE /admin/v1/limits/{tenant}` (back to the default): an `operator` key, or the
   `admin` key of a key file with one tenant (access.permissions.sets_limits): with several tenants a
   tenant's admin must not raise its own limit.
+
+- `GET /admin/v1/queues/{queue}/backpressure` and `PUT` with `{"age": S, "depth": N}` (either; 0 turns
+  a threshold off): a queue's backpressure thresholds (its `backpressure_age`/`backpressure_depth`
+  attributes), its backlog now and the sends this edge refused; `admin` (its tenant's queues, by their
+  names; `?face=dedupq` for an EmoDB dedup queue) or `operator` (any queue, by its core name).
 
 Errors are the one JSON body of the admin routes (queue_core.admin_http).
 """
@@ -23,9 +29,14 @@ from access.keys import KeyRing
 from access.permissions import READ_ROLES, WRITE_ROLES, sets_limits, spans_tenants, tenants_of
 from protocol.errors import Forbidden, RequestTooLarge
 from queue_core.admin_http import ADMIN_KEYS, authenticate, errors_as_json
+from queue_core.backend import QueueBackend
 from queue_core.http_errors import json_response
+from queue_core.machine.attributes import QueueAttributes
+from queue_core.machine.errors import InvalidArgument
+from queue_core.scope import internal_name
 
-from .app_keys import LIMITER
+from .app_keys import BACKPRESSURE, LIMITER, ROUTER
+from .backpressure import BackpressureGate, pressure
 from .rate_limits import InvalidLimit, TenantLimit, TenantRateLimiter, UnknownTenant
 
 MAX_LIMIT_BODY = 4096
@@ -36,13 +47,28 @@ def check_sends(request: web.Request, tenant: str, messages: int) -> None:
     request.app[LIMITER].check(tenant, messages, time.monotonic())
 
 
+async def check_backlog(
+    request: web.Request, service: QueueBackend, queue: str, visible: str, attributes: QueueAttributes
+) -> None:
+    """Admit a send to `queue` (the core's name; `visible`: the caller's) or raise BackpressureRefused
+    when its backlog is past its thresholds; its metrics are read at most once a second."""
+    gate = request.app[BACKPRESSURE]
+    now = time.monotonic()
+    if gate.wants_metrics(queue, attributes, now):
+        gate.update(queue, await service.metrics(queue), now)
+    gate.admit(queue, visible, attributes)
+
+
 def add_limit_routes(app: web.Application, limiter: TenantRateLimiter, keys: KeyRing) -> None:
     app[LIMITER] = limiter
+    app[BACKPRESSURE] = BackpressureGate()
     if ADMIN_KEYS not in app:
         app[ADMIN_KEYS] = keys
     app.router.add_get("/admin/v1/limits", list_limits)
     app.router.add_put("/admin/v1/limits/{tenant}", put_limit)
     app.router.add_delete("/admin/v1/limits/{tenant}", delete_limit)
+    app.router.add_get("/admin/v1/queues/{queue}/backpressure", get_backpressure)
+    app.router.add_put("/admin/v1/queues/{queue}/backpressure", put_backpressure)
 
 
 def _tenant(request: web.Request) -> str:
@@ -101,3 +127,58 @@ async def delete_limit(request: web.Request) -> web.StreamResponse:
     limiter = request.app[LIMITER]
     limiter.clear(tenant)
     return json_response(limiter.describe(tenant))
+
+
+def _queue(request: web.Request) -> tuple[str, str, QueueBackend]:
+    """(the caller's name, the core's name, the backend holding it) of the path's queue; another tenant's
+    queue is 404 like one that does not exist."""
+    credential = authenticate(request, WRITE_ROLES)
+    name = request.match_info["queue"]
+    internal = (
+        name
+        if spans_tenants(credential)
+        else internal_name(credential, name, request.query.get("face", "queue"))
+    )
+    return name, internal, request.app[ROUTER].for_queue(internal)
+
+
+async def _backpressure(
+    request: web.Request, name: str, internal: str, service: QueueBackend
+) -> dict[str, Any]:
+    attributes = await service.attributes(internal)
+    metrics = await service.metrics(internal)
+    share = pressure(attributes, metrics)
+    return {
+        "queue": name,
+        "age": attributes.backpressure_age,
+        "depth": attributes.backpressure_depth,
+        "oldest_age": round(metrics.oldest_age, 3),
+        "messages": metrics.total,
+        "admitted_share": round(share.share, 3),
+        "why": share.reason,
+        "refused": request.app[BACKPRESSURE].refused(internal),
+    }
+
+
+@errors_as_json
+async def get_backpressure(request: web.Request) -> web.StreamResponse:
+    name, internal, service = _queue(request)
+    return json_response(await _backpressure(request, name, internal, service))
+
+
+@errors_as_json
+async def put_backpressure(request: web.Request) -> web.StreamResponse:
+    name, internal, service = _queue(request)
+    if request.content_length is not None and request.content_length > MAX_LIMIT_BODY:
+        raise RequestTooLarge(f"request body over {MAX_LIMIT_BODY} bytes")
+    raw = await request.read()
+    try:
+        data: Any = orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgument(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not data or set(data) - {"age", "depth"}:
+        raise InvalidArgument('send a JSON object: {"age": <seconds, 0: off>, "depth": <messages, 0: off>}')
+    changes = {f"backpressure_{key}": value for key, value in data.items()}
+    await service.set_attributes(internal, changes)  # validated by the core, in the one place
+    request.app[BACKPRESSURE].forget(internal)  # the new thresholds apply to the next send
+    return json_response(await _backpressure(request, name, internal, service))

@@ -13,8 +13,9 @@ from queue_core.machine import AckOutcome, InvalidArgument, QueueError, SendRequ
 from queue_core.machine.groups import GROUP_RE, validate_group
 from queue_core.machine.text import INTEGER_RE
 
+from .backpressure import BackpressureRefused
 from .deliveries import deliveries_of
-from .limits_http import check_sends
+from .limits_http import check_backlog, check_sends
 from .rate_limits import Throttled
 from .sqs_call import ATTEMPT_WINDOW, Attempt, Call, Queue
 from .sqs_errors import SqsError, from_core, from_core_code
@@ -139,10 +140,12 @@ def _optional_text(params: dict[str, Any], name: str) -> str | None:
 
 async def _send(call: Call, queue: Queue, prepared: Sequence[Prepared]) -> list[SendResult | QueueError]:
     """Each entry goes to the owner of its group's partition (one owner in the embedded default), once
-    the tenant's send rate admits them all (gateway.rate_limits: SQS's RequestThrottled otherwise)."""
+    the queue's backpressure (gateway.backpressure) and the tenant's send rate (gateway.rate_limits) admit
+    them all: SQS's RequestThrottled otherwise, for the whole request."""
     try:
+        await check_backlog(call.request, queue.service, queue.internal, queue.name, queue.attributes)
         check_sends(call.request, call.credential.tenant, len(prepared))
-    except Throttled as exc:
+    except (Throttled, BackpressureRefused) as exc:
         raise SqsError("RequestThrottled", exc.message) from None
     owners: dict[int, tuple[QueueBackend, list[int]]] = {}
     for index, item in enumerate(prepared):

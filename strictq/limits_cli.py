@@ -1,4 +1,5 @@
-"""`strictq limits`: read and change the gateway's per-tenant send limits at run time (gateway.limits_http).
+"""`strictq limits` and `strictq backpressure`: read and change the gateway's admission of sends at run time,
+per tenant (send rates) and per queue (backpressure thresholds), through gateway.limits_http.
 
 Cheap to import (stdlib only), like strictq.admin_cli, whose admin-key and request plumbing it shares.
 """
@@ -56,6 +57,66 @@ def register(commands: Any) -> None:
     # (the same flags on the parent would be overwritten by a subcommand's defaults: argparse).
     for parser in (limits, listing, setting, clearing):
         parser.set_defaults(handler=cmd_limits, json=False)
+
+
+BACKPRESSURE_HELP = (
+    "Past a threshold the gateway admits only the share threshold/backlog of the sends to QUEUE (at least "
+    "5%), evenly, and refuses the rest with 429 backpressure and Retry-After (EmoDB face) or "
+    "RequestThrottled (SQS face), saying why; it releases as soon as the backlog is back under. Both are off "
+    "by default (a queue accepts whatever comes, as order processing may prefer). Takes the admin key (its "
+    "tenant's queues) or an operator key (any queue, by its core name <tenant>.<name>). "
+)
+
+
+def register_backpressure(commands: Any) -> None:
+    """Add `strictq backpressure QUEUE [--age S] [--depth N]` to the `strictq` subcommand parsers."""
+    parser = commands.add_parser(
+        "backpressure",
+        help="show or set a queue's backpressure thresholds (slow its producers when its backlog grows)",
+        description="Show QUEUE's backpressure thresholds, its backlog now, the share of sends admitted "
+        "and the sends refused; with --age or --depth, set them first. " + BACKPRESSURE_HELP + ENV_HELP,
+    )
+    parser.add_argument("queue", metavar="QUEUE")
+    parser.add_argument(
+        "--age", type=float, metavar="SECONDS", help="the oldest message's age threshold (0: off)"
+    )
+    parser.add_argument("--depth", type=int, metavar="MESSAGES", help="the queue's size threshold (0: off)")
+    parser.add_argument("--dedupq", action="store_true", help="QUEUE is an EmoDB dedup queue (/dedupq/1)")
+    _json_flag(parser, "the server's answer as JSON instead of lines")
+    _common(parser)
+    parser.set_defaults(handler=cmd_backpressure)
+
+
+def cmd_backpressure(args: argparse.Namespace) -> int:
+    path = f"/admin/v1/queues/{_quote(args.queue)}/backpressure" + ("?face=dedupq" if args.dedupq else "")
+    changes: dict[str, Any] = {}
+    if args.age is not None:
+        changes["age"] = args.age
+    if args.depth is not None:
+        changes["depth"] = args.depth
+
+    def body() -> dict[str, Any]:
+        if args.age is not None and not (math.isfinite(args.age) and args.age >= 0):
+            raise UsageError(f"--age {args.age:g}: give seconds, 0 or more (0: off)")
+        if args.depth is not None and args.depth < 0:
+            raise UsageError(f"--depth {args.depth}: give a number of messages, 0 or more (0: off)")
+        return changes
+
+    def show(result: Any) -> None:
+        if args.json:
+            _print_json(result)
+            return
+        age = f"{result.get('age', 0):g} s" if result.get("age") else "off"
+        depth = f"{result.get('depth')} messages" if result.get("depth") else "off"
+        print_line(f"{result.get('queue')}: backpressure age {age}, depth {depth}")
+        share = float(result.get("admitted_share", 1.0))
+        backlog = f"{result.get('messages', 0)} messages, the oldest {result.get('oldest_age', 0):.0f} s old"
+        state = (
+            f"slowing producers to {share:.0%}: {result.get('why')}" if share < 1 else "admitting every send"
+        )
+        print_line(f"now: {backlog}; {state}; {result.get('refused', 0)} sends refused by this gateway")
+
+    return _run(args, "PUT" if changes else "GET", path, body if changes else None, show)
 
 
 def cmd_limits(args: argparse.Namespace) -> int:

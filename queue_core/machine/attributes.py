@@ -27,6 +27,7 @@ SECONDS_FIELDS = (
     "dedup_window",
     "retry_backoff",
     "retry_backoff_max",
+    "backpressure_age",
 )
 RETRY_FIELDS = ("retry_same_worker", "retry_backoff", "retry_backoff_max", "max_attempts", "on_exhausted")
 
@@ -58,6 +59,10 @@ class QueueAttributes:
     # calls reach the backends (else it answers them by mimicry).
     probe_payload: Any = None
     probe_safe: bool = False
+    # Backpressure (gateway.backpressure): past either threshold the edge slows this queue's producers in
+    # proportion to the backlog; 0 turns a threshold off (the default: a queue accepts whatever comes).
+    backpressure_age: float = 0.0  # seconds: the age of the oldest message
+    backpressure_depth: int = 0  # messages in the queue
 
     def validate(self) -> QueueAttributes:
         _check_range("visibility_timeout", self.visibility_timeout, 0, 12 * 3600)
@@ -77,6 +82,8 @@ class QueueAttributes:
         check_json(self.labels, "labels")  # stored as JSON text: valid Unicode only
         _check_range("log_retention_attempts", self.log_retention_attempts, 0, 10_000)
         _check_probe_payload(self.probe_payload)
+        _check_range("backpressure_age", self.backpressure_age, 0, 14 * 24 * 3600)
+        _check_range("backpressure_depth", self.backpressure_depth, 0, 1_000_000_000)
         self.retry_policy().validate()
         return self
 
@@ -166,6 +173,7 @@ def _coerce(changes: dict[str, Any]) -> dict[str, Any]:
             "retry_same_worker",
             "max_attempts",
             "log_retention_attempts",
+            "backpressure_depth",
         ):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise InvalidArgument(f"{name} must be an integer", field=name)
