@@ -663,6 +663,7 @@ def merge_metrics(parts: Sequence[QueueMetrics]) -> QueueMetrics:
         first,
         **summed,
         dead_lettered=sum(p.dead_lettered for p in parts),
+        expired=sum(p.expired for p in parts),
         oldest_age=max(p.oldest_age for p in parts),
         age_of_first_attempt=max(p.age_of_first_attempt for p in parts),
     )

@@ -9,10 +9,11 @@ that read and change the per-tenant limits at run time.
   `admin` key of a key file with one tenant (access.permissions.sets_limits): with several tenants a
   tenant's admin must not raise its own limit.
 
-- `GET /admin/v1/queues/{queue}/backpressure` and `PUT` with `{"age": S, "depth": N}` (either; 0 turns
-  a threshold off): a queue's backpressure thresholds (its `backpressure_age`/`backpressure_depth`
-  attributes), its backlog now and the sends this edge refused; `admin` (its tenant's queues, by their
-  names; `?face=dedupq` for an EmoDB dedup queue) or `operator` (any queue, by its core name).
+- `GET /admin/v1/queues/{queue}/protections` and `PUT` with any of the queue attributes
+  `backpressure_age`, `backpressure_depth` (0 turns a threshold off), `ttl` (0: off) and `on_expiry`
+  (`drop` | `dead_letter`): a queue's protections (docs/protections.md), its backlog now, the share of
+  sends admitted, the sends this edge refused and the messages expired; `admin` (its tenant's queues, by
+  their names; `?face=dedupq` for an EmoDB dedup queue) or `operator` (any queue, by its core name).
 
 Errors are the one JSON body of the admin routes (queue_core.admin_http).
 """
@@ -67,8 +68,8 @@ def add_limit_routes(app: web.Application, limiter: TenantRateLimiter, keys: Key
     app.router.add_get("/admin/v1/limits", list_limits)
     app.router.add_put("/admin/v1/limits/{tenant}", put_limit)
     app.router.add_delete("/admin/v1/limits/{tenant}", delete_limit)
-    app.router.add_get("/admin/v1/queues/{queue}/backpressure", get_backpressure)
-    app.router.add_put("/admin/v1/queues/{queue}/backpressure", put_backpressure)
+    app.router.add_get("/admin/v1/queues/{queue}/protections", get_protections)
+    app.router.add_put("/admin/v1/queues/{queue}/protections", put_protections)
 
 
 def _tenant(request: web.Request) -> str:
@@ -142,32 +143,36 @@ def _queue(request: web.Request) -> tuple[str, str, QueueBackend]:
     return name, internal, request.app[ROUTER].for_queue(internal)
 
 
-async def _backpressure(
+PROTECTIONS = ("backpressure_age", "backpressure_depth", "ttl", "on_expiry")
+
+
+async def _protections(
     request: web.Request, name: str, internal: str, service: QueueBackend
 ) -> dict[str, Any]:
     attributes = await service.attributes(internal)
     metrics = await service.metrics(internal)
-    share = pressure(attributes, metrics)
+    push = pressure(attributes, metrics)
     return {
         "queue": name,
-        "age": attributes.backpressure_age,
-        "depth": attributes.backpressure_depth,
+        **{setting: getattr(attributes, setting) for setting in PROTECTIONS},
+        "dead_letter_queue": attributes.dead_letter_queue,
         "oldest_age": round(metrics.oldest_age, 3),
         "messages": metrics.total,
-        "admitted_share": round(share.share, 3),
-        "why": share.reason,
+        "admitted_share": round(push.share, 3),
+        "why": push.reason,
         "refused": request.app[BACKPRESSURE].refused(internal),
+        "expired": metrics.expired,
     }
 
 
 @errors_as_json
-async def get_backpressure(request: web.Request) -> web.StreamResponse:
+async def get_protections(request: web.Request) -> web.StreamResponse:
     name, internal, service = _queue(request)
-    return json_response(await _backpressure(request, name, internal, service))
+    return json_response(await _protections(request, name, internal, service))
 
 
 @errors_as_json
-async def put_backpressure(request: web.Request) -> web.StreamResponse:
+async def put_protections(request: web.Request) -> web.StreamResponse:
     name, internal, service = _queue(request)
     if request.content_length is not None and request.content_length > MAX_LIMIT_BODY:
         raise RequestTooLarge(f"request body over {MAX_LIMIT_BODY} bytes")
@@ -176,9 +181,8 @@ async def put_backpressure(request: web.Request) -> web.StreamResponse:
         data: Any = orjson.loads(raw) if raw else None
     except orjson.JSONDecodeError as exc:
         raise InvalidArgument(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or not data or set(data) - {"age", "depth"}:
-        raise InvalidArgument('send a JSON object: {"age": <seconds, 0: off>, "depth": <messages, 0: off>}')
-    changes = {f"backpressure_{key}": value for key, value in data.items()}
-    await service.set_attributes(internal, changes)  # validated by the core, in the one place
-    request.app[BACKPRESSURE].forget(internal)  # the new thresholds apply to the next send
-    return json_response(await _backpressure(request, name, internal, service))
+    if not isinstance(data, dict) or not data or set(data) - set(PROTECTIONS):
+        raise InvalidArgument(f"send a JSON object of any of: {', '.join(PROTECTIONS)}")
+    await service.set_attributes(internal, data)  # validated by the core, in the one place
+    request.app[BACKPRESSURE].forget(internal)  # new thresholds apply to the next send
+    return json_response(await _protections(request, name, internal, service))

@@ -75,6 +75,11 @@ QUEUE_COUNTERS: tuple[tuple[str, str, QueueValue], ...] = (
         lambda g: g.dead_lettered,
     ),
     (
+        "strictq_queue_expired_messages",
+        "Messages past the queue's TTL or retention (dropped or dead-lettered) since start.",
+        lambda g: g.expired,
+    ),
+    (
         "strictq_queue_empty_receives",
         "Receives (a long poll: its whole wait) that returned no message.",
         lambda g: g.empty_receives,

@@ -42,6 +42,7 @@ from .machine.effects import (
     GroupEvent,
     MessageInserted,
     MessagesDeleted,
+    MessagesExpired,
 )
 from .machine.gauges import TOP_GROUPS, QueueGauges
 from .machine.groups import DEFAULT_PARTITIONS
@@ -260,6 +261,11 @@ class QueueService:
             elif isinstance(effect, AttemptRecorded | GroupEvent):
                 for failure_listener in self.failure_listeners:
                     failure_listener(effect)
+            elif isinstance(effect, MessagesExpired):  # names and a count only: never a body
+                where = f"moved to {effect.dead_letter_queue}" if effect.dead_letter_queue else "dropped"
+                log.info(
+                    "queue %s: %d message(s) past its TTL or retention %s", effect.queue, effect.count, where
+                )
         future = self._log.submit(durable, fetch)
         self._reschedule()
         return future

@@ -17,7 +17,7 @@ from .cluster_cli import register as register_cluster_commands
 from .health_cli import add_settings_arguments as add_health_arguments
 from .health_cli import register as register_health_commands
 from .limits_cli import register as register_limits_commands
-from .limits_cli import register_backpressure
+from .limits_cli import register_protections
 
 INIT_HELP = (
     "start with an empty store although the data dir shows an earlier one (a marker, development keys, "
@@ -369,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_proxy_commands(commands)  # strictq proxy / proxy ca (fencing.cli)
     register_admin_commands(commands)  # strictq fence / unfence / fences
     register_limits_commands(commands)  # strictq limits [list|set|clear]
-    register_backpressure(commands)  # strictq backpressure QUEUE
+    register_protections(commands)  # strictq protections QUEUE
     register_health_commands(commands)  # strictq status / suspend / resume / unblacklist
     register_cluster_commands(commands)  # strictq cluster up / status / move / urls
     from wirelog.cli import register as register_wirelog  # strictq wirelog tail / grep (stdlib imports only)

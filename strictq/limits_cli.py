@@ -59,56 +59,81 @@ def register(commands: Any) -> None:
         parser.set_defaults(handler=cmd_limits, json=False)
 
 
-BACKPRESSURE_HELP = (
-    "Past a threshold the gateway admits only the share threshold/backlog of the sends to QUEUE (at least "
-    "5%), evenly, and refuses the rest with 429 backpressure and Retry-After (EmoDB face) or "
-    "RequestThrottled (SQS face), saying why; it releases as soon as the backlog is back under. Both are off "
-    "by default (a queue accepts whatever comes, as order processing may prefer). Takes the admin key (its "
-    "tenant's queues) or an operator key (any queue, by its core name <tenant>.<name>). "
+PROTECTIONS_HELP = (
+    "Backpressure: past a threshold (the oldest message's age, the queue's size) the gateway admits only the "
+    "share threshold/backlog of the sends to QUEUE (at least 5%), evenly, and refuses the rest with 429 "
+    "backpressure and Retry-After (EmoDB face) or RequestThrottled (SQS face), saying why, until the backlog "
+    "is back under. TTL: messages older than --ttl leave the queue in order, dropped or (--on-expiry "
+    "dead_letter) moved to its dead-letter queue, counted and logged. All off by default (a queue accepts "
+    "and keeps whatever comes, as order processing may prefer). Takes the admin key (its tenant's queues) "
+    "or an operator key (any queue, by its core name <tenant>.<name>). "
+)
+SETTINGS = (  # (flag's dest, attribute)
+    ("backpressure_age", "backpressure_age"),
+    ("backpressure_depth", "backpressure_depth"),
+    ("ttl", "ttl"),
+    ("on_expiry", "on_expiry"),
 )
 
 
-def register_backpressure(commands: Any) -> None:
-    """Add `strictq backpressure QUEUE [--age S] [--depth N]` to the `strictq` subcommand parsers."""
+def register_protections(commands: Any) -> None:
+    """Add `strictq protections QUEUE [...]` to the `strictq` subcommand parsers."""
     parser = commands.add_parser(
-        "backpressure",
-        help="show or set a queue's backpressure thresholds (slow its producers when its backlog grows)",
-        description="Show QUEUE's backpressure thresholds, its backlog now, the share of sends admitted "
-        "and the sends refused; with --age or --depth, set them first. " + BACKPRESSURE_HELP + ENV_HELP,
+        "protections",
+        help="show or set a queue's backpressure and TTL (docs/protections.md)",
+        description="Show QUEUE's protections, its backlog now, the share of sends admitted, the sends "
+        "refused and the messages expired; with a setting, change it first. " + PROTECTIONS_HELP + ENV_HELP,
     )
     parser.add_argument("queue", metavar="QUEUE")
     parser.add_argument(
-        "--age", type=float, metavar="SECONDS", help="the oldest message's age threshold (0: off)"
+        "--backpressure-age",
+        type=float,
+        metavar="SECONDS",
+        help="the oldest message's age threshold (0: off)",
     )
-    parser.add_argument("--depth", type=int, metavar="MESSAGES", help="the queue's size threshold (0: off)")
+    parser.add_argument(
+        "--backpressure-depth", type=int, metavar="MESSAGES", help="the queue's size threshold (0: off)"
+    )
+    parser.add_argument(
+        "--ttl", type=float, metavar="SECONDS", help="messages older than this expire (0: off)"
+    )
+    parser.add_argument(
+        "--on-expiry",
+        choices=("drop", "dead_letter"),
+        help="what becomes of expired messages (default: drop)",
+    )
     parser.add_argument("--dedupq", action="store_true", help="QUEUE is an EmoDB dedup queue (/dedupq/1)")
     _json_flag(parser, "the server's answer as JSON instead of lines")
     _common(parser)
-    parser.set_defaults(handler=cmd_backpressure)
+    parser.set_defaults(handler=cmd_protections)
 
 
-def cmd_backpressure(args: argparse.Namespace) -> int:
-    path = f"/admin/v1/queues/{_quote(args.queue)}/backpressure" + ("?face=dedupq" if args.dedupq else "")
-    changes: dict[str, Any] = {}
-    if args.age is not None:
-        changes["age"] = args.age
-    if args.depth is not None:
-        changes["depth"] = args.depth
+def cmd_protections(args: argparse.Namespace) -> int:
+    path = f"/admin/v1/queues/{_quote(args.queue)}/protections" + ("?face=dedupq" if args.dedupq else "")
+    changes = {name: getattr(args, dest) for dest, name in SETTINGS if getattr(args, dest) is not None}
 
     def body() -> dict[str, Any]:
-        if args.age is not None and not (math.isfinite(args.age) and args.age >= 0):
-            raise UsageError(f"--age {args.age:g}: give seconds, 0 or more (0: off)")
-        if args.depth is not None and args.depth < 0:
-            raise UsageError(f"--depth {args.depth}: give a number of messages, 0 or more (0: off)")
+        for flag in ("backpressure_age", "ttl"):
+            value = changes.get(flag)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise UsageError(f"--{flag.replace('_', '-')} {value:g}: give seconds, 0 or more (0: off)")
+        depth = changes.get("backpressure_depth")
+        if depth is not None and depth < 0:
+            raise UsageError(f"--backpressure-depth {depth}: give a number of messages, 0 or more (0: off)")
         return changes
 
     def show(result: Any) -> None:
         if args.json:
             _print_json(result)
             return
-        age = f"{result.get('age', 0):g} s" if result.get("age") else "off"
-        depth = f"{result.get('depth')} messages" if result.get("depth") else "off"
+        age = f"{result.get('backpressure_age', 0):g} s" if result.get("backpressure_age") else "off"
+        depth = f"{result.get('backpressure_depth')} messages" if result.get("backpressure_depth") else "off"
         print_line(f"{result.get('queue')}: backpressure age {age}, depth {depth}")
+        if result.get("ttl"):
+            where = "dead-lettered" if result.get("on_expiry") == "dead_letter" else "dropped"
+            print_line(f"ttl {result.get('ttl'):g} s, then {where}; {result.get('expired', 0)} expired")
+        else:
+            print_line(f"ttl off (retention only); {result.get('expired', 0)} expired")
         share = float(result.get("admitted_share", 1.0))
         backlog = f"{result.get('messages', 0)} messages, the oldest {result.get('oldest_age', 0):.0f} s old"
         state = (

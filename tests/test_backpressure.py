@@ -96,9 +96,12 @@ async def test_a_deep_queue_slows_its_producers_and_releases_when_drained(tmp_pa
         try:
             batch = {"orders": [{"i": i} for i in range(10)]}
             assert (await producer.call("POST", "/queue/1/_sendbatch", batch))[0] == 200
-            status, _, body = await admin.call("PUT", "/admin/v1/queues/orders/backpressure", {"depth": 5})
+            status, _, body = await admin.call(
+                "PUT", "/admin/v1/queues/orders/protections", {"backpressure_depth": 5}
+            )
             assert status == 200, body
-            assert (body["depth"], body["age"], body["messages"], body["admitted_share"]) == (5, 0.0, 10, 0.5)
+            assert (body["backpressure_depth"], body["backpressure_age"], body["messages"]) == (5, 0.0, 10)
+            assert body["admitted_share"] == 0.5 and body["ttl"] == 0.0
             assert "10 messages (threshold 5)" in body["why"]
 
             outcomes = []
@@ -114,7 +117,7 @@ async def test_a_deep_queue_slows_its_producers_and_releases_when_drained(tmp_pa
             assert outcomes == [429, 200, 429, 200]  # half of the sends, evenly
             status, _, size = await admin.call("GET", "/queue/1/orders/size")
             assert (status, size) == (200, 12)  # nothing of a refused send stored
-            status, _, body = await admin.call("GET", "/admin/v1/queues/orders/backpressure")
+            status, _, body = await admin.call("GET", "/admin/v1/queues/orders/protections")
             assert status == 200 and body["refused"] == 2
 
             # The workers catch up: the next read of the backlog (within a second) releases the producers.
@@ -151,7 +154,9 @@ async def test_sqs_producers_get_request_throttled(tmp_path: Path) -> None:
         await asyncio.to_thread(sqs.send_message_batch, QueueUrl=url, Entries=entries)
         admin = Emo(gw, "admin-1")
         try:
-            status, _, body = await admin.call("PUT", "/admin/v1/queues/jobs/backpressure", {"depth": 1})
+            status, _, body = await admin.call(
+                "PUT", "/admin/v1/queues/jobs/protections", {"backpressure_depth": 1}
+            )
             assert status == 200 and body["admitted_share"] == pytest.approx(0.1)
         finally:
             await admin.close()
@@ -171,15 +176,28 @@ async def test_the_thresholds_route_is_scoped_and_validated(tmp_path: Path) -> N
         admin, other, worker = Emo(gw, "admin-1"), Emo(gw, "other-1"), Emo(gw, "worker-1")
         try:
             assert (await admin.call("POST", "/queue/1/orders/send", {"i": 0}))[0] == 200
-            status, _, body = await other.call("GET", "/admin/v1/queues/orders/backpressure")
+            status, _, body = await other.call("GET", "/admin/v1/queues/orders/protections")
             assert status == 404 and body["error"]["code"] == "queue_not_found"  # t2 has no such queue
-            assert (await worker.call("GET", "/admin/v1/queues/orders/backpressure"))[0] == 403
-            for bad in ({}, {"age": 5, "x": 1}, [1], {"depth": -1}, {"age": "soon"}, {"depth": 1.5}):
-                status, _, body = await admin.call("PUT", "/admin/v1/queues/orders/backpressure", bad)
+            assert (await worker.call("GET", "/admin/v1/queues/orders/protections"))[0] == 403
+            for bad in (
+                {},
+                {"ttl": 5, "x": 1},
+                [1],
+                {"backpressure_depth": -1},
+                {"backpressure_age": "soon"},
+                {"backpressure_depth": 1.5},
+                {"on_expiry": "archive"},
+                {"retention": 60},
+            ):
+                status, _, body = await admin.call("PUT", "/admin/v1/queues/orders/protections", bad)
                 assert status == 400 and body["error"]["code"] == "invalid_argument", (bad, body)
-            status, _, body = await admin.call("PUT", "/admin/v1/queues/orders/backpressure", {"age": 120})
-            assert status == 200 and (body["age"], body["depth"]) == (120.0, 0)
-            status, _, body = await admin.call("PUT", "/admin/v1/queues/orders/backpressure", {"age": 0})
+            settings = {"backpressure_age": 120, "ttl": 3600, "on_expiry": "dead_letter"}
+            status, _, body = await admin.call("PUT", "/admin/v1/queues/orders/protections", settings)
+            assert status == 200 and (body["backpressure_age"], body["backpressure_depth"]) == (120.0, 0)
+            assert (body["ttl"], body["on_expiry"], body["expired"]) == (3600.0, "dead_letter", 0)
+            status, _, body = await admin.call(
+                "PUT", "/admin/v1/queues/orders/protections", {"backpressure_age": 0}
+            )
             assert status == 200 and body["admitted_share"] == 1.0  # off again
         finally:
             for client in (admin, other, worker):

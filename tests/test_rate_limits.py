@@ -290,20 +290,21 @@ def test_limits_cli_against_a_real_serve(tmp_path: Path) -> None:
         assert done.returncode == 1 and "404 unknown_tenant" in done.stderr, done.stderr
         done = run_cli("limits", "clear", "dev", "--json", env=env)
         assert done.returncode == 0 and orjson.loads(done.stdout)["source"] == "default"
-        # strictq backpressure, on the same server (gateway.backpressure; tests/test_backpressure.py)
+        # strictq protections, on the same server (gateway.backpressure; tests/test_backpressure.py)
         for i in range(2):
             assert serve.call("POST", "/queue/1/orders/send", serve.secret("producer"), {"i": i})[0] == 200
-        done = run_cli("backpressure", "orders", "--depth", "1", env=env)
+        done = run_cli("protections", "orders", "--backpressure-depth", "1", "--ttl", "3600", env=env)
         assert done.returncode == 0, done.stderr
-        first, now = done.stdout.splitlines()
+        first, ttl, now = done.stdout.splitlines()
         assert first == "orders: backpressure age off, depth 1 messages"
+        assert ttl == "ttl 3600 s, then dropped; 0 expired"
         assert now.startswith("now: 2 messages, the oldest ")  # its age: seconds since the send
         assert now.endswith(
             "; slowing producers to 50%: it holds 2 messages (threshold 1); 0 sends refused by this gateway"
         )
-        done = run_cli("backpressure", "orders", "--depth", "-3", env=env)
-        assert done.returncode == 2 and "--depth -3: give a number of messages" in done.stderr
-        done = run_cli("backpressure", "nosuch", "--json", env=env)
+        done = run_cli("protections", "orders", "--backpressure-depth", "-3", env=env)
+        assert done.returncode == 2 and "--backpressure-depth -3: give a number of messages" in done.stderr
+        done = run_cli("protections", "nosuch", "--json", env=env)
         assert done.returncode == 1 and "404 queue_not_found" in done.stderr, done.stderr
     finally:
         serve.stop()

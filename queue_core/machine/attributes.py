@@ -20,6 +20,8 @@ QueueKind = Literal["queue", "dedup"]
 DedupScope = Literal["queue", "group"]
 OnExhausted = Literal["park", "dead_letter_message", "dead_letter_group"]
 ON_EXHAUSTED = ("park", "dead_letter_message", "dead_letter_group")
+OnExpiry = Literal["drop", "dead_letter"]
+ON_EXPIRY = ("drop", "dead_letter")
 SECONDS_FIELDS = (
     "visibility_timeout",
     "retention",
@@ -28,6 +30,7 @@ SECONDS_FIELDS = (
     "retry_backoff",
     "retry_backoff_max",
     "backpressure_age",
+    "ttl",
 )
 RETRY_FIELDS = ("retry_same_worker", "retry_backoff", "retry_backoff_max", "max_attempts", "on_exhausted")
 
@@ -63,6 +66,11 @@ class QueueAttributes:
     # proportion to the backlog; 0 turns a threshold off (the default: a queue accepts whatever comes).
     backpressure_age: float = 0.0  # seconds: the age of the oldest message
     backpressure_depth: int = 0  # messages in the queue
+    # TTL (docs/protections.md): messages older than `ttl` seconds (0: only `retention` applies) leave the
+    # queue in order, group head by group head: dropped, or moved to the dead-letter queue with
+    # on_expiry="dead_letter" (dropped when the queue has none). Counted (`expired`) and logged.
+    ttl: float = 0.0
+    on_expiry: OnExpiry = "drop"
 
     def validate(self) -> QueueAttributes:
         _check_range("visibility_timeout", self.visibility_timeout, 0, 12 * 3600)
@@ -84,8 +92,16 @@ class QueueAttributes:
         _check_probe_payload(self.probe_payload)
         _check_range("backpressure_age", self.backpressure_age, 0, 14 * 24 * 3600)
         _check_range("backpressure_depth", self.backpressure_depth, 0, 1_000_000_000)
+        _check_range("ttl", self.ttl, 0, 14 * 24 * 3600)
+        if self.on_expiry not in ON_EXPIRY:
+            raise InvalidArgument(f"on_expiry must be one of {', '.join(ON_EXPIRY)}", field="on_expiry")
         self.retry_policy().validate()
         return self
+
+    @property
+    def lifetime(self) -> float:
+        """How long a message stays: the TTL when set and shorter, else the retention period."""
+        return min(self.ttl, self.retention) if self.ttl > 0 else self.retention
 
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(

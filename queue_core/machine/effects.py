@@ -187,6 +187,17 @@ class GroupEvent:
 
 
 @dataclass(slots=True)
+class MessagesExpired:
+    """Messages past their queue's TTL or retention left it (published for the log, not stored: their
+    deletion or move is its own durable effect). `dead_letter_queue`: where they went; None: dropped."""
+
+    queue: str
+    count: int
+    dead_letter_queue: str | None
+    at: float
+
+
+@dataclass(slots=True)
 class ParticipationChanged:
     """A worker's poll declared `results` (it takes part in failure management) or stopped declaring it.
     Durable, so that after a restart its restored claims keep their meaning (a lapse counts or not)."""
@@ -240,6 +251,7 @@ Effect = (
     | ReceiveCountsRestored
     | GroupPolicySaved
     | GroupEvent
+    | MessagesExpired
     | ParticipationChanged
     | FenceSaved
     | SuspensionSaved

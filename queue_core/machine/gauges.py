@@ -40,6 +40,7 @@ class QueueGauges:
     deleted: int
     dead_lettered: int
     empty_receives: int
+    expired: int  # past TTL or retention
     top_groups: tuple[GroupBacklog, ...]
 
 
@@ -78,6 +79,7 @@ def queue_gauges(queue: QueueState, now: float, top: int = TOP_GROUPS) -> QueueG
         deleted=queue.deleted,
         dead_lettered=queue.dead_lettered,
         empty_receives=queue.empty_receives,
+        expired=queue.expired,
         top_groups=tuple(
             GroupBacklog(g.name, len(g.messages), _age(g.messages[0].sent_at, now)) for g in busiest
         ),

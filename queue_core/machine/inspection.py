@@ -42,6 +42,7 @@ def queue_metrics(queue: QueueState, now: float) -> QueueMetrics:
         received=queue.received,
         deleted=queue.deleted,
         dead_lettered=queue.dead_lettered,
+        expired=queue.expired,
     )
 
 

@@ -40,6 +40,7 @@ class QueueState:
         self.received = 0
         self.deleted = 0
         self.dead_lettered = 0
+        self.expired = 0
         self.age_of_first_attempt = 0.0
         self.empty_receives = 0  # receives (long polls: whole waits) that returned nothing; the shell counts
         # Retry workflow. Groups whose head is reserved for the worker that just failed it wait in that

@@ -293,6 +293,7 @@ class QueueMetrics:
     received: int
     deleted: int
     dead_lettered: int
+    expired: int = 0  # past TTL or retention (dropped or dead-lettered)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}

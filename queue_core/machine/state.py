@@ -16,6 +16,7 @@ from .effects import (
     Effect,
     HistorySaved,
     MessagesDeleted,
+    MessagesExpired,
     MessagesMoved,
     ParticipationChanged,
     QueueSaved,
@@ -275,22 +276,49 @@ class CoreState:
             group.queue.push_ready(group)
 
     def expire_retention(self, now: float) -> None:
-        """Drop the messages past their queue's retention, group head by group head."""
+        """The messages past their queue's lifetime (TTL or retention) leave it, group head by group head,
+        in order: dropped, or dead-lettered (on_expiry="dead_letter" with a TTL and a dead-letter queue)."""
         retention = self.retention
         while (old := retention.peek()) is not None and old[0] <= now:
             retention.pop()
             group = old[2]
             queue = group.queue
-            limit = now - queue.attributes.retention
+            attrs = queue.attributes
+            limit = now - attrs.lifetime
             expired = prefix(group.messages, (int(limit * 1000) + 1) << KEY_SHIFT)
             if expired:
-                self.delete(queue, expired)
-            if group.messages:
+                queue.expired += len(expired)
+                dlq = (
+                    self.dead_letter_queue(queue)
+                    if attrs.ttl > 0 and attrs.on_expiry == "dead_letter"
+                    else None
+                )
+                if dlq is not None and dlq is not queue:
+                    self.dead_letter_expired(queue, dlq, expired)
+                else:
+                    self.delete(queue, expired)
+                self.effects.append(
+                    MessagesExpired(queue.name, len(expired), None if dlq is None else dlq.name, now)
+                )
+            if group.messages and queue.groups.get(group.name) is group:
                 self.push_retention(group)
+
+    def dead_letter_expired(self, queue: QueueState, dlq: QueueState, messages: list[Message]) -> None:
+        """Move expired messages to the dead-letter queue in order; a claim on one of them ends (its worker
+        held it past the TTL: its ack finds the message gone)."""
+        group = messages[0].group
+        had_claim = bool(group.claimed)
+        for message in messages:
+            if message.claim_expires:
+                self.end_claim(queue, message)
+        self.transfer(queue, dlq, messages, origin=queue.name)
+        queue.dead_lettered += len(messages)
+        if had_claim and not group.claimed and queue.groups.get(group.name) is group:
+            self.claim_ended(queue, group)
 
     def push_retention(self, group: GroupState) -> None:
         if group.messages:
-            deadline = group.messages[0].sent_at + group.queue.attributes.retention
+            deadline = group.messages[0].sent_at + group.queue.attributes.lifetime
             self.retention.push((deadline, next(tiebreak), group))
 
     def _retention_live(self, entry: tuple[float, int, GroupState]) -> bool:
