@@ -28,7 +28,7 @@ from aiohttp import web
 
 from access.keys import KeyRing
 from access.permissions import READ_ROLES, WRITE_ROLES, sets_limits, spans_tenants, tenants_of
-from protocol.errors import Forbidden, RequestTooLarge
+from protocol.errors import Forbidden, RequestTooLarge, StrictqError
 from queue_core.admin_http import ADMIN_KEYS, authenticate, errors_as_json
 from queue_core.backend import QueueBackend
 from queue_core.http_errors import json_response
@@ -72,6 +72,17 @@ def add_limit_routes(app: web.Application, limiter: TenantRateLimiter, keys: Key
     app.router.add_put("/admin/v1/queues/{queue}/protections", put_protections)
 
 
+async def _json_body(request: web.Request, invalid: type[StrictqError]) -> Any:
+    """The request's small JSON body (None when empty); `invalid` (400) when it is not JSON."""
+    if request.content_length is not None and request.content_length > MAX_LIMIT_BODY:
+        raise RequestTooLarge(f"request body over {MAX_LIMIT_BODY} bytes")
+    raw = await request.read()
+    try:
+        return orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError as exc:
+        raise invalid(f"request body is not valid JSON: {exc}") from None
+
+
 def _tenant(request: web.Request) -> str:
     """The path's tenant, which must be one the key file serves (404 otherwise), if the caller may change
     limits (403 otherwise)."""
@@ -102,13 +113,7 @@ async def list_limits(request: web.Request) -> web.StreamResponse:
 @errors_as_json
 async def put_limit(request: web.Request) -> web.StreamResponse:
     tenant = _tenant(request)
-    if request.content_length is not None and request.content_length > MAX_LIMIT_BODY:
-        raise RequestTooLarge(f"request body over {MAX_LIMIT_BODY} bytes")
-    raw = await request.read()
-    try:
-        data: Any = orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError as exc:
-        raise InvalidLimit(f"request body is not valid JSON: {exc}") from None
+    data = await _json_body(request, InvalidLimit)
     if not isinstance(data, dict) or "rate" not in data or set(data) - {"rate", "burst"}:
         example = '{"rate": <messages/s>, "burst": <messages>} or {"rate": null}'
         raise InvalidLimit(f"send a JSON object: {example}")
@@ -174,13 +179,7 @@ async def get_protections(request: web.Request) -> web.StreamResponse:
 @errors_as_json
 async def put_protections(request: web.Request) -> web.StreamResponse:
     name, internal, service = _queue(request)
-    if request.content_length is not None and request.content_length > MAX_LIMIT_BODY:
-        raise RequestTooLarge(f"request body over {MAX_LIMIT_BODY} bytes")
-    raw = await request.read()
-    try:
-        data: Any = orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgument(f"request body is not valid JSON: {exc}") from None
+    data = await _json_body(request, InvalidArgument)
     if not isinstance(data, dict) or not data or set(data) - set(PROTECTIONS):
         raise InvalidArgument(f"send a JSON object of any of: {', '.join(PROTECTIONS)}")
     await service.set_attributes(internal, data)  # validated by the core, in the one place

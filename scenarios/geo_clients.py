@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import math
 import ssl
+import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -123,6 +124,10 @@ class Producer:
         self._stop.set()
         if self._task is not None:
             await asyncio.wait_for(self._task, 60.0)
+
+    def median_since(self, since: float) -> float:
+        """The median seconds of the sends that ended at `since` (monotonic) or later."""
+        return statistics.median(seconds for at, seconds in self.latencies if at >= since)
 
     async def sends(self, count: int, within: float = 60.0) -> list[float]:
         """The seconds of the next `count` successful sends (waits for them, bounded)."""

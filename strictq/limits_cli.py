@@ -1,5 +1,5 @@
-"""`strictq limits` and `strictq backpressure`: read and change the gateway's admission of sends at run time,
-per tenant (send rates) and per queue (backpressure thresholds), through gateway.limits_http.
+"""`strictq limits` and `strictq protections`: read and change the gateway's admission of sends at run time,
+per tenant (send rates) and per queue (backpressure and TTL), through gateway.limits_http.
 
 Cheap to import (stdlib only), like strictq.admin_cli, whose admin-key and request plumbing it shares.
 """

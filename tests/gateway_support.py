@@ -11,7 +11,10 @@ import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import aiohttp
+import orjson
 import pytest
 import trustme
 from aiohttp import web
@@ -104,3 +107,26 @@ async def serve_gateway(
         service.stop_waiting()
         await runner.cleanup()
         await service.close()
+
+
+class Emo:
+    """An aiohttp client of the gateway's HTTP routes (EmoDB face, admin routes) with one credential:
+    `call` answers (status, headers, JSON body)."""
+
+    def __init__(self, gw: Gateway, key_id: str) -> None:
+        context = ssl.create_default_context(cafile=str(gw.ca_file))
+        self.url = gw.url
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=context),
+            headers={"X-BV-API-Key": gw.credential(key_id).secret},
+        )
+
+    async def call(self, method: str, path: str, body: Any = None) -> tuple[int, dict[str, str], Any]:
+        data = None if body is None else orjson.dumps(body)
+        content = {} if data is None else {"Content-Type": "application/json"}
+        async with self.session.request(method, self.url + path, data=data, headers=content) as answer:
+            raw = await answer.read()
+            return answer.status, dict(answer.headers), orjson.loads(raw) if raw else None
+
+    async def close(self) -> None:
+        await self.session.close()

@@ -9,17 +9,13 @@ the caller's tenant, and nothing of a refused send stored.
 from __future__ import annotations
 
 import asyncio
-import ssl
 from pathlib import Path
-from typing import Any
 
-import aiohttp
 import boto3
-import orjson
 import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
-from gateway_support import Gateway, serve_gateway
+from gateway_support import Emo, serve_gateway
 
 from gateway.backpressure import MIN_SHARE, REFRESH, BackpressureGate, BackpressureRefused, pressure
 from queue_core.machine.attributes import QueueAttributes
@@ -70,26 +66,6 @@ def test_the_gate_admits_the_share_evenly_and_releases_at_once() -> None:
 
 
 # -------------------------------------------------------------------------------- the gateway, over TLS
-class Emo:
-    def __init__(self, gw: Gateway, key_id: str) -> None:
-        context = ssl.create_default_context(cafile=str(gw.ca_file))
-        self.url = gw.url
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=context),
-            headers={"X-BV-API-Key": gw.credential(key_id).secret},
-        )
-
-    async def call(self, method: str, path: str, body: Any = None) -> tuple[int, dict[str, str], Any]:
-        data = None if body is None else orjson.dumps(body)
-        content = {} if data is None else {"Content-Type": "application/json"}
-        async with self.session.request(method, self.url + path, data=data, headers=content) as answer:
-            raw = await answer.read()
-            return answer.status, dict(answer.headers), orjson.loads(raw) if raw else None
-
-    async def close(self) -> None:
-        await self.session.close()
-
-
 async def test_a_deep_queue_slows_its_producers_and_releases_when_drained(tmp_path: Path) -> None:
     async with serve_gateway(tmp_path) as gw:
         producer, admin, worker = Emo(gw, "producer-1"), Emo(gw, "admin-1"), Emo(gw, "worker-1")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from geo_support import (
-    QUEUE,
+    Consumer,
     EmoClient,
     Order,
     Producer,
@@ -97,43 +97,6 @@ async def test_traffic_placement_moves_the_partition_to_its_producers_region(geo
     assert order.duplicates <= producer.retries
 
 
-class Consumer:
-    """Polls and acks one group all along, from one region's edge."""
-
-    def __init__(self, client: EmoClient, group: str) -> None:
-        self.client = client
-        self.group = group
-        self.received: list[int] = []
-        self.errors: list[str] = []
-        self._stop = asyncio.Event()
-        self._got = asyncio.Event()
-        self._task = asyncio.create_task(self._run(), name=f"consumer-{group}")
-
-    async def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                for message in await self.client.poll(QUEUE, limit=10, ttl=5.0, wait=0.5):
-                    if message.get("group") == self.group:
-                        self.received.append(int(message["payload"]["i"]))
-                        self._got.set()
-                    await self.client.ack(QUEUE, message["id"], int(message["token"]))
-            except Exception as exc:  # a move under way: the next poll finds the new owner
-                self.errors.append(str(exc)[:200])
-                await asyncio.sleep(0.2)
-
-    async def received_all(self, sent: int, within: float) -> None:
-        """Until every `i` below `sent` has been received, or `within` seconds."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(within):
-                while set(range(sent)) - set(self.received):
-                    self._got.clear()
-                    await self._got.wait()
-
-    async def stop(self) -> None:
-        self._stop.set()
-        await asyncio.wait_for(self._task, 60.0)
-
-
 @ON_THE_WORLD
 @WORLD_TIMEOUT
 async def test_follow_the_sun_moves_a_partition_round_the_world(geo_world: GeoWorld) -> None:
@@ -147,7 +110,7 @@ async def test_follow_the_sun_moves_a_partition_round_the_world(geo_world: GeoWo
     ):
         producer = Producer(sending, group)
         producer.start()
-        consumer = Consumer(working, group)
+        consumer = Consumer(working)
         seen: list[str] = []
         try:
             await sends_after(producer, 3)
@@ -170,13 +133,14 @@ async def test_follow_the_sun_moves_a_partition_round_the_world(geo_world: GeoWo
         finally:
             await world.set_policy("off")
             await producer.stop()
-        await consumer.received_all(producer.sent, within=60.0)
+        await consumer.received_all({group: producer.sent}, within=60.0)
         await consumer.stop()
-    order = Order.of(consumer.received, producer.sent)
-    print(f"owner regions {seen}; {producer.sent} sent, {len(consumer.received)} received, {order}")
+    received = consumer.received.get(group, [])
+    order = Order.of(received, producer.sent)
+    print(f"owner regions {seen}; {producer.sent} sent, {len(received)} received, {order}")
     assert producer.sent > 50, f"the producer made only {producer.sent} sends: {producer.errors[-3:]}"
     assert order.lost == 0, f"{order.lost} of {producer.sent} lost (consumer errors {consumer.errors[-3:]})"
-    assert order.out_of_order == 0, f"order of {group} broken: {consumer.received}"
+    assert order.out_of_order == 0, f"order of {group} broken: {received}"
     assert order.duplicates <= producer.retries
 
 

@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-import ssl
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import boto3
 import orjson
 import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
-from gateway_support import CREDENTIALS, Gateway, serve_gateway
+from gateway_support import CREDENTIALS, Emo, Gateway, serve_gateway
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from serve_support import start_serve
@@ -135,26 +133,6 @@ def sqs_client(gw: Gateway, key_id: str) -> Any:
         verify=str(gw.ca_file),
         config=NO_RETRIES,
     )
-
-
-class Emo:
-    def __init__(self, gw: Gateway, key_id: str) -> None:
-        self.gw = gw
-        context = ssl.create_default_context(cafile=str(gw.ca_file))
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=context),
-            headers={"X-BV-API-Key": gw.credential(key_id).secret},
-        )
-
-    async def call(self, method: str, path: str, body: Any = None) -> tuple[int, dict[str, str], Any]:
-        data = None if body is None else orjson.dumps(body)
-        content = {} if data is None else {"Content-Type": "application/json"}
-        async with self.session.request(method, self.gw.url + path, data=data, headers=content) as answer:
-            raw = await answer.read()
-            return answer.status, dict(answer.headers), orjson.loads(raw) if raw else None
-
-    async def close(self) -> None:
-        await self.session.close()
 
 
 async def test_emodb_sends_over_the_rate_get_429_with_retry_after_and_nothing_is_stored(
