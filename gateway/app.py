@@ -22,7 +22,8 @@ from queue_core.metrics_http import add_metrics_route
 from queue_core.service import QueueService
 
 from . import emodb, sqs
-from .app_keys import KEYS, MAX_EDGE_BODY, ROUTER, SERVICE
+from .admission_metrics import AdmissionCollector
+from .app_keys import BACKPRESSURE, KEYS, MAX_EDGE_BODY, ROUTER, SERVICE
 from .deliveries import DELIVERIES, DeliveryLog
 from .limits_http import add_limit_routes
 from .rate_limits import TenantRateLimiter
@@ -70,11 +71,13 @@ def make_gateway_app(
     app.router.add_get("/readyz", readyz)
     sqs.add_routes(app, receipt_key, sqs_regions)  # the faces register their own routes
     emodb.add_routes(app)
-    add_limit_routes(app, limiter if limiter is not None else TenantRateLimiter(), keys)
+    limiter = limiter if limiter is not None else TenantRateLimiter()
+    add_limit_routes(app, limiter, keys)
     # /metrics (queue_core.metrics_http): this app's registry; the core's series only where the core runs
     # in this process (with --queue-server or --cluster, the request counts; the queue servers have theirs).
     registry = CollectorRegistry()
     registry.register(requests)
+    registry.register(AdmissionCollector(limiter, app[BACKPRESSURE]))
     if isinstance(service, QueueService):  # the core is in this process: its control stream and fences too
         hub = control or (failures.hub if failures is not None else ControlHub(service))
         add_admin_routes(app, hub, keys, failures)  # failures: failure management's routes and hooks

@@ -115,8 +115,14 @@ class BackpressureGate:
         raise error
 
     def forget(self, queue: str) -> None:
-        """Drop the queue's cached metrics and credit (its thresholds changed)."""
-        self._queues.pop(queue, None)
+        """Drop the queue's cached metrics and credit (its thresholds changed); its refusals count on."""
+        state = self._queues.get(queue)
+        if state is not None:
+            state.metrics, state.read_at, state.credit = None, float("-inf"), 0.0
+
+    def refusals(self) -> list[tuple[str, int]]:
+        """(queue, sends refused) of every queue that refused one, for metrics."""
+        return [(queue, state.refused) for queue, state in self._queues.items() if state.refused]
 
     def refused(self, queue: str) -> int:
         state = self._queues.get(queue)

@@ -18,6 +18,7 @@ import orjson
 import pytest
 import trustme
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from access.keys import Credential, KeyRing
 from gateway.app import make_gateway_app
@@ -130,3 +131,15 @@ class Emo:
 
     async def close(self) -> None:
         await self.session.close()
+
+    async def samples(self, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+        """The gateway's /metrics samples called `name`, by their sorted labels (this credential's view)."""
+        async with self.session.get(self.url + "/metrics") as answer:
+            assert answer.status == 200, await answer.text()
+            text = await answer.text()
+        found: dict[tuple[tuple[str, str], ...], float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name:
+                    found[tuple(sorted(sample.labels.items()))] = sample.value
+        return found

@@ -95,6 +95,8 @@ async def test_a_deep_queue_slows_its_producers_and_releases_when_drained(tmp_pa
             assert (status, size) == (200, 12)  # nothing of a refused send stored
             status, _, body = await admin.call("GET", "/admin/v1/queues/orders/protections")
             assert status == 200 and body["refused"] == 2
+            labels = (("face", "queue"), ("queue", "orders"), ("tenant", "t1"))
+            assert await admin.samples("strictq_queue_backpressure_refused_requests_total") == {labels: 2.0}
 
             # The workers catch up: the next read of the backlog (within a second) releases the producers.
             while True:

@@ -159,6 +159,16 @@ async def test_emodb_sends_over_the_rate_get_429_with_retry_after_and_nothing_is
             for i in range(5):
                 status, _, _ = await t2.call("POST", "/queue/1/orders/send", {"i": i})
                 assert status == 200
+            # /metrics: each tenant's admitted and throttled counts, a tenant's admin seeing its own only.
+            operator = Emo(gw, "operator-1")
+            try:
+                assert await operator.samples("strictq_tenant_throttled_requests_total") == {
+                    (("tenant", "t1"),): 1.0,
+                    (("tenant", "t2"),): 0.0,
+                }
+            finally:
+                await operator.close()
+            assert await admin.samples("strictq_tenant_admitted_messages_total") == {(("tenant", "t1"),): 5.0}
         finally:
             for client in (t1, t2, admin):
                 await client.close()
