@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import boto3
 import orjson
 import pytest
 import trustme
 from aiohttp import web
+from botocore.config import Config
 from prometheus_client.parser import text_string_to_metric_families
 
 from access.keys import Credential, KeyRing
@@ -108,6 +110,21 @@ async def serve_gateway(
         service.stop_waiting()
         await runner.cleanup()
         await service.close()
+
+
+def sqs_client(gw: Gateway, key_id: str) -> Any:
+    """boto3's SQS client for `key_id` against the gateway, no retries (a refusal is seen as it is); call
+    it through `asyncio.to_thread`."""
+    credential = gw.credential(key_id)
+    return boto3.client(
+        "sqs",
+        endpoint_url=gw.url,
+        region_name="us-east-1",
+        aws_access_key_id=credential.id,
+        aws_secret_access_key=credential.secret,
+        verify=str(gw.ca_file),
+        config=Config(retries={"mode": "standard", "max_attempts": 1}, connect_timeout=5, read_timeout=30),
+    )
 
 
 class Emo:

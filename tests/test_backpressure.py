@@ -11,11 +11,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import boto3
 import pytest
-from botocore.config import Config
 from botocore.exceptions import ClientError
-from gateway_support import Emo, serve_gateway
+from gateway_support import Emo, serve_gateway, sqs_client
 
 from gateway.backpressure import MIN_SHARE, REFRESH, BackpressureGate, BackpressureRefused, pressure
 from queue_core.machine.attributes import QueueAttributes
@@ -117,16 +115,7 @@ async def test_a_deep_queue_slows_its_producers_and_releases_when_drained(tmp_pa
 
 async def test_sqs_producers_get_request_throttled(tmp_path: Path) -> None:
     async with serve_gateway(tmp_path) as gw:
-        credential = gw.credential("admin-1")
-        sqs = boto3.client(
-            "sqs",
-            endpoint_url=gw.url,
-            region_name="us-east-1",
-            aws_access_key_id=credential.id,
-            aws_secret_access_key=credential.secret,
-            verify=str(gw.ca_file),
-            config=Config(retries={"mode": "standard", "max_attempts": 1}),
-        )
+        sqs = sqs_client(gw, "admin-1")
         url = (await asyncio.to_thread(sqs.create_queue, QueueName="jobs"))["QueueUrl"]
         entries = [{"Id": str(i), "MessageBody": f"m{i}"} for i in range(10)]
         await asyncio.to_thread(sqs.send_message_batch, QueueUrl=url, Entries=entries)

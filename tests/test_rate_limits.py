@@ -16,12 +16,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import boto3
 import orjson
 import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
-from gateway_support import CREDENTIALS, Emo, Gateway, serve_gateway
+from gateway_support import CREDENTIALS, Emo, serve_gateway, sqs_client
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from serve_support import start_serve
@@ -122,19 +121,6 @@ def test_limits_persist_privately_and_a_damaged_file_stops_the_start(tmp_path: P
 
 
 # --------------------------------------------------------------------------- the gateway, over TLS
-def sqs_client(gw: Gateway, key_id: str) -> Any:
-    credential = gw.credential(key_id)
-    return boto3.client(
-        "sqs",
-        endpoint_url=gw.url,
-        region_name="us-east-1",
-        aws_access_key_id=credential.id,
-        aws_secret_access_key=credential.secret,
-        verify=str(gw.ca_file),
-        config=NO_RETRIES,
-    )
-
-
 async def test_emodb_sends_over_the_rate_get_429_with_retry_after_and_nothing_is_stored(
     tmp_path: Path,
 ) -> None:
