@@ -227,6 +227,23 @@ def quantile_ms(seconds: list[float], q: float) -> float:
     return ordered[rank] * 1000.0
 
 
+async def wait_for_owner_region(world: GeoWorld, partition: int, region: str, within: float) -> None:
+    """Until `partition` is owned in `region` (bounded); GeoError with `strictq cluster plan`'s view else."""
+    deadline = time.monotonic() + within
+    found = ""
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):  # JetStream electing a leader: look again
+            found = await world.owner_region(partition)
+            if found == region:
+                return
+        await asyncio.sleep(0.25)
+    plan = await world.plan()
+    raise GeoError(
+        f"partition {partition} not owned in {region} within {within:g}s (now: {found or 'none'}); "
+        f"strictq cluster plan:\n{plan}"
+    )
+
+
 async def placement_history(world: GeoWorld) -> tuple[MoveRecord, ...]:
     """The placement moves recorded in the cluster (the master's and `plan --apply`'s), oldest first."""
     assert world.nc is not None, "the world is not started"

@@ -45,6 +45,7 @@ from .geo_clients import (
     Producer,
     placement_history,
     quantile_ms,
+    wait_for_owner_region,
 )
 
 SHOWN_LINES = 30  # of a command's output
@@ -312,25 +313,10 @@ class GeoDemo:
         )
         began = time.monotonic()
         async with self.ticking(f"waiting for partition {partition} to move to us"):
-            await self.wait_owner(world, partition, "us", MOVE_WITHIN)
+            await wait_for_owner_region(world, partition, "us", MOVE_WITHIN)
         took = time.monotonic() - began
         self.say(f"partition {partition} is owned in us {took:.1f} s after placement was turned on")
         await self.cluster("status")
-
-    async def wait_owner(self, world: GeoWorld, partition: int, region: str, within: float) -> None:
-        deadline = time.monotonic() + within
-        found = ""
-        while time.monotonic() < deadline:
-            with contextlib.suppress(Exception):  # JetStream electing a leader: look again
-                found = await world.owner_region(partition)
-                if found == region:
-                    return
-            await asyncio.sleep(0.25)
-        plan = await world.plan()
-        raise DemoFailed(
-            f"partition {partition} not owned in {region} within {within:g}s (now: {found or 'none'}); "
-            f"strictq cluster plan:\n{plan}"
-        )
 
     async def follow_the_sun(self, world: GeoWorld, partition: int) -> tuple[list[str], int]:
         """The schedule over a compressed day; the owner regions `partition` went through, and how many

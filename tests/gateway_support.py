@@ -20,7 +20,7 @@ import pytest
 import trustme
 from aiohttp import web
 from botocore.config import Config
-from prometheus_client.parser import text_string_to_metric_families
+from kit.prometheus import parse_series
 
 from access.keys import Credential, KeyRing
 from gateway.app import make_gateway_app
@@ -154,9 +154,4 @@ class Emo:
         async with self.session.get(self.url + "/metrics") as answer:
             assert answer.status == 200, await answer.text()
             text = await answer.text()
-        found: dict[tuple[tuple[str, str], ...], float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name:
-                    found[tuple(sorted(sample.labels.items()))] = sample.value
-        return found
+        return {labels: found for (sample, labels), found in parse_series(text).items() if sample == name}

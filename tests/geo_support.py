@@ -15,7 +15,6 @@ one group in a loop, a failed send tried again with the same `i`: a duplicate is
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -24,11 +23,29 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from scenarios.geo_clients import QUEUE, Consumer, EmoClient, EmoError, Order, Producer
+from scenarios.geo_clients import (
+    QUEUE,
+    Consumer,
+    EmoClient,
+    EmoError,
+    Order,
+    Producer,
+    wait_for_owner_region,
+)
 from strictq.geo_sim import GeoWorld
 
 TRAFFIC_WINDOW = 2.0  # the edges' traffic window: placement sees a change of producers within seconds
-__all__ = ["QUEUE", "Consumer", "EmoClient", "EmoError", "Order", "Producer", "drain", "geo_world"]
+__all__ = [
+    "QUEUE",
+    "Consumer",
+    "EmoClient",
+    "EmoError",
+    "Order",
+    "Producer",
+    "drain",
+    "geo_world",
+    "wait_for_owner_region",
+]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -55,23 +72,6 @@ async def drain(
                 received.append(int(message["payload"]["i"]))
         await client.ack(queue, [str(m["id"]) for m in messages])
     return received
-
-
-async def wait_for_owner_region(world: GeoWorld, partition: int, region: str, within: float) -> None:
-    """Until `partition` is served in `region` (bounded)."""
-    deadline = time.monotonic() + within
-    found = ""
-    while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):  # JetStream electing a leader: look again
-            found = await world.owner_region(partition)
-            if found == region:
-                return
-        await asyncio.sleep(0.25)
-    plan = await world.plan()
-    raise AssertionError(
-        f"partition {partition} not served in {region} within {within:g}s (now: {found!r}); "
-        f"`strictq cluster plan`:\n{plan}"
-    )
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 from health_support import CREDENTIALS, QUEUE, Health, running_health, until
-from prometheus_client.parser import text_string_to_metric_families
+from kit.prometheus import Series, parse_series, value
 
 from access.keys import Credential, KeyRing
 
 OPERATOR = Credential("ops-1", "operator-secret-0123456789", "operator", "ops")
-Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 Q = {"tenant": "t1", "face": "queue", "queue": QUEUE}
 
 
@@ -30,15 +29,7 @@ async def scrape(h: Health, key_id: str) -> Series:
     async with h.session.get(h.url + "/metrics", headers=headers) as response:
         text = await response.text()
         assert response.status == 200, text
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def value(found: Series, name: str, **labels: str) -> float:
-    return found[(name, tuple(sorted(labels.items())))]
+    return parse_series(text)
 
 
 def names(found: Series) -> set[str]:

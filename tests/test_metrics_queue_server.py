@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from kit import FakeClock
 from kit.inprocess import InProcessServer, serve_in_process
-from prometheus_client.parser import text_string_to_metric_families
+from kit.prometheus import Series, parse_series, value
 
 from access.keys import Credential, KeyRing
 
@@ -25,7 +25,6 @@ KEYS = KeyRing(
     ]
 )
 SECRETS = {c.id: c.secret for c in KEYS.credentials}
-Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 @pytest.fixture
@@ -57,15 +56,7 @@ async def scrape(
 async def series(session: aiohttp.ClientSession, base: str, key_id: str) -> Series:
     status, content_type, text = await scrape(session, base, {"X-BV-API-Key": SECRETS[key_id]})
     assert status == 200 and content_type.startswith("text/plain; version="), (status, text)
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def value(found: Series, name: str, **labels: str) -> float:
-    return found[(name, tuple(sorted(labels.items())))]
+    return parse_series(text)
 
 
 def queues_in(found: Series) -> set[tuple[str, str]]:

@@ -7,10 +7,8 @@ import asyncio
 from typing import Any
 
 import aiohttp
-import boto3
 import orjson
-from botocore.config import Config
-from gateway_support import Gateway, delivery_gateway  # noqa: F401 (fixture)
+from gateway_support import Gateway, delivery_gateway, sqs_client  # noqa: F401 (fixture)
 
 from wirelog.reader import read_records
 
@@ -79,8 +77,8 @@ async def test_emodb_poll_ack_and_release(delivery_gateway: Gateway) -> None:  #
 
 async def test_sqs_receive_visibility_and_delete(delivery_gateway: Gateway) -> None:  # noqa: F811
     gw = delivery_gateway
-    sqs = _sqs(gw, "admin-1")
-    worker = _sqs(gw, "worker-1")
+    sqs = sqs_client(gw, "admin-1")
+    worker = sqs_client(gw, "worker-1")
     url = (await _call(sqs.create_queue, QueueName="jobs.fifo", Attributes={"FifoQueue": "true"}))["QueueUrl"]
     attributes = {"kind": {"DataType": "String", "StringValue": "refund"}}
     await _call(
@@ -116,19 +114,6 @@ def _ssl(gw: Gateway) -> Any:
     import ssl
 
     return ssl.create_default_context(cafile=str(gw.ca_file))
-
-
-def _sqs(gw: Gateway, key_id: str) -> Any:
-    credential = gw.credential(key_id)
-    return boto3.client(
-        "sqs",
-        endpoint_url=gw.url,
-        region_name="us-east-1",
-        aws_access_key_id=credential.id,
-        aws_secret_access_key=credential.secret,
-        verify=str(gw.ca_file),
-        config=Config(retries={"mode": "standard", "max_attempts": 1}),
-    )
 
 
 async def _call(method: Any, **kwargs: Any) -> Any:
