@@ -433,6 +433,10 @@ def render(
 
     geo_section(results, add)
 
+    from .noisy_bench import noisy_section  # issue 17: a tenant's flood, fairness, the protections' cost
+
+    noisy_section(results, add)
+
     prof = results.get("profile")
     bp = (b or {}).get("profile")
     if (prof and prof.get("tool") == "py-spy") or bp:

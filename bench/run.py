@@ -7,7 +7,9 @@ scenarios; `gw` (or `gateway`) the three gateway scenarios; `restart` and `rss` 
 `cluster` is issue 15's: the gateway over `strictq cluster up` at 1-3 queue servers, R1 and R3, beside the
 single-process gateway; failover and planned-move times. `geo` is issue 16's: three simulated regions
 (strictq.geo_sim), send latency per region before and after placement by traffic, follow-the-sun moves per
-simulated day, messages lost (bench/geo_bench.py). `--splice` rewrites only the sections of the
+simulated day, messages lost (bench/geo_bench.py). `noisy` is issue 17's: a tenant flooding at 10x its
+limit beside a steady one, fairness in a shared queue, the protections' cost (bench/noisy_bench.py).
+`--splice` rewrites only the sections of the
 scenarios run (e.g. `--only cluster --splice`), keeping the rest of docs/benchmarks.md.
 Raw outputs (server logs, profiles, results.json) go to bench/out/ (ignored by git).
 """

@@ -628,6 +628,13 @@ def scenario_geo(st: Settings, progress: Progress) -> None:
     st.results["geo"] = run_geo_bench(st, progress)
 
 
+def scenario_noisy(st: Settings, progress: Progress) -> None:
+    """Noisy neighbour (issue 17): a tenant's flood against another, fairness, the protections' cost."""
+    from .noisy_bench import run_noisy_bench
+
+    st.results["noisy"] = run_noisy_bench(st, progress)
+
+
 SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "core": scenario_core,
     "e2e-100": scenario_e2e_100,
@@ -643,6 +650,7 @@ SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "failover": scenario_failover,
     "cluster": scenario_cluster,
     "geo": scenario_geo,
+    "noisy": scenario_noisy,
     "profile": scenario_profile,
 }
 ALIASES = {

@@ -11,9 +11,12 @@ that read and change the per-tenant limits at run time.
 
 - `GET /admin/v1/queues/{queue}/protections` and `PUT` with any of the queue attributes
   `backpressure_age`, `backpressure_depth` (0 turns a threshold off), `ttl` (0: off) and `on_expiry`
-  (`drop` | `dead_letter`): a queue's protections (docs/protections.md), its backlog now, the share of
-  sends admitted, the sends this edge refused and the messages expired; `admin` (its tenant's queues, by
-  their names; `?face=dedupq` for an EmoDB dedup queue) or `operator` (any queue, by its core name).
+  (`drop` | `dead_letter`), and the fairness settings of a queue shared by tenants (`tenant_separator`,
+  `tenant_concurrency`, `group_in_flight`, `worker_pools`, `pools_per_tenant`, `sideline_age`,
+  `sideline_rate`): a queue's protections (docs/protections.md), its backlog now, the share of sends
+  admitted, the sends this edge refused and the messages expired or sidelined; `admin` (its tenant's
+  queues, by their names; `?face=dedupq` for an EmoDB dedup queue) or `operator` (any queue, by its core
+  name).
 
 Errors are the one JSON body of the admin routes (queue_core.admin_http).
 """
@@ -32,7 +35,7 @@ from protocol.errors import Forbidden, RequestTooLarge, StrictqError
 from queue_core.admin_http import ADMIN_KEYS, authenticate, errors_as_json
 from queue_core.backend import QueueBackend
 from queue_core.http_errors import json_response
-from queue_core.machine.attributes import QueueAttributes
+from queue_core.machine.attributes import SCHEDULING_FIELDS, QueueAttributes
 from queue_core.machine.errors import InvalidArgument
 from queue_core.scope import internal_name
 
@@ -148,7 +151,7 @@ def _queue(request: web.Request) -> tuple[str, str, QueueBackend]:
     return name, internal, request.app[ROUTER].for_queue(internal)
 
 
-PROTECTIONS = ("backpressure_age", "backpressure_depth", "ttl", "on_expiry")
+PROTECTIONS = ("backpressure_age", "backpressure_depth", "ttl", "on_expiry", *SCHEDULING_FIELDS)
 
 
 async def _protections(
@@ -167,6 +170,7 @@ async def _protections(
         "why": push.reason,
         "refused": request.app[BACKPRESSURE].refused(internal),
         "expired": metrics.expired,
+        "sidelined": metrics.sidelined,
     }
 
 

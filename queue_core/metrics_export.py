@@ -80,6 +80,11 @@ QUEUE_COUNTERS: tuple[tuple[str, str, QueueValue], ...] = (
         lambda g: g.expired,
     ),
     (
+        "strictq_queue_sidelined_groups",
+        "Groups moved whole to the spillover lane (over their tenant's rate, or too old) since start.",
+        lambda g: g.sidelined,
+    ),
+    (
         "strictq_queue_empty_receives",
         "Receives (a long poll: its whole wait) that returned no message.",
         lambda g: g.empty_receives,

@@ -404,9 +404,7 @@ class QueueService:
         (MAX_WAIT at most) for it: a cluster gateway's long poll over many partitions waits on each at
         once. It claims nothing, so the gateway may drop the answers of the partitions it does not poll.
         True may be spurious (any change of the queue wakes it): the caller polls to find out."""
-        state = self.core.queue(queue)  # QueueNotFound, as receive answers
-        mine = state.reserved.get(worker) if worker and state.reserved else None
-        if state.ready.peek() is not None or (mine is not None and mine.peek() is not None):
+        if self.core.queue(queue).has_ready(worker):  # QueueNotFound, as receive answers
             return True
         if not self.ready:
             return False

@@ -65,7 +65,12 @@ PROTECTIONS_HELP = (
     "backpressure and Retry-After (EmoDB face) or RequestThrottled (SQS face), saying why, until the backlog "
     "is back under. TTL: messages older than --ttl leave the queue in order, dropped or (--on-expiry "
     "dead_letter) moved to its dead-letter queue, counted and logged. All off by default (a queue accepts "
-    "and keeps whatever comes, as order processing may prefer). Takes the admin key (its tenant's queues) "
+    "and keeps whatever comes, as order processing may prefer). Fairness, for a queue shared by tenants "
+    "whose groups are named <tenant><separator><rest>: tenants take turns at delivery, each tenant may "
+    "hold --tenant-concurrency claims at once, each tenant's groups go to --pools-per-tenant of "
+    "--worker-pools pools of workers (shuffle-sharding), and groups over a tenant's --sideline-rate or "
+    "older than --sideline-age wait whole in a spillover lane served once the live lane is caught up. "
+    "Takes the admin key (its tenant's queues) "
     "or an operator key (any queue, by its core name <tenant>.<name>). "
 )
 SETTINGS = (  # (flag's dest, attribute)
@@ -73,6 +78,13 @@ SETTINGS = (  # (flag's dest, attribute)
     ("backpressure_depth", "backpressure_depth"),
     ("ttl", "ttl"),
     ("on_expiry", "on_expiry"),
+    ("tenant_separator", "tenant_separator"),
+    ("tenant_concurrency", "tenant_concurrency"),
+    ("group_in_flight", "group_in_flight"),
+    ("worker_pools", "worker_pools"),
+    ("pools_per_tenant", "pools_per_tenant"),
+    ("sideline_age", "sideline_age"),
+    ("sideline_rate", "sideline_rate"),
 )
 
 
@@ -102,6 +114,33 @@ def register_protections(commands: Any) -> None:
         choices=("drop", "dead_letter"),
         help="what becomes of expired messages (default: drop)",
     )
+    fairness = parser.add_argument_group("fairness (a queue shared by tenants; 0 or '' turns one off)")
+    fairness.add_argument(
+        "--tenant-separator",
+        metavar="CHAR",
+        help="groups are named <tenant>CHAR<rest> (e.g. ':'); tenants then take turns at delivery",
+    )
+    fairness.add_argument(
+        "--tenant-concurrency", type=int, metavar="N", help="a tenant's groups claimed at once, at most"
+    )
+    fairness.add_argument(
+        "--group-in-flight", type=int, metavar="N", help="messages of one group in one claim, at most"
+    )
+    fairness.add_argument(
+        "--worker-pools", type=int, metavar="N", help="shuffle-sharding: pools of workers (by worker id)"
+    )
+    fairness.add_argument(
+        "--pools-per-tenant", type=int, metavar="K", help="pools each tenant is hashed onto (default 2)"
+    )
+    fairness.add_argument(
+        "--sideline-age", type=float, metavar="SECONDS", help="older groups wait in the spillover lane"
+    )
+    fairness.add_argument(
+        "--sideline-rate",
+        type=float,
+        metavar="PER_SECOND",
+        help="a tenant's sends over this rate sideline their groups",
+    )
     parser.add_argument("--dedupq", action="store_true", help="QUEUE is an EmoDB dedup queue (/dedupq/1)")
     _json_flag(parser, "the server's answer as JSON instead of lines")
     _common(parser)
@@ -113,13 +152,14 @@ def cmd_protections(args: argparse.Namespace) -> int:
     changes = {name: getattr(args, dest) for dest, name in SETTINGS if getattr(args, dest) is not None}
 
     def body() -> dict[str, Any]:
-        for flag in ("backpressure_age", "ttl"):
+        for flag in ("backpressure_age", "ttl", "sideline_age", "sideline_rate"):
             value = changes.get(flag)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise UsageError(f"--{flag.replace('_', '-')} {value:g}: give seconds, 0 or more (0: off)")
-        depth = changes.get("backpressure_depth")
-        if depth is not None and depth < 0:
-            raise UsageError(f"--backpressure-depth {depth}: give a number of messages, 0 or more (0: off)")
+        for flag in ("backpressure_depth", "tenant_concurrency", "group_in_flight", "worker_pools"):
+            count = changes.get(flag)
+            if count is not None and count < 0:
+                raise UsageError(f"--{flag.replace('_', '-')} {count}: give a number, 0 or more (0: off)")
         return changes
 
     def show(result: Any) -> None:
@@ -140,8 +180,28 @@ def cmd_protections(args: argparse.Namespace) -> int:
             f"slowing producers to {share:.0%}: {result.get('why')}" if share < 1 else "admitting every send"
         )
         print_line(f"now: {backlog}; {state}; {result.get('refused', 0)} sends refused by this gateway")
+        print_line(_fairness_line(result))
 
     return _run(args, "PUT" if changes else "GET", path, body if changes else None, show)
+
+
+def _fairness_line(result: dict[str, Any]) -> str:
+    separator = result.get("tenant_separator") or ""
+    parts = [f"tenants by {separator!r}, taking turns" if separator else "no tenants (oldest first)"]
+    if result.get("tenant_concurrency"):
+        parts.append(f"{result['tenant_concurrency']} claims per tenant")
+    if result.get("group_in_flight"):
+        parts.append(f"{result['group_in_flight']} messages per group claim")
+    if result.get("worker_pools"):
+        parts.append(f"{result.get('pools_per_tenant')} of {result['worker_pools']} worker pools per tenant")
+    sideline = []
+    if result.get("sideline_rate"):
+        sideline.append(f"over {result['sideline_rate']:g}/s per tenant")
+    if result.get("sideline_age"):
+        sideline.append(f"older than {result['sideline_age']:g} s")
+    if sideline:
+        parts.append("sidelining groups " + " or ".join(sideline))
+    return "fairness: " + ", ".join(parts) + f"; {result.get('sidelined', 0)} groups sidelined"
 
 
 def cmd_limits(args: argparse.Namespace) -> int:

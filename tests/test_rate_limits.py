@@ -269,13 +269,28 @@ def test_limits_cli_against_a_real_serve(tmp_path: Path) -> None:
             assert serve.call("POST", "/queue/1/orders/send", serve.secret("producer"), {"i": i})[0] == 200
         done = run_cli("protections", "orders", "--backpressure-depth", "1", "--ttl", "3600", env=env)
         assert done.returncode == 0, done.stderr
-        first, ttl, now = done.stdout.splitlines()
+        first, ttl, now, fairness = done.stdout.splitlines()
+        assert fairness == "fairness: no tenants (oldest first); 0 groups sidelined"
         assert first == "orders: backpressure age off, depth 1 messages"
         assert ttl == "ttl 3600 s, then dropped; 0 expired"
         assert now.startswith("now: 2 messages, the oldest ")  # its age: seconds since the send
         assert now.endswith(
             "; slowing producers to 50%: it holds 2 messages (threshold 1); 0 sends refused by this gateway"
         )
+        done = run_cli(
+            "protections", "orders", "--tenant-separator", ":", "--tenant-concurrency", "4",
+            "--worker-pools", "8", "--sideline-rate", "50", env=env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[-1] == (
+            "fairness: tenants by ':', taking turns, 4 claims per tenant, 2 of 8 worker pools per tenant,"
+            " sidelining groups over 50/s per tenant; 0 groups sidelined"
+        )
+        done = run_cli("protections", "orders", "--tenant-separator", "", "--tenant-concurrency", "0", env=env)  # noqa: E501
+        assert done.returncode == 1 and "400 invalid_argument" in done.stderr, done.stderr
+        assert "worker_pools works per tenant: set tenant_separator too" in done.stderr  # still 8 pools
+        done = run_cli("protections", "orders", "--tenant-separator", "x", env=env)
+        assert done.returncode == 1 and "tenant_separator must be one ASCII punctuation" in done.stderr
         done = run_cli("protections", "orders", "--backpressure-depth", "-3", env=env)
         assert done.returncode == 2 and "--backpressure-depth -3: give a number of messages" in done.stderr
         done = run_cli("protections", "nosuch", "--json", env=env)

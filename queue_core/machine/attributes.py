@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import string
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -31,6 +32,8 @@ SECONDS_FIELDS = (
     "retry_backoff_max",
     "backpressure_age",
     "ttl",
+    "sideline_age",
+    "sideline_rate",
 )
 RETRY_FIELDS = ("retry_same_worker", "retry_backoff", "retry_backoff_max", "max_attempts", "on_exhausted")
 
@@ -71,6 +74,16 @@ class QueueAttributes:
     # on_expiry="dead_letter" (dropped when the queue has none). Counted (`expired`) and logged.
     ttl: float = 0.0
     on_expiry: OnExpiry = "drop"
+    # Fairness (queue_core/machine/scheduling.py, docs/protections.md): a queue shared by tenants names
+    # each group `<tenant><separator><rest>`; with a separator, tenants take turns at delivery instead of
+    # oldest head first, and the caps, pools and sidelining below apply per tenant. All off by default.
+    tenant_separator: str = ""
+    tenant_concurrency: int = 0  # a tenant's groups claimed at once, at most (0: no cap)
+    group_in_flight: int = 0  # messages of one group in one claim, at most (0: as many as the batch)
+    worker_pools: int = 0  # shuffle-sharding: pools of workers (0: one pool, every worker takes all)
+    pools_per_tenant: int = 2  # pools each tenant is hashed onto
+    sideline_age: float = 0.0  # seconds: an older head sends its group to the spillover lane (0: off)
+    sideline_rate: float = 0.0  # messages/s per tenant: sends over it sideline their group (0: off)
 
     def validate(self) -> QueueAttributes:
         _check_range("visibility_timeout", self.visibility_timeout, 0, 12 * 3600)
@@ -95,8 +108,20 @@ class QueueAttributes:
         _check_range("ttl", self.ttl, 0, 14 * 24 * 3600)
         if self.on_expiry not in ON_EXPIRY:
             raise InvalidArgument(f"on_expiry must be one of {', '.join(ON_EXPIRY)}", field="on_expiry")
+        _check_scheduling(self)
         self.retry_policy().validate()
         return self
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether ready groups are scheduled in lanes (scheduling.py) rather than oldest head first."""
+        return bool(
+            self.tenant_separator
+            or self.worker_pools
+            or self.tenant_concurrency
+            or self.sideline_age
+            or self.sideline_rate
+        )
 
     @property
     def lifetime(self) -> float:
@@ -190,6 +215,10 @@ def _coerce(changes: dict[str, Any]) -> dict[str, Any]:
             "max_attempts",
             "log_retention_attempts",
             "backpressure_depth",
+            "tenant_concurrency",
+            "group_in_flight",
+            "worker_pools",
+            "pools_per_tenant",
         ):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise InvalidArgument(f"{name} must be an integer", field=name)
@@ -202,6 +231,39 @@ def _coerce(changes: dict[str, Any]) -> dict[str, Any]:
             value = dict(value)
         out[name] = value
     return out
+
+
+SCHEDULING_FIELDS = (
+    "tenant_separator",
+    "tenant_concurrency",
+    "group_in_flight",
+    "worker_pools",
+    "pools_per_tenant",
+    "sideline_age",
+    "sideline_rate",
+)
+
+
+def _check_scheduling(attrs: QueueAttributes) -> None:
+    separator = attrs.tenant_separator
+    punctuation = isinstance(separator, str) and (separator == "" or separator in string.punctuation)
+    if not punctuation or len(separator) > 1:
+        raise InvalidArgument(
+            "tenant_separator must be one ASCII punctuation character (e.g. ':'), or '' for no tenants",
+            field="tenant_separator",
+        )
+    _check_range("tenant_concurrency", attrs.tenant_concurrency, 0, 100_000)
+    _check_range("group_in_flight", attrs.group_in_flight, 0, 10_000)
+    _check_range("worker_pools", attrs.worker_pools, 0, 1024)
+    _check_range("pools_per_tenant", attrs.pools_per_tenant, 1, 1024)
+    _check_range("sideline_age", attrs.sideline_age, 0, 14 * 24 * 3600)
+    _check_range("sideline_rate", attrs.sideline_rate, 0, 1_000_000)
+    for name in ("tenant_concurrency", "worker_pools", "sideline_rate"):
+        if getattr(attrs, name) and not separator:
+            raise InvalidArgument(
+                f"{name} works per tenant: set tenant_separator too (groups named <tenant>:<rest>)",
+                field=name,
+            )
 
 
 def _check_range(name: str, value: float, low: float, high: float) -> None:

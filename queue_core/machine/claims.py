@@ -14,6 +14,7 @@ from .errors import InvalidArgument, NotInFlight, StaleClaim
 from .heap import LazyHeap
 from .queue import QueueState, tiebreak
 from .records import AckOutcome, AttemptHistory, Delivery, GroupState, Message, format_receipt
+from .scheduling import Scheduler
 from .state import CoreState
 from .text import check_name
 
@@ -101,6 +102,7 @@ class Claims:
         mine = queue.reserved.get(worker) if queue.reserved else None
         skipped: list[GroupState] = []
         zero: list[GroupState] = []  # claimed with ttl 0 (SQS VisibilityTimeout=0): visible again at once
+        per_group = queue.attributes.group_in_flight or limit
         while len(deliveries) < limit:
             group = _next_group(queue, worker, mine, skipped, now)
             if group is None:
@@ -113,6 +115,7 @@ class Claims:
             for message in group.messages:
                 if claiming and (
                     len(deliveries) >= limit
+                    or len(group.claimed) >= per_group
                     or message.available_at
                     or (message.history is not None and message.history.parked)
                 ):
@@ -144,6 +147,7 @@ class Claims:
                     ClaimRow(message.key, token, expires, message.receive_count, message.first_receive_at)
                 )
             queue.in_flight += len(group.claimed)
+            queue.claim_started(group)
             if ttl:
                 state.claims.push((expires, next(tiebreak), group, token))
             else:
@@ -262,6 +266,7 @@ class Claims:
             message.claim_expires = now + ttl  # recreate the expired claim nobody superseded, same token
             group.claimed.append(message)
             queue.in_flight += 1
+            queue.claim_started(group)
         elif ttl == 0:
             if all(m is not message for m in released):
                 released.append(message)
@@ -349,7 +354,11 @@ def _next_group(
 ) -> GroupState | None:
     """The oldest available group this worker may take: its own reserved retries compete with the
     shared heap by head key; a group whose failing head excludes the worker is set aside while other
-    workers are polling. Without retries in play this is one heap pop, as before."""
+    workers are polling. Without retries in play this is one heap pop, as before. A queue with a
+    scheduler (tenants, pools, sidelining) asks it instead; its own reserved retries come first there."""
+    scheduler = queue.scheduler
+    if scheduler is not None:
+        return _next_scheduled(queue, scheduler, worker, mine, skipped, now)
     ready = queue.ready
     while True:
         if mine is not None:
@@ -366,18 +375,47 @@ def _next_group(
         if top is None:
             return None
         group = top[2]
-        history = group.messages[0].history
-        if (
-            history is not None
-            and history.exclude
-            and worker in history.failed_workers
-            and _others_polling(queue, history, now)
-        ):
+        if _excludes(queue, group, worker, now):
             skipped.append(group)
             if len(skipped) >= MAX_EXCLUDED_SKIPS:
                 return None
             continue
         return group
+
+
+def _next_scheduled(
+    queue: QueueState,
+    scheduler: Scheduler,
+    worker: str,
+    mine: LazyHeap[tuple[int, int, GroupState]] | None,
+    skipped: list[GroupState],
+    now: float,
+) -> GroupState | None:
+    if mine is not None:
+        own = mine.pop()
+        if own is not None:
+            history = own[2].messages[0].history
+            if history is not None:
+                history.reserved_for = ""  # the retry is taken
+            return own[2]
+    while True:
+        group = scheduler.pop(worker, now)
+        if group is None or not _excludes(queue, group, worker, now):
+            return group
+        skipped.append(group)
+        if len(skipped) >= MAX_EXCLUDED_SKIPS:
+            return None
+
+
+def _excludes(queue: QueueState, group: GroupState, worker: str, now: float) -> bool:
+    """The group's failing head excludes `worker` (same-worker retries used up) while others poll."""
+    history = group.messages[0].history
+    return (
+        history is not None
+        and history.exclude
+        and worker in history.failed_workers
+        and _others_polling(queue, history, now)
+    )
 
 
 def _saw_poller(queue: QueueState, worker: str, now: float) -> None:

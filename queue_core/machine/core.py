@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import inspection
-from .attributes import QueueAttributes, RetryPolicy
+from .attributes import SCHEDULING_FIELDS, QueueAttributes, RetryPolicy
 from .claims import (
     MAX_CLAIM_TTL,
     MAX_EXCLUDED_SKIPS,
@@ -126,6 +126,8 @@ class QueueCore:
         if "retention" in changes:
             for group in queue.groups.values():
                 state.push_retention(group)
+        if any(name in changes for name in SCHEDULING_FIELDS):
+            queue.reschedule()
         return queue.attributes
 
     def delete_queue(self, name: str, now: float) -> None:

@@ -41,6 +41,7 @@ class QueueGauges:
     dead_lettered: int
     empty_receives: int
     expired: int  # past TTL or retention
+    sidelined: int  # groups moved to the spillover lane (scheduling.py)
     top_groups: tuple[GroupBacklog, ...]
 
 
@@ -80,6 +81,7 @@ def queue_gauges(queue: QueueState, now: float, top: int = TOP_GROUPS) -> QueueG
         dead_lettered=queue.dead_lettered,
         empty_receives=queue.empty_receives,
         expired=queue.expired,
+        sidelined=queue.sidelined,
         top_groups=tuple(
             GroupBacklog(g.name, len(g.messages), _age(g.messages[0].sent_at, now)) for g in busiest
         ),

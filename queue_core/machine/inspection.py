@@ -43,6 +43,7 @@ def queue_metrics(queue: QueueState, now: float) -> QueueMetrics:
         deleted=queue.deleted,
         dead_lettered=queue.dead_lettered,
         expired=queue.expired,
+        sidelined=queue.sidelined,
     )
 
 

@@ -11,6 +11,7 @@ from .attributes import QueueAttributes
 from .groups import partition_of
 from .heap import LazyHeap
 from .records import GroupState, Message
+from .scheduling import Scheduler
 
 # One tie-breaker for every heap in the machine, so equal keys never compare the objects behind them.
 tiebreak = itertools.count()
@@ -50,6 +51,35 @@ class QueueState:
         self.policies: dict[str, dict[str, Any]] = {}  # group -> retry policy override
         self.pollers: dict[str, float] = {}  # worker -> last receive, to know whether others are polling
         self.pollers_pruned_at = 0  # size after the last prune (pruned again once it doubles)
+        self.sidelined = 0  # groups moved to the spillover lane
+        # A queue shared by tenants, split into worker pools or sidelining schedules its ready groups in
+        # lanes (scheduling.py); None keeps the one `ready` heap, oldest head first.
+        self.scheduler: Scheduler | None = Scheduler(self) if attributes.scheduled else None
+
+    def reschedule(self) -> None:
+        """The scheduling attributes changed: build the lanes anew from the groups (or drop them)."""
+        if self.attributes.scheduled:
+            self.scheduler = Scheduler(self)
+            self.ready.clear()
+            self.scheduler.rebuild()
+        else:
+            self.scheduler = None
+            self.ready.clear()
+            for group in self.groups.values():
+                self.push_ready(group)
+
+    def has_ready(self, worker: str) -> bool:
+        """Whether a receive by `worker` may find a group now (True may be spurious)."""
+        mine = self.reserved.get(worker) if worker and self.reserved else None
+        if mine is not None and mine.peek() is not None:
+            return True
+        if self.scheduler is not None:
+            return self.scheduler.has_ready()
+        return self.ready.peek() is not None
+
+    def claim_started(self, group: GroupState) -> None:
+        if self.scheduler is not None:
+            self.scheduler.claim_started(group)
 
     def push_ready(self, group: GroupState) -> None:
         if group.head_available():
@@ -62,6 +92,8 @@ class QueueState:
                         self._reserved_entry_live(history.reserved_for)
                     )
                 heap.push((head.key, next(tiebreak), group))
+            elif self.scheduler is not None:
+                self.scheduler.push((head.key, next(tiebreak), group))
             else:
                 self.ready.push((head.key, next(tiebreak), group))
 
@@ -103,6 +135,8 @@ class QueueState:
             return group, False
         group = GroupState(name, self, partition_of(name, partitions))
         self.groups[name] = group
+        if self.scheduler is not None:
+            self.scheduler.place(group)
         return group, True
 
     def insert(self, message: Message) -> None:
@@ -121,6 +155,8 @@ class QueueState:
         self.by_id[message.id] = message
         if message.available_at:
             self.delayed += 1
+        if self.scheduler is not None:
+            self.scheduler.inserted(group)
 
     def remove(self, message: Message) -> bool:
         """Take a message out entirely; True when its group's claim became empty because of it."""
@@ -138,6 +174,8 @@ class QueueState:
             claim_ended = not group.claimed
         if self.content_of:
             self._unindex_content(message)
+        if self.scheduler is not None:
+            self.scheduler.removed(group)
         if not group.messages and self.groups.get(group.name) is group:
             del self.groups[group.name]
         return claim_ended

@@ -67,7 +67,17 @@ class Message:
 class GroupState:
     """A group's messages in receipt order. Only the current claim's messages are in `claimed`."""
 
-    __slots__ = ("claim_worker", "claimed", "floor", "messages", "name", "partition", "queue")
+    __slots__ = (
+        "claim_worker",
+        "claimed",
+        "floor",
+        "messages",
+        "name",
+        "partition",
+        "pool",
+        "queue",
+        "sidelined",
+    )
 
     def __init__(self, name: str, queue: Any, partition: int) -> None:
         self.name = name
@@ -77,6 +87,10 @@ class GroupState:
         self.claimed: list[Message] = []
         self.floor = 0  # newest fencing token issued for this group; older ones are stale
         self.claim_worker = ""
+        # Scheduling of a queue shared by tenants (scheduling.py): the worker pool the group is served
+        # by (-1: not placed), and whether it is in the spillover lane (until it drains).
+        self.pool = -1
+        self.sidelined = False
 
     def head_available(self) -> bool:
         if not self.messages or self.claimed:
@@ -294,6 +308,7 @@ class QueueMetrics:
     deleted: int
     dead_lettered: int
     expired: int = 0  # past TTL or retention (dropped or dead-lettered)
+    sidelined: int = 0  # groups moved to the spillover lane (scheduling.py)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}

@@ -103,6 +103,8 @@ def restore_into(core: CoreState, snapshot: Snapshot, now: float) -> None:
             else:
                 queue.push_ready(group)
             core.push_retention(group)
+        if queue.scheduler is not None:
+            queue.scheduler.rebuild()  # pools placed and loads counted from the restored groups
     for qid, dedup_key, message_id, seq, group_name, expires in snapshot.dedup:
         owner = by_qid.get(qid)
         if owner is None or expires <= now:

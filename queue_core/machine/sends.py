@@ -79,6 +79,9 @@ class Sends:
         message = Message(key, message_id, group, available_at)
         queue.insert(message)
         queue.sent += 1
+        scheduler = queue.scheduler
+        if scheduler is not None and scheduler.sent(group, now) and not available_at:
+            queue.push_ready(group)  # sidelined now: its ready entry belongs in the spillover lane
         if created:
             state.push_retention(group)
         if available_at:

@@ -159,6 +159,8 @@ class CoreState:
 
     def claim_ended(self, queue: QueueState, group: GroupState) -> None:
         """The group's claim is over: it is ready again, and a running move of its queue takes it now."""
+        if queue.scheduler is not None:
+            queue.scheduler.claim_ended(group)
         queue.push_ready(group)
         for move in self.moves.values():
             if move.state == "running" and move.source == queue.name:
@@ -249,6 +251,8 @@ class CoreState:
         queue.groups.clear()
         queue.by_id.clear()
         queue.ready.clear()
+        if queue.scheduler is not None:
+            queue.scheduler.clear()
         queue.content_index.clear()
         queue.content_of.clear()
         queue.reserved.clear()
