@@ -95,6 +95,28 @@ def test_a_tenant_at_its_concurrency_cap_waits_while_others_are_served() -> None
     assert sorted(again) == ["a-1-0", "a-2-0", "b-0", "b-1"]  # a's third group waits: a holds 2 again
 
 
+def test_a_capped_tenant_whose_claimed_group_leaves_whole_is_served_again() -> None:
+    core = make_core("dlq")
+    core.create_queue(
+        "q",
+        T0,
+        {
+            **SHARED,
+            "tenant_concurrency": 1,
+            "ttl": 10,
+            "on_expiry": "dead_letter",
+            "dead_letter_queue": "dlq",
+        },
+    )
+    send(core, "q", T0, ("a-1", "a:1"))
+    send(core, "q", T0 + 8, ("a-2", "a:2"))
+    assert ids(core.receive("q", 1, 60.0, "w", T0 + 9)) == ["a-1"]
+    assert core.receive("q", 1, 60.0, "w", T0 + 9) == []  # a is at its cap
+    core.handle_timer(T0 + 11)  # a:1 expires while claimed and goes, whole, to the dead-letter queue
+    assert list(core.queue("dlq").by_id) == ["a-1"]
+    assert ids(core.receive("q", 1, 60.0, "w", T0 + 11)) == ["a-2"]
+
+
 # ---------------------------------------------------------------------------------------- pools
 def test_shuffle_sharding_keeps_a_flooding_tenant_inside_its_own_pools() -> None:
     pools, per_tenant = 8, 2

@@ -26,18 +26,26 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from .attributes import QueueAttributes
 from .groups import group_hash
 from .heap import LazyHeap
 from .records import GroupState
 
-if TYPE_CHECKING:
-    from .queue import QueueState
-
 ReadyEntry = tuple[int, int, GroupState]  # (head key, tiebreak, group)
 POOL_IDLE = 60.0  # a pool nobody polled for this long is served by the other pools' workers
 SIDELINE_SCAN_LIMIT = 4096  # old groups one pop moves to the spillover lane before it gives up looking
+
+
+class ScheduledQueue(Protocol):
+    """What the scheduler needs of its queue (queue.QueueState, which owns the scheduler)."""
+
+    attributes: QueueAttributes
+    groups: dict[str, GroupState]
+    sidelined: int
+
+    def push_ready(self, group: GroupState) -> None: ...
 
 
 def tenant_of(group: str, separator: str) -> str:
@@ -137,7 +145,7 @@ class Lane:
 class Scheduler:
     """The ready groups of a queue with tenants, pools or sidelining; see the module docstring."""
 
-    def __init__(self, queue: QueueState) -> None:
+    def __init__(self, queue: ScheduledQueue) -> None:
         attrs = queue.attributes
         self.queue = queue
         self.separator = attrs.tenant_separator
@@ -151,6 +159,7 @@ class Scheduler:
         self.load = [0] * self.pools  # messages per pool: a new group goes to its tenant's least loaded
         self.pool_seen = [float("-inf")] * self.pools  # when a worker of the pool last polled
         self.claimed: dict[str, set[GroupState]] = {}  # tenant -> its groups with a claim (the cap)
+        self.claimed_pruned_at = 0
         self.capped: set[str] = set()  # tenants left out of rotations at their cap
         self.buckets: dict[str, tuple[float, float]] = {}  # tenant -> (tokens, at): sideline_rate
         self.buckets_pruned_at = 0
@@ -195,8 +204,14 @@ class Scheduler:
                 lane.wake(tenant)
 
     def claim_started(self, group: GroupState) -> None:
-        if self.concurrency:
-            self.claimed.setdefault(self.tenant(group), set()).add(group)
+        if not self.concurrency:
+            return
+        self.claimed.setdefault(self.tenant(group), set()).add(group)
+        if len(self.claimed) > 1024 and len(self.claimed) > 2 * self.claimed_pruned_at:
+            # Tenants whose claims all ended since (never near their cap, so never pruned by may_take).
+            for tenant in [t for t, groups in self.claimed.items() if not any(g.claimed for g in groups)]:
+                del self.claimed[tenant]
+            self.claimed_pruned_at = len(self.claimed)
 
     def may_take(self, tenant: str) -> bool:
         """Under the tenant's concurrency cap. Groups whose claim ended since are dropped here, lazily
@@ -221,15 +236,29 @@ class Scheduler:
         own = pool_of_worker(worker, self.pools) if self.pools > 1 else 0
         self.pool_seen[own] = now
         pools = [own, *(p for p in range(self.pools) if p != own and now - self.pool_seen[p] > POOL_IDLE)]
-        for pool in pools:
-            group = self._pop_live(self.live[pool], now)
-            if group is not None:
-                return group
-        for pool in pools:
-            group = self.spill[pool].pop(self.may_take)
-            if group is not None:
-                return group
+        for attempt in range(2):
+            for pool in pools:
+                group = self._pop_live(self.live[pool], now)
+                if group is not None:
+                    return group
+            for pool in pools:
+                group = self.spill[pool].pop(self.may_take)
+                if group is not None:
+                    return group
+            if attempt or not self._wake_freed():
+                break
         return None
+
+    def _wake_freed(self) -> bool:
+        """Tenants left out at their cap whose claims ended on a path that did not say so (a group
+        dead-lettered whole while claimed, say): back into the rotations. Only when a receive found
+        nothing, so a missed wake-up costs one empty pass, never a tenant's starvation."""
+        freed = [tenant for tenant in list(self.capped) if self.may_take(tenant)]
+        for tenant in freed:
+            self.capped.discard(tenant)
+            for lane in (*self.live, *self.spill):
+                lane.wake(tenant)
+        return bool(freed)
 
     def _pop_live(self, lane: Lane, now: float) -> GroupState | None:
         """The live lane's next group, sidelining whole groups whose head is too old on the way."""
