@@ -3,10 +3,11 @@
 Two runs, each against a real gateway over HTTPS with the SDK's EmoDB client (strictq.sdk.client):
 
 - `edge_flood`: tenants A and B, each with its own queue, producer and worker, share one gateway and one
-  queue core. B sends at a steady rate; its AgeOfFirstAttempt (send to first delivery) is measured alone
-  (the baseline), then while A offers `factor` times its per-tenant rate limit, then after A stops
-  (recovery). A's refusals are counted by error code (the documented 429 `throttled`); every send of A's
-  that was accepted must reach A's worker (nothing accepted is lost).
+  queue core (A's producer runs in a process of its own, as a real tenant's would). B sends at a steady
+  rate; its AgeOfFirstAttempt (send to first delivery) is measured alone (the baseline), then while A
+  offers `factor` times its per-tenant rate limit, then after A stops (recovery). A's refusals are counted
+  by error code (the documented 429 `throttled`); every send of A's that was accepted must reach A's
+  worker (nothing accepted is lost).
 - `shared_queue`: A and B share one queue, their groups named `a:...` and `b:...`, served by one worker
   of fixed capacity. A drops a backlog of several seconds of work at once while B keeps sending; B's
   AgeOfFirstAttempt is measured with the queue's fairness on (`tenant_separator` ":": tenants take turns)
@@ -22,8 +23,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import math
 import ssl
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -188,6 +191,7 @@ class EdgeFlood:
     a_lost: int
     b_lost: int
     order_violations: int
+    a_seconds: float  # how long A's flood ran (its process's clock)
     a_drain_seconds: float  # from the flood's end until A's worker had every accepted message
     b_recovery_seconds: float  # from the flood's end until B's ages stayed within 2x its baseline p99
 
@@ -214,7 +218,6 @@ async def edge_flood(
     got_a, got_b = Collected(), Collected()
     sent_a, sent_b = Sender(), Sender()
     async with (
-        endpoint.client(a.producer) as producer_a,
         endpoint.client(b.producer) as producer_b,
         asyncio.TaskGroup() as workers,
     ):
@@ -235,14 +238,8 @@ async def edge_flood(
             )
             async with asyncio.TaskGroup() as load:
                 load.create_task(b_sends("flood"))
-                load.create_task(
-                    paced(
-                        offered,
-                        seconds,
-                        lambda i: sent_a.send(producer_a, a.queue, f"a-{i % 32}", "flood", 1_000_000),
-                        in_flight=256,
-                    )
-                )
+                flood = load.create_task(_flood_process(endpoint, a, offered, seconds))
+            sent_a.accepted, sent_a.refused, sent_a.next_number, flood_seconds = flood.result()
             flood_ended = time.monotonic()
             flood_ended_at = time.time()
             progress("noisy neighbour: B alone again (recovery)")
@@ -271,6 +268,7 @@ async def edge_flood(
         a_lost=len(sent_a.accepted - got_a.seen),
         b_lost=len(sent_b.accepted - got_b.seen),
         order_violations=got_a.order_violations() + got_b.order_violations(),
+        a_seconds=flood_seconds,
         a_drain_seconds=a_drain,
         b_recovery_seconds=_recovery(got_b, flood_ended_at),
     )
@@ -282,6 +280,52 @@ def _recovery(got: Collected, flood_ended_at: float) -> float:
     bound = 2 * max(quantile(got.ages.get("baseline", []), 0.99), 0.001)
     late = [sent_at for sent_at, age in got.timeline if sent_at >= flood_ended_at and age > bound]
     return max(late) - flood_ended_at if late else 0.0
+
+
+async def _flood_process(
+    endpoint: Endpoint, a: TenantKeys, rate: float, seconds: float
+) -> tuple[set[int], Counter[str], int, float]:
+    """A's flood from a process of its own: in this one, its hundreds of requests in flight would hold up
+    B's clients on the same event loop, and B would seem to wait for the server when it waits for us."""
+    job = {"url": endpoint.url, "ca": endpoint.ca_file, "key": a.producer, "queue": a.queue}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "scenarios.noisy_neighbour",
+        f"{rate:g}",
+        f"{seconds:g}",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await process.communicate(json.dumps(job).encode())
+    if process.returncode != 0:
+        raise RuntimeError(f"noisy neighbour: the flood process exited with {process.returncode}")
+    found = json.loads(out)
+    accepted, refused = set(found["accepted"]), Counter(found["refused"])
+    return accepted, refused, int(found["offered"]), float(found["seconds"])
+
+
+async def _flood(job: dict[str, Any], rate: float, seconds: float) -> dict[str, Any]:
+    endpoint = Endpoint(job["url"], job["ca"])
+    sender = Sender()
+    started = time.perf_counter()
+    async with endpoint.client(job["key"]) as client:
+        await paced(
+            rate,
+            seconds,
+            lambda i: sender.send(client, job["queue"], f"a-{i % 32}", "flood", 1_000_000),
+            in_flight=256,
+        )
+    return {
+        "accepted": sorted(sender.accepted),
+        "refused": dict(sender.refused),
+        "offered": sender.next_number,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+if __name__ == "__main__":  # the flood process: `python -m scenarios.noisy_neighbour RATE SECONDS` < job
+    print(json.dumps(asyncio.run(_flood(json.load(sys.stdin), float(sys.argv[1]), float(sys.argv[2])))))
 
 
 # ---------------------------------------------------------------------------------- the shared queue

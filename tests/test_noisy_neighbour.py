@@ -65,7 +65,7 @@ async def test_a_tenant_flooding_at_ten_times_its_limit_leaves_the_other_tenants
     # A was throttled, with the documented error, and got about its limit in.
     assert set(result.a_refused) == {"throttled"}, result.a_refused
     assert result.a_refused["throttled"] > result.a_accepted
-    assert result.a_accepted <= A_LIMIT * (result.seconds + 1) + A_LIMIT  # rate x time + the burst
+    assert result.a_accepted <= A_LIMIT * (result.a_seconds + 1) + A_LIMIT  # rate x time + the burst
     # Nothing accepted is lost, no order broken.
     assert (result.a_lost, result.b_lost, result.order_violations) == (0, 0, 0)
     # B's AgeOfFirstAttempt during the flood stays within 2x of its baseline.
