@@ -8,6 +8,7 @@ many requests' effects in one transaction. This class is synchronous and single-
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import time
@@ -391,6 +392,7 @@ def _add_columns(db: sqlite3.Connection) -> None:
 _HEX = frozenset("0123456789abcdef")
 
 
+@functools.lru_cache(maxsize=256)  # the messages of one request (a batch) share their id: packed once
 def pack_request_id(request_id: str | None) -> str | bytes | None:
     """What the store keeps for a request id: 16 bytes for a lowercase UUID-shaped id, else the text."""
     if (
