@@ -209,3 +209,30 @@ def test_the_request_id_survives_a_restart(tmp_path: Path) -> None:
     finally:
         serve.stop()
     assert [(item["payload"]["n"], item["request_id"]) for item in items] == [(1, "mine-1"), (2, made)]
+
+
+async def test_a_queue_server_keeps_the_id_across_a_restart(tmp_path: Path) -> None:
+    """`strictq queue-server`: the internal API takes the id a gateway forwards with each message, keeps
+    it in the store, and answers it with every delivery, after a restart too."""
+    from conftest import start_server
+
+    from queue_core.client import QueueClient
+
+    made = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+    server = await asyncio.to_thread(start_server, tmp_path / "data")
+    try:
+        async with QueueClient(server.url, timeout=TIMEOUT) as client:
+            await client.send("q", [{"body": "a", "group": "g", "request_id": made},
+                                    {"body": "b", "group": "g", "request_id": "client-7"},
+                                    {"body": "c", "group": "g"}])  # fmt: skip
+    finally:
+        await asyncio.to_thread(server.stop)
+    server = await asyncio.to_thread(start_server, tmp_path / "data")
+    try:
+        async with QueueClient(server.url, timeout=TIMEOUT) as client:
+            items = await client.receive("q", limit=10, ttl=30)
+    finally:
+        await asyncio.to_thread(server.stop)
+    assert [(item["body"], item.get("request_id")) for item in items] == [
+        ("a", made), ("b", "client-7"), ("c", None),
+    ]  # fmt: skip
