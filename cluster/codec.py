@@ -8,10 +8,14 @@ encoding is msgpack over a fixed type table (no pickle, no reflection over arbit
     epoch marker:  [FORMAT_VERSION, 1, epoch, node, incarnation]
 
 Each effect is a flat row of its dataclass fields in declaration order, keyed by a type number that is
-never reused (add new types at the end of `_TABLE`). Tuples go out as msgpack arrays and come back as
-tuples (nested `ClaimRow`s as `ClaimRow`s); JSON values (dicts, lists) come back as dicts and lists;
-bytes, None, bools and floats are kept as they are. An integer beyond 64 bits (a worker's log data may
-hold one) travels as an extension so that it comes back exact.
+never reused (add new types at the end of `_TABLE`). A type may gain fields at its end, with defaults: its
+spec then says how many (`optional`), and rows written before them (shorter by up to that many) decode
+with the defaults, so a stream appended by an older owner stays readable (MessageInserted's `request_id`).
+A frame with the new fields is refused by an older node (a wrong field count): upgrade standbys first.
+Tuples go out as msgpack arrays and come back as tuples (nested `ClaimRow`s as `ClaimRow`s); JSON values
+(dicts, lists) come back as dicts and lists; bytes, None, bools and floats are kept as they are. An
+integer beyond 64 bits (a worker's log data may hold one) travels as an extension so that it comes back
+exact.
 
 Decoding checks the shape (version, frame kind, type number, field count, nested rows), not the type of
 each scalar: the publisher is the partition's owner, and a standby must store exactly what it stored.
@@ -121,6 +125,7 @@ class _Spec:
     number: int
     cls: type[Any]
     width: int  # number of fields
+    optional: int  # trailing fields (with defaults) a row written by an older version may lack
     get: Callable[[Any], tuple[Any, ...]]  # the field values, in declaration order
     encoders: tuple[tuple[int, Callable[[Any], Any]], ...]  # (field index, to msgpack) where needed
     decoders: tuple[tuple[int, Callable[[Any], Any]], ...]  # (field index, from msgpack) where needed
@@ -131,6 +136,7 @@ def _spec(
     cls: type[Any],
     encoders: dict[str, Callable[[Any], Any]] | None = None,
     decoders: dict[str, Callable[[Any], Any]] | None = None,
+    optional: int = 0,
 ) -> _Spec:
     names: tuple[str, ...] = cls.__match_args__  # the dataclass fields, in declaration order
     getter = attrgetter(*names)
@@ -139,6 +145,7 @@ def _spec(
         number,
         cls,
         len(names),
+        optional,
         get,
         tuple((names.index(name), f) for name, f in (encoders or {}).items()),
         tuple((names.index(name), f) for name, f in (decoders or {}).items()),
@@ -151,7 +158,7 @@ _pairs = _rows_of(2, None)
 _TABLE: tuple[_Spec, ...] = (
     _spec(1, QueueSaved),
     _spec(2, QueueDropped),
-    _spec(3, MessageInserted),
+    _spec(3, MessageInserted, optional=1),  # request_id: frames from before request ids lack it
     _spec(4, DedupSaved),
     _spec(5, MessagesClaimed, encoders={"claims": _claims}, decoders={"claims": _rows_of(5, ClaimRow)}),
     _spec(6, ClaimsChanged, decoders={"changes": _pairs}),
@@ -311,9 +318,10 @@ def _effect(row: Any) -> Effect:
     spec = _BY_NUMBER.get(number) if type(number) is int else None
     if spec is None:
         raise CodecError(f"unknown effect type {number!r} in frame")
-    if len(row) != spec.width + 1:
+    if not spec.width - spec.optional <= len(row) - 1 <= spec.width:
         raise CodecError(f"malformed {spec.cls.__name__}: expected {spec.width} fields, got {len(row) - 1}")
     for index, decode in spec.decoders:
-        row[index + 1] = decode(row[index + 1])
+        if index + 1 < len(row):
+            row[index + 1] = decode(row[index + 1])
     effect: Effect = spec.cls(*row[1:])
     return effect

@@ -72,6 +72,7 @@ class CallContext:
     lease: int | None = None
     attempt: int | None = None
     call: int | None = None
+    request_id: str | None = None  # the id of the request that sent the message (X-Strictq-Request-Id)
     tagged: bool = False
     # What the proxy did: "pass" unless a guard answered the call itself.
     action: str = ACTION_PASS

@@ -27,6 +27,7 @@ from .app_keys import BACKPRESSURE, KEYS, MAX_EDGE_BODY, ROUTER, SERVICE
 from .deliveries import DELIVERIES, DeliveryLog
 from .limits_http import add_limit_routes
 from .rate_limits import TenantRateLimiter
+from .request_ids import add_request_ids
 from .request_metrics import RequestCounter
 from .routing import PartitionRouter
 
@@ -62,6 +63,7 @@ def make_gateway_app(
     `limiter`: per-tenant send rates (gateway.rate_limits); None: unlimited, not kept on disk."""
     requests = RequestCounter()  # outermost: it counts the status the client gets
     app = web.Application(client_max_size=MAX_EDGE_BODY, middlewares=[requests.middleware, json_http_errors])
+    add_request_ids(app)  # every answer names its request's id (X-Request-Id; SQS: x-amzn-RequestId)
     app[SERVICE] = service
     app[KEYS] = keys
     if deliveries is not None:

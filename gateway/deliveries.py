@@ -11,7 +11,9 @@ Writing never slows or fails the receive path: the faces only hand over what the
 append); the records are built, redacted and written right after the handler has returned, on the next
 turn of the event loop, into the writer's buffer (flushed and fsynced by a 0.25 s timer, at most 1 s lost
 on a crash). Order is kept (deliveries and events go through one queue), and a write error is logged and
-counted, not raised. Extra fields beyond the schema (readers ignore what they do not know): `tenant`, `face`
+counted, not raised. A delivery record's `request_id` is the id of the request that sent the message
+(gateway.request_ids), which is what ties a producer's request to the message's whole story. Extra
+fields beyond the schema (readers ignore what they do not know): `tenant`, `face`
 (`emodb`, `dedupq`, `sqs`), `content_type`, `body_redacted` (the body was changed by redaction, so it
 cannot be replayed as is), and on events `position` (the id's index in its request).
 """
@@ -165,6 +167,7 @@ class DeliveryLog:
                 worker=credential.id,
                 lease=delivery.token,
                 attempt=delivery.receive_count,
+                request_id=item.request_id,  # the id of the request that sent the message
             )
             record["tenant"] = credential.tenant
             record["face"] = face

@@ -17,7 +17,11 @@ strictq extensions, all optional, so that plain EmoDB clients keep EmoDB's seman
   `/dedupq/1`); peek adds `group` and `seq`;
 - ack and renew take the token as `X-Strictq-Lease` or `?token=`, and then refuse stale claims with 409
   naming the refused ids. Without a token, ack and renew are best effort (EmoDB: `{"success": true}`
-  whatever happened to each id).
+  whatever happened to each id);
+- request ids (gateway.request_ids): every answer names its request in `X-Request-Id` (the client's when
+  it sent a well-formed one), and error bodies carry it beside `error`. A send's id stays with each
+  message it sent; a poll that declares the `request_ids` capability (`X-Strictq-Capabilities`, as the
+  SDK does) gets it back as each item's `request_id`. A plain EmoDB client's poll items are as before.
 
 Ending a claim needs proof of holding it (ack, renew, renew ttl=0 = release, results). A `worker`
 credential acts only on messages whose newest claim went to that same credential (the core records the
@@ -84,6 +88,7 @@ from queue_core.scope import internal_name
 from .app_keys import KEYS, ROUTER
 from .deliveries import deliveries_of
 from .limits_http import check_backlog, check_sends
+from .request_ids import request_id_of
 from .results_log import log_results
 
 log = logging.getLogger("strictq.gateway.emodb")
@@ -121,9 +126,10 @@ class UnsupportedMediaType(FaceError):
     code = "unsupported_media_type"
 
 
-def error_response(exc: BaseException) -> web.Response:
-    """Each error carries its status and code (docs/errors.md); the one renderer of queue_core renders it."""
-    return render_error(exc, logger=log)
+def error_response(exc: BaseException, request: web.BaseRequest) -> web.Response:
+    """Each error carries its status and code (docs/errors.md); the one renderer of queue_core renders it,
+    with the request's id beside the error (gateway.request_ids)."""
+    return render_error(exc, request, logger=log, request_id=request_id_of(request))
 
 
 SUCCESS = orjson.dumps({"success": True})
@@ -214,7 +220,7 @@ def endpoint(
         except Exception as exc:
             if client_gone(request, exc):
                 raise  # one WARNING line in queue_core.http_guard, not an error with a traceback
-            return error_response(exc)
+            return error_response(exc, request)
 
     return handle
 
@@ -393,15 +399,18 @@ async def send_all(call: Call, batches: dict[str, list[SendRequest]], group: str
         raise first
 
 
-def send_request(message: Any, group: str | None) -> SendRequest:
-    return SendRequest(body=canonical_json(message), group=group, content_type="application/json")
+def send_request(message: Any, group: str | None, request_id: str | None = None) -> SendRequest:
+    """`request_id`: the sending request's (gateway.request_ids), kept with the message."""
+    return SendRequest(
+        body=canonical_json(message), group=group, content_type="application/json", request_id=request_id
+    )
 
 
 async def send(call: Call) -> web.StreamResponse:
     queue = call.queue()
     group = group_of(call.request)
     message = await read_json(call.request)
-    await send_all(call, {queue: [send_request(message, group)]}, group)
+    await send_all(call, {queue: [send_request(message, group, request_id_of(call.request))]}, group)
     return success()
 
 
@@ -412,6 +421,7 @@ async def send_batch(call: Call) -> web.StreamResponse:
         raise InvalidArgument('the body must be a JSON object: {"<queue>": [<message>, ...], ...}')
     batches: dict[str, list[SendRequest]] = {}
     count = 0
+    request_id = request_id_of(call.request)  # one for every message of the request
     for name, messages in data.items():  # every name and message is checked before anything is sent
         check_name(name, "queue")  # before it is echoed in any error (the payloads are stored as bytes)
         if not isinstance(messages, list):
@@ -419,7 +429,7 @@ async def send_batch(call: Call) -> web.StreamResponse:
         count += len(messages)
         if count > MAX_BATCH_MESSAGES:
             raise InvalidArgument(f"at most {MAX_BATCH_MESSAGES} messages per request")
-        batches.setdefault(call.queue(name), []).extend(send_request(m, group) for m in messages)
+        batches.setdefault(call.queue(name), []).extend(send_request(m, group, request_id) for m in messages)
     await send_all(call, batches, group)
     return success()
 
@@ -442,6 +452,7 @@ async def poll(call: Call) -> web.StreamResponse:
         received = []  # EmoDB: a queue nobody sent to is an empty queue
     if received and (deliveries := deliveries_of(call.request)) is not None:
         deliveries.delivered(call.credential, call.face.log_name, call.request.match_info["queue"], received)
+    request_ids = capabilities.request_ids  # opt-in: a plain EmoDB client's items stay as they were
     return json_response(
         [
             {
@@ -454,13 +465,16 @@ async def poll(call: Call) -> web.StreamResponse:
                 "queue_ref": call.face.reference(call.request.match_info["queue"]),  # for X-Strictq-Queue
                 **({"probe": True} if r.probe else {}),  # failure management's dummy message
                 **({"history": r.delivery.history} if r.delivery.history else {}),  # prior attempts
+                **({"request_id": r.request_id} if request_ids and r.request_id else {}),  # the send's
             }
             for r in received
         ]
     )
 
 
-def refused(outcomes: list[AckOutcome], token: int | None, gone_is_lost: bool = False) -> web.StreamResponse:
+def refused(
+    call: Call, outcomes: list[AckOutcome], token: int | None, gone_is_lost: bool = False
+) -> web.StreamResponse:
     """EmoDB's success, unless a fenced call (with a token) was refused for some ids: 409 naming them.
 
     A fenced renew of a message that is gone is refused too: the lease it would keep alive no longer exists
@@ -478,6 +492,7 @@ def refused(outcomes: list[AckOutcome], token: int | None, gone_is_lost: bool = 
         token=token,
     )
     body["results"] = [{"id": o.message_id, "status": o.status} for o in outcomes]
+    body["request_id"] = request_id_of(call.request)
     status = error_class(first.status).status  # gone, stale_claim: 409
     return json_response(body, status)
 
@@ -501,7 +516,7 @@ async def ack(call: Call) -> web.StreamResponse:
     except QueueNotFound:
         return success()  # EmoDB: acknowledging in a queue that does not exist is a no-op
     _log_ended(call, "ack", items, outcomes)
-    return refused(outcomes, token)
+    return refused(call, outcomes, token)
 
 
 async def renew(call: Call) -> web.StreamResponse:
@@ -520,7 +535,7 @@ async def renew(call: Call) -> web.StreamResponse:
         return success()
     if ttl == 0:  # EmoDB's unclaim: the worker hands the claim back
         _log_ended(call, "release", items, outcomes)
-    return refused(outcomes, token, gone_is_lost=True)
+    return refused(call, outcomes, token, gone_is_lost=True)
 
 
 def _log_ended(
@@ -659,8 +674,8 @@ async def no_such_route(request: web.Request) -> web.StreamResponse:
         if match is None:
             methods |= allowed_methods
     if methods:
-        return error_response(web.HTTPMethodNotAllowed(request.method, methods))
-    return error_response(web.HTTPNotFound(reason=f"no such route: {request.method} {request.path}"))
+        return error_response(web.HTTPMethodNotAllowed(request.method, methods), request)
+    return error_response(web.HTTPNotFound(reason=f"no such route: {request.method} {request.path}"), request)
 
 
 # ------------------------------------------------------------------------------------------- routes

@@ -2,10 +2,13 @@
 docs/failure-management.md §1), written by the gateway's delivery log writer (gateway.deliveries), so a
 message's story shows what the worker said it did beside the proxy's `http` records.
 
-Fields beyond the schema's `outcome`, `reason`, `steps`, `partial`: `signature`, `fields`, `duration_ms`,
-`status` (the core's answer: a refused result is recorded too, marked), `tenant`, `face`, `position`.
-Steps, partial results and fields pass the same JSON redaction as delivered bodies. Like deliveries,
-writing never fails or slows the request: errors are counted and logged by the writer.
+`request_id` is the id of the request that sent the message, as the delivery gave it to the worker and
+the worker reported it back with its result (the SDK does), so a producer's request id finds what every
+worker said it did. Fields beyond the schema's `outcome`, `reason`, `steps`, `partial`: `signature`,
+`fields`, `duration_ms`, `status` (the core's answer: a refused result is recorded too, marked),
+`tenant`, `face`, `position`. Steps, partial results and fields pass the same JSON redaction as delivered
+bodies. Like deliveries, writing never fails or slows the request: errors are counted and logged by the
+writer.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ def log_results(
             lease=result.token,
             attempt=outcome.attempt if known and isinstance(outcome, ReportOutcome) else None,
             ts=now,
+            request_id=result.request_id,  # the worker's word: the request id its delivery carried
         )
         record.update(
             signature=result.signature or None,

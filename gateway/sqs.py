@@ -27,9 +27,10 @@ from . import sqs_admin as admin
 from . import sqs_data as data
 from . import sqs_permissions as permissions
 from .app_keys import KEYS, MAX_EDGE_BODY
+from .request_ids import request_id_of
 from .sqs_auth import identify, parse_authorization, verify
 from .sqs_call import SQS_STATE, Call, SqsState
-from .sqs_errors import SqsError, error_response, from_core, json_response, new_request_id
+from .sqs_errors import SqsError, error_response, from_core, json_response
 from .sqs_receipts import RECEIPTS, ReceiptSigner
 from .sqs_regions import check_region
 
@@ -79,7 +80,9 @@ def add_routes(
 
 
 async def handle(request: web.Request) -> web.Response:
-    request_id = new_request_id()
+    # One id per request (gateway.request_ids): the client's X-Request-Id when well formed. AWS's JSON
+    # errors have no body field for it: x-amzn-RequestId carries it on every answer, errors included.
+    request_id = request_id_of(request)
     try:
         return json_response(await _dispatch(request), request_id)
     except SqsError as error:

@@ -17,6 +17,7 @@ from .backpressure import BackpressureRefused
 from .deliveries import deliveries_of
 from .limits_http import check_backlog, check_sends
 from .rate_limits import Throttled
+from .request_ids import request_id_of
 from .sqs_call import ATTEMPT_WINDOW, Attempt, Call, Queue
 from .sqs_errors import SqsError, from_core, from_core_code
 from .sqs_messages import (
@@ -110,6 +111,7 @@ def _prepare(call: Call, queue: Queue, params: dict[str, Any]) -> Prepared:
         delay=None if delay is None else float(delay),
         content_type="text/plain",
         extra=extra,
+        request_id=request_id_of(call.request),  # the x-amzn-RequestId of this send, kept with the message
     )
     return Prepared(
         request,

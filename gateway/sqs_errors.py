@@ -9,13 +9,13 @@ that code (`InvalidParameterValue`, `AccessDenied`, ...). Statuses and codes fol
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from protocol import headers
 from queue_core.machine import QueueError
 
 JSON_CONTENT_TYPE = "application/x-amz-json-1.0"
@@ -133,15 +133,11 @@ def from_core(error: QueueError) -> SqsError:
     return from_core_code(error.code, error.message)
 
 
-def new_request_id() -> str:
-    return str(uuid.uuid4())
-
-
 def json_response(payload: dict[str, Any], request_id: str) -> web.Response:
     return web.Response(
         body=orjson.dumps(payload),
         content_type=JSON_CONTENT_TYPE,
-        headers={"x-amzn-RequestId": request_id},
+        headers={headers.AMZN_REQUEST_ID: request_id},
     )
 
 
@@ -153,5 +149,8 @@ def error_response(error: SqsError, request_id: str) -> web.Response:
         status=kind.status,
         body=orjson.dumps(body),
         content_type=JSON_CONTENT_TYPE,
-        headers={"x-amzn-RequestId": request_id, "x-amzn-query-error": f"{kind.query_code};{fault}"},
+        headers={
+            headers.AMZN_REQUEST_ID: request_id,
+            "x-amzn-query-error": f"{kind.query_code};{fault}",
+        },
     )

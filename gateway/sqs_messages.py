@@ -32,6 +32,9 @@ NUMBER_RE = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 INVALID_CHARS_RE = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 SYSTEM_ATTRIBUTES = ("AWSTraceHeader",)
 STRICTQ_ATTRIBUTES = ("StrictqFencingToken", "StrictqGroup", "StrictqAttempt")
+# Returned only when asked for by this exact name (AttributeNames or MessageSystemAttributeNames; `All`
+# does not include it, so a plain client's answers are as SQS's): the RequestId of the send.
+REQUEST_ID_ATTRIBUTE = "StrictqRequestId"
 
 
 def md5_hex(data: bytes) -> str:
@@ -213,8 +216,9 @@ def render_message(
     attribute_names: Collection[str],
     arn_of: Callable[[str], str | None],
 ) -> dict[str, Any]:
-    """One delivery as an SQS `Message`; the Strictq* attributes (token, group, attempt) always ride along.
-    `receipt`: its authenticated receipt handle (sqs_receipts), never the core's guessable one."""
+    """One delivery as an SQS `Message`; the Strictq* attributes (token, group, attempt) always ride along,
+    `StrictqRequestId` (the send's request id) only when asked for by name. `receipt`: its authenticated
+    receipt handle (sqs_receipts), never the core's guessable one."""
     delivery = received.delivery
     meta = decode_extra(received.extra)
     body = received.body.decode("utf-8", errors="replace")
@@ -240,6 +244,8 @@ def render_message(
     attributes["StrictqFencingToken"] = str(delivery.token)
     attributes["StrictqGroup"] = delivery.group
     attributes["StrictqAttempt"] = str(delivery.receive_count)
+    if received.request_id and REQUEST_ID_ATTRIBUTE in system_names:
+        attributes[REQUEST_ID_ATTRIBUTE] = received.request_id
     message["Attributes"] = attributes
     selected = select_attributes(meta.get("attributes") or {}, attribute_names)
     if selected:

@@ -18,6 +18,14 @@ ATTEMPT = "X-Strictq-Attempt"
 CALL = "X-Strictq-Call"  # the ordinal of the call within the attempt, 1, 2, ...
 TAG_PREFIX = "X-Strictq-"
 TAGS = (QUEUE, MESSAGE_ID, GROUP, LEASE, ATTEMPT, CALL)
+# An optional tag, sent when the delivery carried it: the id of the request that sent the message
+# (protocol.request_ids), which the egress proxy writes into the call's wire-log record as `request_id`.
+REQUEST_ID_TAG = "X-Strictq-Request-Id"
+
+# Request ids (protocol.request_ids): a client may name its request; every gateway answer names it. The
+# SQS face names it as AWS does, `x-amzn-RequestId` (and echoes X-Request-Id only to a client that sent one).
+REQUEST_ID = "X-Request-Id"
+AMZN_REQUEST_ID = "x-amzn-RequestId"
 
 PROXY_ACTION = "X-Strictq-Proxy-Action"  # on a response the egress proxy made itself
 

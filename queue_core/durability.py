@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .machine.effects import DURABLE_EFFECTS, Effect, MessageInserted
-from .store import SqliteStore, StoreDataError, StoreError
+from .store import SqliteStore, StoreDataError, StoredBody, StoreError
 
 log = logging.getLogger("strictq.store")
 
 MAX_EFFECTS_PER_COMMIT = 20_000
-Bodies = dict[int, tuple[bytes, str, bytes]]
+Bodies = dict[int, StoredBody]  # by key: body, content type, extra, the sending request's id
 NO_BODIES: Bodies = {}  # shared and empty: never mutate
 
 

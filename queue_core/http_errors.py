@@ -29,13 +29,19 @@ def json_response(data: Any, status: int = 200) -> web.Response:
 
 
 def error_response(
-    exc: BaseException, request: web.BaseRequest | None = None, logger: logging.Logger = log
+    exc: BaseException,
+    request: web.BaseRequest | None = None,
+    logger: logging.Logger = log,
+    request_id: str | None = None,
 ) -> web.Response:
-    """The status and body of `exc`, taken from the error itself; anything unexpected is a logged 500."""
+    """The status and body of `exc`, taken from the error itself; anything unexpected is a logged 500.
+    `request_id`: the request's id (the gateway's faces, gateway.request_ids), beside `error` in the body
+    (`{"error": {...}, "request_id": ...}`: the request's, not the error's, as AWS puts RequestId beside
+    Error), so a client reporting a failure can name the request an operator looks for."""
     if isinstance(exc, StrictqError):
         if exc.public_message is not None:  # the real text may quote data: the log has it, the caller not
             logger.error("%s: %s", exc.public_message, exc.message)
-        response = json_response({"error": exc.to_dict()}, exc.status)
+        response = json_response(with_request_id({"error": exc.to_dict()}, request_id), exc.status)
         if exc.retry_after is not None:
             response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
         return response
@@ -43,12 +49,24 @@ def error_response(
         reason = exc.reason or "error"
         if request is not None and exc.status in (404, 405):  # aiohttp's own: name what was asked
             reason = f"{reason}: {request.method} {request.path}"
-        response = json_response(error_body(HTTP_ERROR_CODES.get(exc.status, HTTP_ERROR), reason), exc.status)
+        body = error_body(HTTP_ERROR_CODES.get(exc.status, HTTP_ERROR), reason)
+        response = json_response(with_request_id(body, request_id), exc.status)
         if isinstance(exc, web.HTTPMethodNotAllowed):
             response.headers["Allow"] = ",".join(sorted(exc.allowed_methods))
         return response
-    logger.error("unexpected error", exc_info=exc)
-    return json_response(error_body(INTERNAL, "internal error; see the server log"), 500)
+    if request_id is not None:
+        logger.error("unexpected error (request %s)", request_id, exc_info=exc)
+    else:
+        logger.error("unexpected error", exc_info=exc)
+    body = error_body(INTERNAL, "internal error; see the server log")
+    return json_response(with_request_id(body, request_id), 500)
+
+
+def with_request_id(body: dict[str, Any], request_id: str | None) -> dict[str, Any]:
+    """An error body naming its request (`request_id` beside `error`), when the request has an id."""
+    if request_id is not None:
+        body["request_id"] = request_id
+    return body
 
 
 def client_gone(request: web.BaseRequest, exc: BaseException | None) -> bool:

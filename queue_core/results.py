@@ -2,8 +2,10 @@
 for the internal API, the EmoDB face and the remote client.
 
 A request is `{"results": [{"id", "token", "outcome", "reason"?, "signature"?, "steps"?, "partial"?,
-"fields"?, "duration_ms"?}, ...]}`; bad input raises `InvalidArgument` (400) or `TooLarge` (413) for the
-whole request, before anything is applied. Unknown keys in an item are ignored (newer SDKs may add some).
+"fields"?, "duration_ms"?, "request_id"?}, ...]}` (`request_id`: the id of the request that sent the
+message, as its delivery carried it; log data, written into the result's wire-log `log` record); bad
+input raises `InvalidArgument` (400) or `TooLarge` (413) for the whole request, before anything is
+applied. Unknown keys in an item are ignored (newer SDKs may add some).
 
 One exception, decided where the probes are known (queue_core.machine.supervisor): an item with a
 readable `id` but garbage elsewhere comes back as a failed result carrying its `error` (and the item as
@@ -19,6 +21,9 @@ import re
 from typing import Any
 
 import orjson
+
+from protocol.request_ids import RULE as REQUEST_ID_RULE
+from protocol.request_ids import is_request_id
 
 from .machine import AckOutcome, InvalidArgument, QueueError, TooLarge
 from .machine.inputs import OUTCOMES, AttemptResult
@@ -101,7 +106,18 @@ def parse_result(item: Any, index: int = 0) -> AttemptResult:
         partial=_bounded(item, "partial", index, message_id),
         fields=_bounded(item, "fields", index, message_id),
         duration_ms=_duration(item.get("duration_ms"), index, message_id),
+        request_id=_request_id(item.get("request_id"), index, message_id),
     )
+
+
+def _request_id(raw: Any, index: int, message_id: str) -> str | None:
+    if raw is None:
+        return None
+    if not is_request_id(raw):
+        raise InvalidArgument(
+            f"request_id must be {REQUEST_ID_RULE}", field="request_id", index=index, id=message_id
+        )
+    return str(raw)
 
 
 def _token(raw: Any, index: int, message_id: str) -> int:
@@ -205,7 +221,7 @@ def result_json(result: AttemptResult) -> dict[str, Any]:
             return {"id": result.message_id, "outcome": f"unreadable: {why}"[:200]}
         return raw
     out: dict[str, Any] = {"id": result.message_id, "token": result.token, "outcome": result.outcome}
-    for name in ("reason", "signature"):
+    for name in ("reason", "signature", "request_id"):
         if getattr(result, name):
             out[name] = getattr(result, name)
     if result.steps:

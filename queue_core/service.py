@@ -50,7 +50,7 @@ from .machine.health import Probe
 from .machine.inputs import AttemptResult, ControlRows
 from .machine.records import Received as Received  # re-exported: the faces import it from here
 from .machine.supervisor import HealthEffect, ProbeDelivered, Supervisor, SupervisorEffect
-from .store import SqliteStore, read_attempt_log
+from .store import SqliteStore, StoredBody, read_attempt_log
 
 log = logging.getLogger("strictq.queue")
 T = TypeVar("T")
@@ -75,10 +75,10 @@ class BodyCache:
     def __init__(self, max_bytes: int = BODY_CACHE_BYTES) -> None:
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._entries: OrderedDict[int, tuple[bytes, str, bytes]] = OrderedDict()
+        self._entries: OrderedDict[int, StoredBody] = OrderedDict()
         self._committed_key = 0
 
-    def put(self, key: int, value: tuple[bytes, str, bytes]) -> None:
+    def put(self, key: int, value: StoredBody) -> None:
         self._entries[key] = value
         self.bytes += len(value[0]) + len(value[2])
         if self.bytes > self.max_bytes:
@@ -96,7 +96,7 @@ class BodyCache:
         if self.bytes > self.max_bytes:
             self._evict()
 
-    def get(self, key: int) -> tuple[bytes, str, bytes] | None:
+    def get(self, key: int) -> StoredBody | None:
         return self._entries.get(key)
 
     def _evict(self) -> None:
@@ -252,7 +252,9 @@ class QueueService:
                 continue
             durable.append(effect)
             if isinstance(effect, MessageInserted):
-                self.cache.put(effect.key, (effect.body, effect.content_type, effect.extra))
+                self.cache.put(
+                    effect.key, (effect.body, effect.content_type, effect.extra, effect.request_id)
+                )
             elif isinstance(effect, MessagesDeleted):
                 self.cache.drop(effect.keys)
             elif isinstance(effect, FloorRaised):
@@ -441,7 +443,7 @@ class QueueService:
         for delivery in deliveries:
             value = self.cache.get(delivery.key) or fetched.get(delivery.key)
             if value is not None:  # None: deleted meanwhile (e.g. a purge while the claim committed)
-                out.append(Received(delivery, value[0], value[1], value[2]))
+                out.append(Received(delivery, value[0], value[1], value[2], request_id=value[3]))
         return out
 
     async def ack(
@@ -519,7 +521,7 @@ class QueueService:
         for item in items:
             value = self.cache.get(item.key) or fetched.get(item.key)
             if value is not None:
-                out.append((item, *value))
+                out.append((item, value[0], value[1], value[2]))
         return out
 
     async def start_move(self, source: str, destination: str) -> MoveStatus:

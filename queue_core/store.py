@@ -8,6 +8,7 @@ many requests' effects in one transaction. This class is synchronous and single-
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import time
@@ -55,7 +56,7 @@ CREATE TABLE IF NOT EXISTS messages (
     body BLOB NOT NULL, content_type TEXT NOT NULL, extra BLOB NOT NULL, available_at REAL NOT NULL,
     receive_count INTEGER NOT NULL DEFAULT 0, first_receive_at REAL NOT NULL DEFAULT 0,
     token INTEGER NOT NULL DEFAULT 0, claim_expires REAL NOT NULL DEFAULT 0,
-    claim_worker TEXT NOT NULL DEFAULT '', origin TEXT, digest BLOB
+    claim_worker TEXT NOT NULL DEFAULT '', origin TEXT, digest BLOB, request_id
 );
 CREATE TABLE IF NOT EXISTS dedup (
     qid INTEGER NOT NULL, dkey TEXT NOT NULL, message_id TEXT NOT NULL, seq INTEGER NOT NULL,
@@ -82,9 +83,14 @@ CREATE TABLE IF NOT EXISTS blacklists (worker TEXT PRIMARY KEY, state BLOB NOT N
 """
 
 INSERT_MESSAGE = (
-    "INSERT INTO messages (key, qid, id, grp, body, content_type, extra, available_at, digest)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO messages (key, qid, id, grp, body, content_type, extra, available_at, digest, request_id)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
+# Columns added after a store's first release: (table, column, declaration). `open` adds those an older
+# store lacks (ALTER TABLE ... ADD COLUMN: SQLite rewrites no rows; old rows read NULL).
+ADDED_COLUMNS = (("messages", "request_id", "request_id"),)
+# A body as the store hands it back: (body, content type, extra, the sending request's id or None).
+StoredBody = tuple[bytes, str, bytes, str | None]
 CLAIM_MESSAGE = (
     "UPDATE messages SET token = ?, claim_expires = ?, receive_count = ?, first_receive_at = ?,"
     " claim_worker = ? WHERE key = ?"
@@ -206,6 +212,7 @@ class SqliteStore:
             db.execute("PRAGMA synchronous=FULL")
             db.execute("PRAGMA cache_size=-16384")  # 16 MiB page cache
             db.executescript(SCHEMA)
+            _add_columns(db)
             self._db = db
             db.execute("BEGIN IMMEDIATE")
             epoch = max(self._meta("epoch"), epoch) if epoch else self._meta("epoch") + 1
@@ -357,15 +364,54 @@ class SqliteStore:
             raise StoreError(f"store write failed: {exc}") from exc
 
     # ----------------------------------------------------------------------------------------- reads
-    def fetch_bodies(self, keys: Iterable[int]) -> dict[int, tuple[bytes, str, bytes]]:
+    def fetch_bodies(self, keys: Iterable[int]) -> dict[int, StoredBody]:
         keys = list(keys)
         if not keys:
             return {}
         marks = ",".join("?" * len(keys))
         rows = self.db.execute(
-            f"SELECT key, body, content_type, extra FROM messages WHERE key IN ({marks})", keys
+            f"SELECT key, body, content_type, extra, request_id FROM messages WHERE key IN ({marks})", keys
         )
-        return {key: (body, content_type, extra) for key, body, content_type, extra in rows}
+        return {
+            key: (body, content_type, extra, unpack_request_id(request_id))
+            for key, body, content_type, extra, request_id in rows
+        }
+
+
+def _add_columns(db: sqlite3.Connection) -> None:
+    """Bring an older store's tables up to SCHEMA's columns (see ADDED_COLUMNS)."""
+    for table, column, declaration in ADDED_COLUMNS:
+        present = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        if column not in present:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {declaration}")
+
+
+# Request ids are stored compactly: the gateway's own (protocol.request_ids.new_request_id, a lowercase
+# UUID-shaped hex id) as its 16 bytes, anything else (a client's X-Request-Id) as the text it is. The
+# column has no type affinity, so SQLite keeps each value as given.
+_HEX = frozenset("0123456789abcdef")
+
+
+@functools.lru_cache(maxsize=256)  # the messages of one request (a batch) share their id: packed once
+def pack_request_id(request_id: str | None) -> str | bytes | None:
+    """What the store keeps for a request id: 16 bytes for a lowercase UUID-shaped id, else the text."""
+    if (
+        request_id is not None
+        and len(request_id) == 36
+        and request_id[8] == request_id[13] == request_id[18] == request_id[23] == "-"
+    ):
+        digits = request_id.replace("-", "")
+        if len(digits) == 32 and _HEX.issuperset(digits):
+            return bytes.fromhex(digits)
+    return request_id
+
+
+def unpack_request_id(stored: object) -> str | None:
+    """A stored request id back as its text (the inverse of `pack_request_id`)."""
+    if isinstance(stored, bytes):
+        h = stored.hex()
+        return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    return stored if isinstance(stored, str) else None
 
 
 def read_attempt_log(path: str | Path, qid: int, group: str, limit: int) -> list[dict[str, Any]]:
@@ -430,6 +476,7 @@ def _rows(effect: Effect) -> Iterator[tuple[str, tuple[Any, ...]]]:
                     effect.extra,
                     effect.available_at,
                     effect.digest,
+                    pack_request_id(effect.request_id),
                 ),
             )
         case MessagesClaimed():

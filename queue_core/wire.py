@@ -20,6 +20,9 @@ from typing import Any
 
 import orjson
 
+from protocol.request_ids import RULE as REQUEST_ID_RULE
+from protocol.request_ids import is_request_id
+
 from .machine import (
     AckOutcome,
     Delivery,
@@ -135,6 +138,7 @@ def encode_send_request(request: SendRequest) -> dict[str, Any]:
         ("dedup_id", request.dedup_id),
         ("id", request.message_id),
         ("delay", request.delay),
+        ("request_id", request.request_id),
     ):
         if value is not None:
             entry[name] = value
@@ -143,7 +147,8 @@ def encode_send_request(request: SendRequest) -> dict[str, Any]:
 
 def decode_send_request(entry: Any) -> SendRequest:
     """One entry of `messages`: `body` (text), `body_b64` or `json`, with optional `group`, `dedup_id`,
-    `id`, `delay`, `content_type` and `attributes`."""
+    `id`, `delay`, `content_type`, `attributes` and `request_id` (the id of the request that sent it: a
+    gateway forwards its own request's; protocol.request_ids)."""
     if not isinstance(entry, dict):
         raise InvalidArgument("each message must be a JSON object")
     content_type = entry.get("content_type", "text/plain")
@@ -169,6 +174,9 @@ def decode_send_request(entry: Any) -> SendRequest:
             raise InvalidArgument(f"{name} must be a string", field=name)
         check_name(entry.get(name), name)
     check_json(attributes, "attributes")
+    request_id = entry.get("request_id")
+    if request_id is not None and not is_request_id(request_id):
+        raise InvalidArgument(f"request_id must be {REQUEST_ID_RULE}", field="request_id")
     return SendRequest(
         body=body,
         group=entry.get("group"),
@@ -177,6 +185,7 @@ def decode_send_request(entry: Any) -> SendRequest:
         delay=delay,
         content_type=content_type,
         extra=orjson.dumps(attributes) if attributes else b"",
+        request_id=request_id,
     )
 
 
@@ -267,6 +276,7 @@ def encode_received(item: Received) -> dict[str, Any]:
         **encode_body(item.body, item.content_type, item.extra),
         **({"probe": True} if item.probe else {}),  # failure management's dummy message
         **({"history": d.history} if d.history else {}),  # prior failed attempts' log data
+        **({"request_id": item.request_id} if item.request_id else {}),  # the sending request's id
     }
 
 
@@ -285,7 +295,13 @@ def decode_received(item: dict[str, Any]) -> Received:
         item.get("origin"),
         item.get("history"),
     )
-    return Received(delivery, *decode_body(item), probe=item.get("probe") is True)
+    request_id = item.get("request_id")
+    return Received(
+        delivery,
+        *decode_body(item),
+        probe=item.get("probe") is True,
+        request_id=request_id if isinstance(request_id, str) else None,
+    )
 
 
 # ------------------------------------------------------------------------------- claims, outcomes

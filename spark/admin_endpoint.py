@@ -3,11 +3,11 @@
 Authenticated like the other admin routes (queue_core.admin_http: an `admin` or `operator` key in
 X-BV-API-Key or Authorization: Bearer; never `proxy`: records hold message bodies). An admin gets only
 records of its own tenant (their `tenant` field; queue_core.scope), as if the others did not exist; an
-operator gets every record. Query parameters: `message_id`, `group`, `worker`, `status`, `since`, `until`
-(same formats as the CLI), `limit`. The lookup (pyarrow file reads) runs in a thread, never on the event
-loop. Errors are the one error body `{"error": {"code", "message", "details"?}}` (docs/errors.md): 400
-`invalid_parameter` (`details.field` names it), 404 `no_index` (none built yet), 409 `index_mismatch`
-(an index of another version or bucket count).
+operator gets every record. Query parameters: `message_id`, `request_id`, `group`, `worker`, `status`,
+`since`, `until` (same formats as the CLI), `limit`. The lookup (pyarrow file reads) runs in a thread,
+never on the event loop. Errors are the one error body `{"error": {"code", "message", "details"?}}`
+(docs/errors.md): 400 `invalid_parameter` (`details.field` names it), 404 `no_index` (none built yet),
+409 `index_mismatch` (an index of another version or bucket count).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 SEARCH_INDEX = web.AppKey("strictq_search_index", Path)
 PATH = "/admin/v1/search"
-_PARAMS = ("message_id", "group", "worker", "status", "since", "until", "limit")
+_PARAMS = ("message_id", "request_id", "group", "worker", "status", "since", "until", "limit")
 
 
 def add_search_route(app: web.Application, index_dir: Path, keys: KeyRing) -> None:
@@ -124,6 +124,7 @@ async def _search(request: web.Request) -> web.StreamResponse:
         raise InvalidParameter(str(exc), "limit") from None
     query = Query(
         message_id=params.get("message_id"),
+        request_id=params.get("request_id"),
         group=params.get("group"),
         worker=params.get("worker"),
         status=params.get("status"),

@@ -80,6 +80,10 @@ def register(commands: Any) -> None:
     )
     _dirs(search, wirelog=False)
     search.add_argument("--message-id", help="the message id")
+    search.add_argument(
+        "--request-id",
+        help="the stories of the messages this request sent (its X-Request-Id; SQS: its RequestId)",
+    )
     search.add_argument("--group", help="only (or: every message of) this group")
     search.add_argument("--worker", help="only (or: every message of) this worker")
     search.add_argument("--status", help="only http calls with this status (502) or class (5xx)")
@@ -350,6 +354,7 @@ def _search(args: argparse.Namespace) -> int:
     since, until = _times(args)
     query = Query(
         message_id=args.message_id,
+        request_id=args.request_id,
         group=args.group,
         worker=args.worker,
         status=args.status,

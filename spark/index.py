@@ -358,6 +358,7 @@ def parse_lines(spark: Any, inputs: list[str], buckets: int) -> Any:
         "lease",
         "attempt",
         "call",
+        "request_id",
     )
     return parsed.select(
         *(r[name].alias(name) for name in plain),

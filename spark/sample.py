@@ -3,7 +3,8 @@
 Used by the tests, the benchmark and demos: uuid message ids, per-group order, deliveries and
 retries, outbound calls to varied hosts and paths with JSON bodies (~600 bytes a record), worker
 logs, fence events, and a known mix of failures (so error grouping has something to find). The
-same seed gives the same records.
+same seed gives the same records. Messages go out three to a send request: deliveries, calls and
+logs carry that request's id (`request_id_of`; fence events carry none, as the gateway writes them).
 """
 
 from __future__ import annotations
@@ -93,10 +94,16 @@ class Traffic:
             )
         return orjson.dumps(doc)
 
+    def request_id_of(self, n: int) -> str:
+        """The id of the send request of the n-th message (three messages a request; no randomness drawn,
+        so the other records are what they were before request ids)."""
+        return f"00000000-0000-4000-8000-{self.spec.seed % 0x10000:04x}{n // 3:08x}"
+
     def records(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """(writer name, record) pairs in time order."""
         spec, rng = self.spec, self.rng
         for n in range(spec.messages):
+            request_id = self.request_id_of(n)
             message_id = self._uuid()
             self.message_ids.append(message_id)
             group = f"customer-{rng.randrange(spec.groups)}"
@@ -124,6 +131,7 @@ class Traffic:
                         worker=worker,
                         lease=lease + attempt,
                         attempt=attempt,
+                        request_id=request_id,
                     ),
                 )
                 calls = rng.randint(1, 3)
@@ -141,6 +149,7 @@ class Traffic:
                             call,
                             ts,
                             fail=failing and call == calls,
+                            request_id=request_id,
                         ),
                     )
                 if failing:
@@ -167,6 +176,7 @@ class Traffic:
                             group=group,
                             lease=lease + attempt,
                             attempt=attempt,
+                            request_id=request_id,
                         ),
                     )
                     if rng.random() < 0.3:
@@ -198,12 +208,13 @@ class Traffic:
                             group=group,
                             lease=lease + attempt,
                             attempt=attempt,
+                            request_id=request_id,
                         ),
                     )
 
     def _call(
         self, message_id: str, group: str, queue: str, worker: str, lease: int, attempt: int, call: int,
-        ts: float, *, fail: bool,
+        ts: float, *, fail: bool, request_id: str | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         rng = self.rng
         error = None
@@ -258,6 +269,7 @@ class Traffic:
             lease=lease,
             attempt=attempt,
             call=call,
+            request_id=request_id,
         )
 
     def _id(self) -> str:

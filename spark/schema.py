@@ -15,7 +15,9 @@ from typing import Any
 from wirelog.record import REQUEST_FIELDS, RESPONSE_FIELDS, SCHEMA_VERSION, field_types
 
 INDEX_FORMAT = "strictq-wirelog-index"
-INDEX_VERSION = 1  # bump when columns, bucketing or layout change: older indexes are then refused
+# Bump when columns, bucketing or layout change: older indexes are then refused (rebuild them from the wire
+# log). 2: the `request_id` column (the id of the request that sent the message).
+INDEX_VERSION = 2
 RECORD_SCHEMA_VERSION = SCHEMA_VERSION  # the wire-log schema the parse schema follows (wirelog.record)
 
 # Rows of these pseudo-buckets never reach the index: they count what was skipped in a batch.
@@ -35,6 +37,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("lease", "long"),
     ("attempt", "long"),
     ("call", "long"),
+    ("request_id", "string"),  # the id of the request that sent the message (`strictq search --request-id`)
     ("method", "string"),
     ("url", "string"),
     ("status", "long"),
@@ -55,7 +58,7 @@ SUMMARY_COLUMNS = tuple(name for name in COLUMN_NAMES if name != "record")
 # Record fields the index reads: the names are spark's choice, their types wirelog.record's (one definition).
 _KEPT = (
     "v", "kind", "id", "ts", "writer", "worker", "queue", "message_id", "group", "lease", "attempt", "call",
-    "error", "latency_ms", "action", "event", "outcome", "reason", "seq", "receive_count",
+    "request_id", "error", "latency_ms", "action", "event", "outcome", "reason", "seq", "receive_count",
 )  # fmt: skip
 _KEPT_REQUEST = ("method", "url")
 _KEPT_RESPONSE = ("status",)

@@ -4,7 +4,10 @@ Files are sorted by message id, so a message's rows sit in one or two row groups
 bucket, and the row-group statistics in the footer tell which: a lookup reads `_index.json`, the
 footers of its bucket's files (bounded by compaction), and those row groups only. `SearchStats` says
 what was opened and read (the tests assert it). Searches without a message id (by group or worker)
-scan every file with pyarrow's dataset filter, still without Spark.
+scan every file with pyarrow's dataset filter, still without Spark. A search by request id (the id of
+the request that sent a message) scans the `request_id` and `message_id` columns of every file for the
+messages that request sent, then looks each of them up by message id: their whole stories, records that
+do not carry the request id included (a worker that does not pass it on, fence events).
 
 Imports: pyarrow, orjson and the stdlib only (never pyspark, mitmproxy or aiohttp): `strictq search`
 starts in a few tens of milliseconds.
@@ -18,6 +21,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from protocol.request_ids import REQUEST_ID_RE
+from protocol.request_ids import RULE as REQUEST_ID_RULE
 
 from . import layout
 from .buckets import bucket_of
@@ -41,6 +47,7 @@ class Query:
     since: float | None = None
     until: float | None = None
     limit: int | None = None
+    request_id: str | None = None  # the messages a request sent (the id of the request that sent them)
 
     def validate(self) -> Query:
         if self.message_id is not None and not MESSAGE_ID.fullmatch(self.message_id):
@@ -48,15 +55,18 @@ class Query:
                 f"malformed message id {self.message_id[:80]!r}: 1-128 characters of letters, digits, "
                 "'_', '.', ':' and '-'"
             )
+        if self.request_id is not None and not REQUEST_ID_RE.fullmatch(self.request_id):
+            raise QueryError(f"malformed request id {self.request_id[:80]!r}: {REQUEST_ID_RULE}")
         for name in ("group", "worker"):
             value = getattr(self, name)
             if value is not None and not NAME.fullmatch(value):
                 raise QueryError(
                     f"malformed {name} {value[:80]!r}: 1-256 printable ASCII characters, no spaces"
                 )
-        if self.message_id is None and self.group is None and self.worker is None:
+        if self.message_id is None and self.request_id is None and self.group is None and self.worker is None:
             raise QueryError(
-                "give --message-id, --group or --worker (with optional --status/--since/--until)"
+                "give --message-id, --request-id, --group or --worker (with optional "
+                "--status/--since/--until)"
             )
         if self.since is not None and self.until is not None and self.since > self.until:
             raise QueryError("--since is after --until: nothing can match")
@@ -132,7 +142,13 @@ def _search(root: Path, state: layout.IndexState, query: Query, with_records: bo
     columns = [*SUMMARY_COLUMNS, "record"] if with_records else list(SUMMARY_COLUMNS)
     if query.message_id is not None:
         stats.bucket = bucket_of(query.message_id, state.buckets)
-        rows = _point_lookup(layout.bucket_files(root, state, stats.bucket), query, columns, stats)
+        rows = _point_lookup(
+            layout.bucket_files(root, state, stats.bucket), query.message_id, columns, stats
+        )
+        if query.request_id is not None:
+            rows = [row for row in rows if _of_request(row, query.request_id, {query.message_id})]
+    elif query.request_id is not None:
+        rows = _by_request(root, state, query.request_id, columns, stats)
     else:
         rows = _scan(layout.all_files(root, state), query, columns, stats)
     rows = [row for row in rows if _matches(row, query)]
@@ -150,10 +166,44 @@ def _may_contain(statistics: Any, value: str) -> bool:
     return bool(statistics.min <= value <= statistics.max)
 
 
-def _point_lookup(
-    files: list[Path], query: Query, columns: list[str], stats: SearchStats
+def _by_request(
+    root: Path, state: layout.IndexState, request_id: str, columns: list[str], stats: SearchStats
 ) -> list[dict[str, Any]]:
-    assert query.message_id is not None
+    """The stories of the messages request `request_id` sent: which messages, from a scan of two columns
+    of every file; then each message's records by its bucket, as a message-id lookup reads them."""
+    import pyarrow.dataset as ds
+
+    from .schema import arrow_schema
+
+    files = layout.all_files(root, state)
+    if not files:
+        return []
+    stats.files_opened.extend(str(p) for p in files)
+    dataset = ds.dataset([str(p) for p in files], format="parquet", schema=arrow_schema())
+    table = dataset.to_table(
+        columns=["message_id", "request_id"], filter=ds.field("request_id") == request_id
+    )
+    stats.rows_read += table.num_rows
+    messages = {m for m in table.column("message_id").to_pylist() if m is not None}
+    rows: list[dict[str, Any]] = []
+    for message_id in sorted(messages):
+        found = _point_lookup(
+            layout.bucket_files(root, state, bucket_of(message_id, state.buckets)), message_id, columns, stats
+        )
+        rows.extend(row for row in found if _of_request(row, request_id, messages))
+    return rows
+
+
+def _of_request(row: dict[str, Any], request_id: str, messages: set[str]) -> bool:
+    """A record of a message the request sent: its own request id, or none (a record that does not say,
+    such as a fence event or a call of a worker that does not pass it on). A message id sent again by
+    another request (a replay, a redrive under the same id) keeps that request's records apart."""
+    return row["message_id"] in messages and row["request_id"] in (None, request_id)
+
+
+def _point_lookup(
+    files: list[Path], message_id: str, columns: list[str], stats: SearchStats
+) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for path in files:
         parquet = open_parquet(path)
@@ -164,7 +214,7 @@ def _point_lookup(
         wanted = [
             i
             for i in range(metadata.num_row_groups)
-            if _may_contain(metadata.row_group(i).column(column).statistics, query.message_id)
+            if _may_contain(metadata.row_group(i).column(column).statistics, message_id)
         ]
         if not wanted:
             continue
@@ -174,12 +224,10 @@ def _point_lookup(
         # Rows are sorted by message id: the match is one contiguous run. (Slicing needs no compute
         # kernels: pyarrow.compute's filter would import pandas, 150 ms, when it is installed.)
         ids = table.column("message_id").to_pylist()
-        start = bisect.bisect_left(ids, _sort_key(query.message_id), key=_sort_key)
-        end = bisect.bisect_right(ids, _sort_key(query.message_id), key=_sort_key)
+        start = bisect.bisect_left(ids, _sort_key(message_id), key=_sort_key)
+        end = bisect.bisect_right(ids, _sort_key(message_id), key=_sort_key)
         rows.extend(
-            row
-            for row in table.slice(start, end - start).to_pylist()
-            if row["message_id"] == query.message_id
+            row for row in table.slice(start, end - start).to_pylist() if row["message_id"] == message_id
         )
     return rows
 

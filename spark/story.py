@@ -46,6 +46,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "queues": sorted({r["queue"] for r in rows if r["queue"]}),
         "groups": sorted({r["group"] for r in rows if r["group"]}),
         "workers": sorted({r["worker"] for r in rows if r["worker"]}),
+        "request_ids": sorted({r["request_id"] for r in rows if r.get("request_id")}),
         "first": times[0] if times else None,
         "last": times[-1] if times else None,
     }
@@ -70,9 +71,16 @@ def story_lines(result: SearchResult) -> list[str]:
     """Human-readable: one summary line, then one line per record."""
     rows = result.rows
     s = summarize(rows)
-    many = result.query.message_id is None
+    query = result.query
+    many = query.message_id is None
+    if query.request_id is not None and many:
+        what = f"request {query.request_id} · {s['messages']} message(s)"
+    elif many:
+        what = f"{s['messages']} message(s)"
+    else:
+        what = f"message {query.message_id}"
     head = [
-        f"message {result.query.message_id}" if not many else f"{s['messages']} message(s)",
+        what,
         f"queue {','.join(s['queues']) or '-'}",
         f"group {','.join(s['groups'][:5]) or '-'}",
         f"{s['deliveries']} deliver{'y' if s['deliveries'] == 1 else 'ies'}",

@@ -284,7 +284,7 @@ async def handle(message: Message) -> None:
     return None
 
 
-async def test_every_poll_declares_results_and_probes() -> None:
+async def test_every_poll_declares_results_probes_and_request_ids() -> None:
     gateway = FakeGateway()
     await gateway.start()
     worker = Worker("orders", handle, config=local_config(gateway), ttl=30.0)
@@ -299,12 +299,14 @@ async def test_every_poll_declares_results_and_probes() -> None:
     finally:
         await gateway.stop()
     assert [r["outcome"] for r in gateway.reported] == ["succeeded", "succeeded"]
-    assert {p.get(CAPABILITIES_HEADER) for p in gateway.polls} == {"results, probes"}, gateway.polls
+    declared = {p.get(CAPABILITIES_HEADER) for p in gateway.polls}
+    assert declared == {"results, probes, request_ids"}, gateway.polls
 
 
-async def test_without_the_results_route_the_worker_declares_nothing() -> None:
+async def test_without_the_results_route_the_worker_declares_only_request_ids() -> None:
     """An older gateway without the results route: the worker acks instead and, as it reports no
-    results, stops declaring (plain EmoDB semantics)."""
+    results, stops declaring failure management (plain EmoDB semantics); `request_ids` changes no
+    semantics and stays."""
     gateway = FakeGateway(results=False)
     await gateway.start()
     worker = Worker("orders", handle, config=local_config(gateway), ttl=30.0)
@@ -318,8 +320,8 @@ async def test_without_the_results_route_the_worker_declares_nothing() -> None:
             await task
     finally:
         await gateway.stop()
-    assert gateway.polls[0].get(CAPABILITIES_HEADER) == "results, probes"
-    assert [p.get(CAPABILITIES_HEADER) for p in gateway.polls[polls_before:]] == [None] * (
+    assert gateway.polls[0].get(CAPABILITIES_HEADER) == "results, probes, request_ids"
+    assert [p.get(CAPABILITIES_HEADER) for p in gateway.polls[polls_before:]] == ["request_ids"] * (
         len(gateway.polls) - polls_before
     )
 

@@ -87,8 +87,8 @@ def test_compat_upgrades_through_registered_steps(monkeypatch: pytest.MonkeyPatc
     """The mechanism v2 will use: readers keep calling compat and get the current shape."""
     monkeypatch.setattr(rec, "SCHEMA_VERSION", 3)
     monkeypatch.setattr(rec, "_UPGRADES", {1: lambda r: {**r, "a": 1}, 2: lambda r: {**r, "b": r["a"] + 1}})
-    assert rec.compat({"v": 1, "kind": "log"}) == {"v": 3, "kind": "log", "a": 1, "b": 2}
-    assert rec.compat({"v": 3, "kind": "log"}) == {"v": 3, "kind": "log"}
+    assert rec.compat({"v": 1, "kind": "log"}) == {"v": 3, "kind": "log", "a": 1, "b": 2, "request_id": None}
+    assert rec.compat({"v": 3, "kind": "log"}) == {"v": 3, "kind": "log", "request_id": None}
     monkeypatch.setattr(rec, "_UPGRADES", {2: lambda r: r})
     with pytest.raises(UnknownVersion):  # no step from v1: cannot be read
         rec.compat({"v": 1})
@@ -155,7 +155,7 @@ def test_http_record_has_every_schema_field() -> None:
     )
     assert set(record) == {
         "v", "kind", "ts", "worker", "queue", "message_id", "group", "lease", "attempt", "call",
-        "request", "response", "error", "latency_ms", "action", "replayed_from",
+        "request_id", "request", "response", "error", "latency_ms", "action", "replayed_from",
     }  # fmt: skip
     assert set(record["request"]) == {
         "method", "url", "headers", "headers_omitted", "body", "body_b64", "body_sha256", "body_bytes"

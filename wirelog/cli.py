@@ -71,6 +71,9 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
         "--dir", type=Path, default=None, help=f"wire-log directory (default: ${ENV_DIR} or {DEFAULT_DIR})"
     )
     parser.add_argument("--message-id", help="only this message id")
+    parser.add_argument(
+        "--request-id", help="only records naming this request id (of the request that sent the message)"
+    )
     parser.add_argument("--group", help="only this group (strict order parameter)")
     parser.add_argument("--worker", help="only this worker id")
     parser.add_argument("--queue", help="only this queue")
@@ -190,6 +193,7 @@ def _prepare(args: argparse.Namespace) -> tuple[Path, Any]:
         kind=args.kind,
         queue=args.queue,
         action=args.action,
+        request_id=args.request_id,
     )
     return directory, (None if where.empty else where)
 

@@ -99,6 +99,7 @@ class RecordFilter:
     kind: str | None = None
     queue: str | None = None
     action: str | None = None
+    request_id: str | None = None  # the id of the request that sent the message
 
     def __post_init__(self) -> None:
         if self.status is not None:
@@ -111,7 +112,7 @@ class RecordFilter:
         return all(getattr(self, name) is None for name in self.__slots__)
 
     def matches(self, record: Mapping[str, Any]) -> bool:
-        for name in ("message_id", "group", "worker", "kind", "queue", "action"):
+        for name in ("message_id", "group", "worker", "kind", "queue", "action", "request_id"):
             wanted = getattr(self, name)
             if wanted is not None and record.get(name) != wanted:
                 return False

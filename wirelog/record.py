@@ -67,7 +67,14 @@ COMMON_FIELDS: tuple[tuple[str, str], ...] = (
     ("lease", "long"),
     ("attempt", "long"),
     ("call", "long"),
+    # The id of the request that sent the message (the producer's X-Request-Id, or the one the gateway
+    # gave it; docs/wirelog.md). Added within v1: a record written before it lacks the key, and `compat`
+    # fills it in as null, so every reader sees one shape.
+    ("request_id", "string"),
 )
+# Optional fields added to the current schema version after records of it were first written (readers of
+# older files find them absent): `compat` fills them in as null. A new version starts this list afresh.
+ADDED_FIELDS: tuple[str, ...] = ("request_id",)
 KIND_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
     "http": (
         ("request", "object"),  # REQUEST_FIELDS
@@ -133,14 +140,15 @@ _UPGRADES: dict[int, Callable[[Record], Record]] = {}
 
 
 def compat(record: Record) -> Record:
-    """Bring a decoded record to the current schema version (identity for v1).
+    """Bring a decoded record to the current schema version, with the fields added to it since it was
+    first written (`ADDED_FIELDS`) as null when absent: the same record object for the current version.
 
     Unknown versions, including future ones this code cannot know, raise UnknownVersion: a reader
     must count and skip them rather than misread fields whose meaning may have changed.
     """
     version = record.get("v")
     if version == SCHEMA_VERSION and type(version) is int:
-        return record
+        return _with_added_fields(record)
     if type(version) is not int or version > SCHEMA_VERSION or version < 1:
         raise UnknownVersion(version)
     while version < SCHEMA_VERSION:
@@ -150,6 +158,14 @@ def compat(record: Record) -> Record:
         record = step(record)
         version += 1
         record["v"] = version
+    return _with_added_fields(record)
+
+
+def _with_added_fields(record: Record) -> Record:
+    """The record, in place, with every optional field added to its version since (absent: null)."""
+    for name in ADDED_FIELDS:
+        if name not in record:
+            record[name] = None
     return record
 
 
@@ -298,6 +314,7 @@ def _common(
     lease: int | None,
     attempt: int | None,
     call: int | None,
+    request_id: str | None,
 ) -> Record:
     return {
         "v": SCHEMA_VERSION,
@@ -310,6 +327,7 @@ def _common(
         "lease": lease,
         "attempt": attempt,
         "call": call,
+        "request_id": request_id,
     }
 
 
@@ -367,13 +385,15 @@ def http_record(
     lease: int | None = None,
     attempt: int | None = None,
     call: int | None = None,
+    request_id: str | None = None,
 ) -> Record:
-    """An `http` record: one outbound interaction, including refused ones and errors."""
+    """An `http` record: one outbound interaction, including refused ones and errors. `request_id`: the
+    id of the request that sent the message the call was made for (the worker's X-Strictq-Request-Id)."""
     if action not in ACTIONS:
         raise RecordError(f"unknown action {action!r}; expected one of {', '.join(ACTIONS)}")
     record = _common(
         "http", ts=ts, worker=worker, queue=queue, message_id=message_id, group=group,
-        lease=lease, attempt=attempt, call=call,
+        lease=lease, attempt=attempt, call=call, request_id=request_id,
     )  # fmt: skip
     record.update(
         request=dict(request),
@@ -400,11 +420,12 @@ def delivery_record(
     worker: str | None = None,
     lease: int | None = None,
     attempt: int | None = None,
+    request_id: str | None = None,
 ) -> Record:
     """A `delivery` record: the gateway handing a message to a worker (the other side of its story)."""
     record = _common(
         "delivery", ts=ts, worker=worker, queue=queue, message_id=message_id, group=group,
-        lease=lease, attempt=attempt, call=None,
+        lease=lease, attempt=attempt, call=None, request_id=request_id,
     )  # fmt: skip
     record.update(body_fields(body, keep=keep_body))
     record.update(
@@ -428,11 +449,12 @@ def log_record(
     group: str | None = None,
     lease: int | None = None,
     attempt: int | None = None,
+    request_id: str | None = None,
 ) -> Record:
     """A `log` record: a worker's account of processing (outcome, reason, steps done, partial result)."""
     record = _common(
         "log", ts=ts, worker=worker, queue=queue, message_id=message_id, group=group,
-        lease=lease, attempt=attempt, call=None,
+        lease=lease, attempt=attempt, call=None, request_id=request_id,
     )  # fmt: skip
     record.update(outcome=outcome, reason=reason, steps=steps, partial=partial)
     return record
@@ -448,11 +470,12 @@ def event_record(
     message_id: str | None = None,
     group: str | None = None,
     lease: int | None = None,
+    request_id: str | None = None,
 ) -> Record:
     """An `event` record: something that happened to a worker or group (fenced, lease lost, ...)."""
     record = _common(
         "event", ts=ts, worker=worker, queue=queue, message_id=message_id, group=group,
-        lease=lease, attempt=None, call=None,
+        lease=lease, attempt=None, call=None, request_id=request_id,
     )  # fmt: skip
     record.update(event=event, reason=reason)
     return record

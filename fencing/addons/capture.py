@@ -2,6 +2,9 @@
 happened: passed, refused by auth (407), tagging (400) or a guard, answered by mimicry, or failed
 upstream (the `error` hook: the worker got a 502 with the reason, the record has `error`).
 
+A record's `request_id` is the worker's `X-Strictq-Request-Id` tag: the id of the request that sent the
+message the call was made for (null for untagged calls and workers that do not send it).
+
 Records name the tagged queue as delivery records do: `queue` is the name the worker sees and `face` the
 face of the tag's reference (`queue`, or `dedupq` for an EmoDB dedup queue), so a dedup queue's calls
 are not taken for those of the plain queue of the same name, and `--queue NAME` searches find both.
@@ -179,6 +182,7 @@ class Capture:
             lease=ctx.lease,
             attempt=ctx.attempt,
             call=ctx.call,
+            request_id=ctx.request_id,
         )
         record.update(
             tenant=ctx.tenant,

@@ -1,6 +1,9 @@
 """Tagging addon: which message a call is made for. The SDK adds `X-Strictq-Queue`, `-Message-Id`,
 `-Group`, `-Lease` (the claim's fencing token), `-Attempt` and `-Call` (the ordinal within the attempt,
-counted by the SDK, never by the proxy) to every outbound call of a handler.
+counted by the SDK, never by the proxy) to every outbound call of a handler, and `-Request-Id` (the id
+of the request that sent the message, protocol.request_ids) when its delivery carried one; capture
+writes it into the call's record as `request_id`. It fences nothing: a malformed one is a malformed tag
+all the same (400), so a record never holds a request id the gateway would not have given.
 
 `X-Strictq-Queue` is a queue reference, the poll item's `queue_ref` echoed: `NAME` for the queue face
 (`/queue/1`, shared with SQS; what every SDK sent before faces) or `dedupq/NAME` for an EmoDB dedup queue
@@ -23,6 +26,8 @@ from mitmproxy.addonmanager import Loader
 from fencing.context import BadQueueReference, CallContext, ensure_context, parse_queue_ref, refuse
 from fencing.runtime import ProxyRuntime
 from protocol import errors, headers
+from protocol.request_ids import RULE as REQUEST_ID_RULE
+from protocol.request_ids import is_request_id
 from wirelog.record import ACTION_BLOCK
 
 PREFIX = headers.TAG_PREFIX.lower().encode()
@@ -33,6 +38,7 @@ HEADER_NAMES = {
     "lease": headers.LEASE,
     "attempt": headers.ATTEMPT,
     "call": headers.CALL,
+    "request_id": headers.REQUEST_ID_TAG,  # optional: only when the delivery carried one
 }
 TAGS: dict[bytes, str] = {name.lower().encode(): field for field, name in HEADER_NAMES.items()}
 NUMERIC = frozenset({"lease", "attempt", "call"})
@@ -138,6 +144,11 @@ def parse_into(ctx: CallContext, found: list[tuple[bytes, bytes]], max_bytes: in
             except BadQueueReference as exc:
                 problems.append(f"{header}: {exc}")
                 continue
+        elif field == "request_id":
+            if not is_request_id(text):
+                problems.append(f"{header} must be {REQUEST_ID_RULE}")
+                continue
+            ctx.request_id = text
         else:
             setattr(ctx, field, text)
     ctx.tagged = True

@@ -37,6 +37,9 @@ class MessageInserted:
     extra: bytes  # opaque to the core: face-specific attributes (e.g. SQS MessageAttributes)
     available_at: float
     digest: bytes | None  # content hash, kept for dedup queues only
+    # The sending request's id, stored beside the body (last, with a default: cluster frames written
+    # before it existed decode without it, cluster.codec)
+    request_id: str | None = None
 
 
 @dataclass(slots=True)

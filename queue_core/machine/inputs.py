@@ -18,6 +18,9 @@ class SendRequest:
     delay: float | None = None
     content_type: str = ""
     extra: bytes = b""
+    # The id of the request that sent it (protocol.request_ids; the faces check it): kept with the body,
+    # never in the core's per-message memory, and handed back with each delivery (Received.request_id).
+    request_id: str | None = None
 
 
 OUTCOMES = ("succeeded", "failed", "partial", "not_attempted")
@@ -37,6 +40,7 @@ class AttemptResult:
     partial: Any = None
     fields: Any = None  # free-form structured fields (log data only)
     duration_ms: float | None = None
+    request_id: str | None = None  # the id of the request that sent the message (its delivery's): log data
     # A garbled result (queue_core.results.parse_results, lenient per item): why it could not be read.
     # A probe's fails the probe; a real message's refuses the whole request with this error.
     error: QueueError | None = None

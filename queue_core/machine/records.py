@@ -262,6 +262,7 @@ class Received:
     content_type: str
     extra: bytes
     probe: bool = False  # a dummy message of failure management (queue_core.failures), not the core's
+    request_id: str | None = None  # the id of the request that sent it (kept with the body, not the core)
 
 
 @dataclass(slots=True)

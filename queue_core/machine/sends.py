@@ -103,6 +103,7 @@ class Sends:
                 request.extra,
                 available_at,
                 digest,
+                request.request_id,
             )
         )
         if dedup_key is not None and attrs.dedup_window > 0:

@@ -128,11 +128,16 @@ def result_item(
     partial: Any = None,
     fields: Mapping[str, Any] | None = None,
     duration_ms: float | None = None,
+    request_id: str | None = None,
 ) -> dict[str, Any]:
     """One entry of `POST /queue/1/{queue}/results`, within the contract's bounds: what is over them is
-    left out (and named in `fields._dropped`) rather than making the gateway refuse the whole report."""
+    left out (and named in `fields._dropped`) rather than making the gateway refuse the whole report.
+    `request_id`: the id of the request that sent the message, as its delivery carried it (the result's
+    wire-log `log` record names it)."""
     assert outcome in OUTCOMES, outcome
     item: dict[str, Any] = {"id": message_id, "token": _token(token), "outcome": outcome}
+    if request_id is not None:
+        item["request_id"] = request_id
     if reason:
         item["reason"] = _truncate(reason, MAX_REASON_BYTES)
     if signature:

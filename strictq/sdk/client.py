@@ -53,6 +53,7 @@ API_KEY_HEADER = headers.API_KEY
 LEASE_HEADER = headers.LEASE
 GROUP_HEADER = headers.GROUP
 CAPABILITIES_HEADER = headers.CAPABILITIES
+REQUEST_ID_HEADER = headers.REQUEST_ID
 
 
 class EmoClient:
@@ -173,14 +174,27 @@ class EmoClient:
 
     # -- producer side ---------------------------------------------------------------------------------
 
-    async def send(self, queue: str, message: Any, *, group: str | None = None) -> None:
+    async def send(
+        self, queue: str, message: Any, *, group: str | None = None, request_id: str | None = None
+    ) -> None:
+        """`request_id`: the request's `X-Request-Id` (protocol.request_ids); None: the gateway makes one."""
         params = {"group": group} if group is not None else None
-        await self._call("POST", f"/{_q(queue)}/send", params=params, body=message)
+        await self._call(
+            "POST", f"/{_q(queue)}/send", params=params, body=message, headers=_request_id(request_id)
+        )
 
-    async def send_batch(self, batches: Mapping[str, Sequence[Any]], *, group: str | None = None) -> None:
-        """EmoDB `_sendbatch`: `{"<queue>": [messages]}`, one group (or none) for the whole request."""
+    async def send_batch(
+        self,
+        batches: Mapping[str, Sequence[Any]],
+        *,
+        group: str | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        """EmoDB `_sendbatch`: `{"<queue>": [messages]}`, one group (or none) for the whole request;
+        `request_id` as for `send` (every message of the request keeps it)."""
         params = {"group": group} if group is not None else None
-        await self._call("POST", "/_sendbatch", params=params, body={q: list(m) for q, m in batches.items()})
+        body = {q: list(m) for q, m in batches.items()}
+        await self._call("POST", "/_sendbatch", params=params, body=body, headers=_request_id(request_id))
 
     # -- worker side -----------------------------------------------------------------------------------
 
@@ -282,3 +296,7 @@ def _count(answer: Any, what: str) -> int:
 
 def _lease(token: int | str | None) -> dict[str, str]:
     return {} if token is None or token == "" else {LEASE_HEADER: str(token)}
+
+
+def _request_id(request_id: str | None) -> dict[str, str] | None:
+    return {REQUEST_ID_HEADER: request_id} if request_id is not None else None

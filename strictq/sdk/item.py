@@ -3,9 +3,11 @@
 clear error naming the item and the field.
 
 The EmoDB face's poll answer (gateway/emodb.py) is a list of objects:
-`{"id", "payload", "group", "seq", "token", "attempt", "queue_ref", "probe"?, "history"?}`. Only `id` is
-required (a plain EmoDB server sends `id` and `payload`): no `group` means the message is its own group,
-no `token` means an unfenced claim, no `attempt` (or `receive_count`, an older name) means the first.
+`{"id", "payload", "group", "seq", "token", "attempt", "queue_ref", "probe"?, "history"?, "request_id"?}`.
+Only `id` is required (a plain EmoDB server sends `id` and `payload`): no `group` means the message is its
+own group, no `token` means an unfenced claim, no `attempt` (or `receive_count`, an older name) means the
+first. `request_id` (the id of the request that sent the message, for pollers declaring `request_ids`)
+is kept only when well formed (protocol.request_ids): it is a diagnostic, and never worth failing over.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from protocol.request_ids import is_request_id
 
 from .attempt import EMPTY_HISTORY, History
 from .errors import MalformedPollItem
@@ -32,6 +36,7 @@ class PollItem:
     queue_ref: str | None = None
     probe: bool = False
     history: History = EMPTY_HISTORY
+    request_id: str | None = None  # the id of the request that sent the message (None: not given)
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -70,6 +75,7 @@ class PollItem:
         history = item.get("history")
         if history is not None and not isinstance(history, dict):
             raise wrong("history", "an object")
+        request_id = item.get("request_id")
         return cls(
             id=message_id,
             payload=item.get("payload"),
@@ -80,6 +86,7 @@ class PollItem:
             queue_ref=queue_ref or None,
             probe=probe,
             history=History.from_poll(history),
+            request_id=request_id if is_request_id(request_id) else None,
             raw=item,
         )
 

@@ -4,7 +4,8 @@ proxy fences the call.
 
 The tags (docs/contracts.md, *Headers*): `X-Strictq-Queue`, `X-Strictq-Message-Id`, `X-Strictq-Group`,
 `X-Strictq-Lease` (the claim's fencing token), `X-Strictq-Attempt` and `X-Strictq-Call` (the ordinal of
-the call within the attempt, 1, 2, ...). `X-Strictq-Queue` is the poll item's `queue_ref`, echoed as
+the call within the attempt, 1, 2, ...), and `X-Strictq-Request-Id` (the id of the request that sent the
+message) when the delivery carried one. `X-Strictq-Queue` is the poll item's `queue_ref`, echoed as
 the gateway gave it (`orders`, or `dedupq/orders` for an EmoDB dedup queue, whose floors the proxy keeps
 apart from the plain queue's); from a gateway without it, the worker's queue name (the plain queue face).
 A response the proxy makes itself carries `X-Strictq-Proxy-Action`; on `stale-lease` and `block` the
@@ -27,6 +28,7 @@ from yarl import URL
 
 from protocol import headers
 from protocol.errors import parse_error
+from protocol.request_ids import is_request_id
 from wirelog.record import ACTION_BLOCK, ACTION_STALE_LEASE
 
 log = logging.getLogger("strictq.sdk")
@@ -37,6 +39,7 @@ H_GROUP = headers.GROUP
 H_LEASE = headers.LEASE
 H_ATTEMPT = headers.ATTEMPT
 H_CALL = headers.CALL
+H_REQUEST_ID = headers.REQUEST_ID_TAG
 H_PROXY_ACTION = headers.PROXY_ACTION
 TAG_HEADERS = headers.TAGS
 CANCELLING_ACTIONS = frozenset({ACTION_STALE_LEASE, ACTION_BLOCK})
@@ -56,12 +59,21 @@ class Tags:
     """One attempt at one message, as outbound calls see it: the tag values, the call counter, and the
     task to cancel when the proxy fences a call."""
 
-    def __init__(self, queue: str, message_id: str, group: str, token: int | str, attempt: int) -> None:
+    def __init__(
+        self,
+        queue: str,
+        message_id: str,
+        group: str,
+        token: int | str,
+        attempt: int,
+        request_id: str | None = None,
+    ) -> None:
         self.queue = queue
         self.message_id = message_id
         self.group = group
         self.token = str(token)
         self.attempt = attempt
+        self.request_id = request_id  # of the request that sent the message (X-Strictq-Request-Id)
         self.calls = 0
         self.task: asyncio.Task[Any] | None = None
         self.abort_reason: str | None = None
@@ -74,11 +86,19 @@ class Tags:
         has no `queue_ref` (an older gateway)."""
         ref = item.get("queue_ref")
         reference = ref if isinstance(ref, str) and ref else queue
-        return cls(reference, item["id"], group, item.get("token", ""), attempt)
+        request_id = item.get("request_id")
+        return cls(
+            reference,
+            item["id"],
+            group,
+            item.get("token", ""),
+            attempt,
+            request_id if is_request_id(request_id) else None,
+        )
 
     def next_headers(self) -> dict[str, str]:
         self.calls += 1
-        return {
+        tags = {
             H_QUEUE: self.queue,
             H_MESSAGE_ID: self.message_id,
             H_GROUP: self.group,
@@ -86,6 +106,9 @@ class Tags:
             H_ATTEMPT: str(self.attempt),
             H_CALL: str(self.calls),
         }
+        if self.request_id is not None:
+            tags[H_REQUEST_ID] = self.request_id
+        return tags
 
     def note_failure(self, method: str, url: str, status: int | None, action: str | None) -> None:
         """A tagged call failed (no answer, >= 400, or the proxy answered it): the attempt's signature,

@@ -17,6 +17,11 @@ one after another in order, and each entry's `SendResult.status` is:
 - `skipped`: not sent because an earlier entry of the same group did not go through (sending it would
   break the group's order).
 
+Each request gets a request id made here (`X-Request-Id`, protocol.request_ids), the same on every retry
+of that request; every message the request sent keeps it, its deliveries carry it to workers and the wire
+log's records of the message name it, so `SendResult.request_id` is what to log to find them later
+(`strictq search --request-id`).
+
 Entries without a group are sent without one: the queue gives each its own group (unordered traffic).
 A request that cannot have been applied (the connection was refused, 429, an answer marked retriable) is
 retried with full jitter for up to `retry_for` seconds (strictq.sdk.retry); one whose fate is open (no
@@ -33,6 +38,8 @@ import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from protocol.request_ids import new_request_id
 
 from .client import EmoClient
 from .config import ClientConfig
@@ -55,6 +62,7 @@ class SendResult:
     entry: Entry
     status: Status
     error: GatewayError | None = None
+    request_id: str | None = None  # the X-Request-Id of the request the entry went out (or was tried) in
 
     @property
     def ok(self) -> bool:
@@ -134,21 +142,22 @@ class Producer:
             batch = {queue: [items[i].payload for i in idx] for queue, idx in by_queue.items()}
             retry = Retry(f"send to {', '.join(by_queue)}", 0.05, 1.0, idempotent=False)
             deadline = asyncio.get_running_loop().time() + self.retry_for
+            request_id = new_request_id()  # one per request, kept across its retries
             try:
-                send = functools.partial(self._client.send_batch, batch, group=group)
+                send = functools.partial(self._client.send_batch, batch, group=group, request_id=request_id)
                 await retry.call(send, deadline=deadline)
             except SetupError:
                 raise
             except GatewayError as exc:
                 for index, status in _statuses(exc, chunk, by_queue):
-                    results[index] = SendResult(index, items[index], status, exc)
+                    results[index] = SendResult(index, items[index], status, exc, request_id)
                 if group is not None:  # the rest of this group would overtake what did not go through
                     for index in indexes[start + self.max_batch :]:
                         results[index] = SendResult(index, items[index], "skipped", exc)
                     return
                 continue
             for index in chunk:
-                results[index] = SendResult(index, items[index], "sent")
+                results[index] = SendResult(index, items[index], "sent", request_id=request_id)
 
     # ------------------------------------------------------------------------------------ buffered sends
 

@@ -12,9 +12,12 @@
     await worker.run()                         # until stop()
 
 What it does, against the gateway's EmoDB face:
-- Polls with a claim ttl, declaring `X-Strictq-Capabilities: results, probes` on every poll (it reports
-  attempt results and handles probes: failure management applies to it; without the results route, or
-  with `report_results=False`, it declares nothing and gets plain EmoDB semantics). An empty poll is
+- Polls with a claim ttl, declaring `X-Strictq-Capabilities: results, probes, request_ids` on every poll
+  (it reports attempt results and handles probes: failure management applies to it; without the results
+  route, or with `report_results=False`, it declares only `request_ids` and gets plain EmoDB semantics).
+  `request_ids`: each item names the request that sent its message (`msg.request_id`), which the worker
+  passes on in its outbound calls' tags and its results, so the wire log ties them to the producer's
+  request. An empty poll is
   followed by a bounded backoff (0.05 s doubling to 0.5 s). A poll that fails for a transient reason
   (gateway down, 5xx, 429: strictq.sdk.retry decides) backs off with full jitter (`backoff`, default 0.1 s
   doubling to 30 s, reset by a poll that works), logged once per step of the backoff, not per retry. A
@@ -114,6 +117,7 @@ MAX_BACKOFF = 0.5
 MAX_ERROR_BACKOFF = 1.0  # retries of one ack / report / renew within the claim's ttl
 CAPABILITY_RESULTS = "results"  # X-Strictq-Capabilities: the worker reports attempt results
 CAPABILITY_PROBES = "probes"  # ... and handles probes (failure management's dummy messages)
+CAPABILITY_REQUEST_IDS = "request_ids"  # ... and wants each message's sending request id (no semantics)
 EXIT_SIGINT = 130  # 128 + SIGINT, the shell's convention for Ctrl-C
 EXIT_FAILED = 1  # a worker could not go on (WorkerError)
 EXIT_CONFIG = 2  # settings missing or invalid (ConfigError), as the CLI's usage errors
@@ -137,6 +141,7 @@ class Message:
     raw: dict[str, Any] = field(default_factory=dict, repr=False)  # the poll item's JSON (PollItem.raw)
     probe: bool = False  # a dummy message of failure management: exercise the handler path, no real work
     history: History = EMPTY_HISTORY  # prior failed attempts' log data (empty on a first delivery)
+    request_id: str | None = None  # the id of the request that sent the message (the producer's)
     steps: list[dict[str, Any]] = field(default_factory=list)  # completed in this attempt (use step())
     partial: Any = None  # this attempt's partial results (JSON): reported when it fails
     fields: dict[str, Any] = field(default_factory=dict)  # free-form structured fields for the log data
@@ -281,11 +286,12 @@ class Worker:
     @property
     def capabilities(self) -> tuple[str, ...]:
         """What the worker declares on every poll (`X-Strictq-Capabilities`): it reports attempt results
-        and handles probes (with `probe=` or, without one, with the handler). Nothing once it is known
-        not to report (`report_results=False`, or a gateway without the results route)."""
+        and handles probes (with `probe=` or, without one, with the handler), and it takes each message's
+        sending request id. Only the last once it is known not to report (`report_results=False`, or a
+        gateway without the results route): request ids change no semantics."""
         if self.report_results is False:
-            return ()
-        return (CAPABILITY_RESULTS, CAPABILITY_PROBES)
+            return (CAPABILITY_REQUEST_IDS,)
+        return (CAPABILITY_RESULTS, CAPABILITY_PROBES, CAPABILITY_REQUEST_IDS)
 
     @property
     def exit_code(self) -> int:
@@ -606,7 +612,9 @@ class _GroupRun:
         attempt = polled.attempt
         token = polled.token if polled.token is not None else ""
         # X-Strictq-Queue echoes the item's queue_ref (the worker's queue name from an older gateway)
-        tags = Tags(polled.queue_ref or worker.queue, polled.id, self.group, token, attempt)
+        tags = Tags(
+            polled.queue_ref or worker.queue, polled.id, self.group, token, attempt, polled.request_id
+        )
         session = worker._session(tags)
         probe = polled.probe
         message = Message(
@@ -622,6 +630,7 @@ class _GroupRun:
             raw=dict(polled.raw),
             probe=probe,
             history=polled.history,
+            request_id=polled.request_id,
         )
         self.current = tags
         loop = asyncio.get_running_loop()
@@ -675,7 +684,10 @@ class _GroupRun:
         if worker.report_results is not False:
             item = self._failed_item(polled, message, error, tags, duration_ms)
             why = f"an earlier message of the group failed ({polled.id})"
-            rest = [result_item(r.id, r.token, "not_attempted", reason=why) for r in self.held[1:]]
+            rest = [
+                result_item(r.id, r.token, "not_attempted", reason=why, request_id=r.request_id)
+                for r in self.held[1:]
+            ]
             if await self._report([item, *rest], reason) is not None:
                 worker.stats.note(reason)
                 return False
@@ -703,6 +715,7 @@ class _GroupRun:
             partial=partial,
             fields=fields,
             duration_ms=duration_ms,
+            request_id=polled.request_id,
         )
 
     async def _succeeded(self, polled: PollItem, message: Message, duration_ms: float) -> bool:
@@ -716,6 +729,7 @@ class _GroupRun:
                 partial=message.partial,
                 fields=message.fields,
                 duration_ms=duration_ms,
+                request_id=polled.request_id,
             )
             reported = await self._report([item], f"message {polled.id} succeeded")
             if reported is not None:
@@ -803,7 +817,10 @@ class _GroupRun:
         worker = self.worker
         held = list(self.held)
         if worker.report_results is not False:
-            items = [result_item(r.id, r.token, "not_attempted", reason=reason) for r in held]
+            items = [
+                result_item(r.id, r.token, "not_attempted", reason=reason, request_id=r.request_id)
+                for r in held
+            ]
             reported = await self._report(items, f"{len(items)} message(s) handed back")
             if reported is not None:
                 if self.held and self.lost is None:  # refused: release what is left the old way
