@@ -1,6 +1,8 @@
 """The edge application: one aiohttp app with the SQS JSON face at `POST /` and the EmoDB face under
-`/queue/1` and `/dedupq/1`, in front of the queue core (in-process by default). The search route over the
-wire-log index is spark's: the composition root (strictq.serve) mounts it beside these."""
+`/queue/1` and `/dedupq/1`, in front of the queue core (in-process by default), with the admin routes,
+/metrics and the operator's dashboard (gateway.dashboard) where the core runs. The search route over the
+wire-log index is spark's: the composition root (strictq.serve) mounts it beside these and hands the
+dashboard the index."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ Routes (all HTML but the static files):
   searches the index (a bad value: 400 with the page saying why);
 - `POST /dashboard/login` (form field `key`), `POST /dashboard/logout` (form field `csrf`);
 - `GET /dashboard/panels`: the page's panels alone, for its refresh (needs `X-Strictq-CSRF`);
-- `GET /dashboard/static/{dashboard.js,dashboard.css}`.
+- `GET /dashboard/static/{dashboard.js,dashboard.css,favicon.svg}`.
 
 Who sees what: exactly what the key's scope sees on the admin routes (queue_core.scope): an `admin` its
 tenant, an `operator` every tenant; other roles cannot log in. Sessions, the cookie and CSRF:
@@ -60,7 +60,7 @@ MAX_LOGIN_BODY = 8 * 1024
 SEARCH_BY = ("message_id", "group", "worker")
 SEARCH_LIMIT = "200"  # records of one search shown at most
 MAX_SEARCH = 256
-STATIC = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+STATIC = {"dashboard.js": "text/javascript", "dashboard.css": "text/css", "favicon.svg": "image/svg+xml"}
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
@@ -168,6 +168,7 @@ def _templates() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        auto_reload=False,  # read once: the templates are package data
     )
     env.filters["age"] = age
     return env
