@@ -182,11 +182,13 @@ def age(seconds: Any) -> str:
     """A duration as people read it: `0`, `850 ms`, `42 s`, `5 min 07 s`, `3 h 20 min`, `2 d 4 h`."""
     if not isinstance(seconds, int | float) or seconds <= 0:
         return "0"
-    if seconds < 1:
+    if seconds < 0.9995:
         return f"{seconds * 1000:.0f} ms"
-    if seconds < 60:
-        return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
-    minutes, secs = divmod(int(seconds), 60)
+    if seconds < 9.95:  # what rounds to 10.0 is shown as 10 s
+        return f"{seconds:.1f} s"
+    if seconds < 59.5:
+        return f"{seconds:.0f} s"
+    minutes, secs = divmod(round(seconds), 60)
     if minutes < 60:
         return f"{minutes} min {secs:02d} s"
     hours, minutes = divmod(minutes, 60)

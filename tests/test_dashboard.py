@@ -390,12 +390,13 @@ def test_sparkline_and_ages() -> None:
     assert sparkline([], 100, 20) == ""
     assert sparkline([0.0, 5.0, 10.0], 100, 20, pad=0) == "0.0,20.0 50.0,10.0 100.0,0.0"
     assert sparkline([5.0], 100, 20, top=10.0, pad=0) == "0.0,10.0 100.0,10.0"
-    assert [age(s) for s in (0, -1, None, 0.25, 4.25, 42, 307, 12_000, 200_000)] == [
+    assert [age(s) for s in (0, -1, None, 0.25, 4.25, 9.97, 42, 307, 12_000, 200_000)] == [
         "0",
         "0",
         "0",
         "250 ms",
         "4.2 s",
+        "10 s",
         "42 s",
         "5 min 07 s",
         "3 h 20 min",
