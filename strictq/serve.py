@@ -332,6 +332,8 @@ async def serve(options: ServeOptions) -> None:
         f" -H 'Content-Type: application/json' {url}/queue/1/orders/send --data-binary '{{\"order\": 1}}'",
         flush=True,
     )
+    if options.core_here:  # the operator's dashboard runs where the core runs (gateway.dashboard)
+        print(f"strictq: dashboard {url}/dashboard (log in with STRICTQ_ADMIN_KEY of {env_path})", flush=True)
     try:
         await stop.wait()
     finally:

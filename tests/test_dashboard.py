@@ -5,6 +5,7 @@ The browser end of it is tests/test_dashboard_browser.py (real chromium against 
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import ssl
@@ -446,3 +447,51 @@ def test_failure_signatures_count_the_window_within_a_scope() -> None:
         "last_reason": "latest",
     }
     assert [f["count"] for f in monitor.failure_signatures(85, lambda q: q.startswith("t1."))] == [1]
+
+
+async def test_an_operator_sees_the_indexs_error_cases(dash: Browserless, tmp_path: Path) -> None:
+    """`strictq errors` writes its report beside the index; operators see its top signatures (they span
+    tenants), a tenant's admin failure management's figures of its own queues."""
+    from spark import layout
+    from spark.errors import ERRORS_FILE, ErrorReport
+
+    index = tmp_path / "index"  # the dash fixture's PageIndex
+    signature = {
+        "signature": "http POST api.payments.example/v1/charges/{id}/capture 5xx",
+        "kind": "http",
+        "template": "payment <*> failed",
+        "count": 168,
+        "first_seen": 1.0,
+        "last_seen": 2.0,
+        "groups": 40,
+        "group_sample": ["customer-0"],
+        "exemplars": ["c98c5e9c-9abf-4302-a807-1c15a9ab70e0"],
+    }
+    report = ErrorReport(signatures=[signature], templates=[], failures=168, records=9762)
+    layout.write_atomic(index / layout.ERRORS_DIR / ERRORS_FILE, json.dumps(report.to_json()).encode())
+    (index / layout.STATE_FILE).write_text("{}")
+    cookie, _ = await dash.as_("operator-1")
+    _, page = await dash.get("/dashboard", cookie)
+    errors = page[page.index('id="errors"') :]
+    assert "from the index: 168 failure(s) in 9762 record(s)" in errors
+    assert "api.payments.example/v1/charges/{id}/capture 5xx" in errors and "c98c5e9c-9abf" in errors
+    assert 'id="no-index"' not in page
+    cookie, _ = await dash.as_("admin-1")
+    _, page = await dash.get("/dashboard", cookie)
+    errors = page[page.index('id="errors"') :]
+    assert "from failure management" in errors and "api.payments.example" not in errors
+
+
+async def test_a_gateway_without_the_core_says_where_the_dashboard_is() -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from gateway.app import make_gateway_app
+    from queue_core.remote import RemoteQueueService
+
+    service = RemoteQueueService("http://127.0.0.1:9")  # never started: nothing is asked of it
+    app = make_gateway_app(service, KeyRing(list(KEYS)))
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        answer = await client.get("/dashboard")
+        assert answer.status == 404 and "runs where the queue core runs" in await answer.text()
+        answer = await client.post("/dashboard/login", data={"key": OPERATOR.secret})
+        assert answer.status == 404  # nothing to log in to
