@@ -42,7 +42,6 @@ from queue_core.service import QueueService
 
 from .dashboard_history import INTERVAL, BacklogHistory
 from .dashboard_session import (
-    COOKIE,
     CSRF_FIELD,
     CSRF_HEADER,
     DASHBOARD_ROLES,
@@ -50,6 +49,7 @@ from .dashboard_session import (
     SessionStore,
     clear_cookie,
     csrf_ok,
+    session_cookie,
     session_middleware,
     set_cookie,
 )
@@ -221,7 +221,7 @@ def _login_form(request: web.Request, error: str | None = None, status: int = 20
 
 # -------------------------------------------------------------------------------------------- sessions
 def _session(request: web.Request) -> tuple[Session, Credential] | None:
-    return request.app[DASHBOARD].sessions.find(request.cookies.get(COOKIE))
+    return request.app[DASHBOARD].sessions.find(session_cookie(request))
 
 
 def _scope(request: web.Request, credential: Credential) -> Scope:
@@ -266,7 +266,7 @@ async def login(request: web.Request) -> web.StreamResponse:
             f"A {credential.role} key cannot open the dashboard: use an admin or operator key.",
             403,
         )
-    dashboard.sessions.close(request.cookies.get(COOKIE))  # a new session id at every login
+    dashboard.sessions.close(session_cookie(request))  # a new session id at every login
     session_id, _ = dashboard.sessions.open(credential)
     log.info("dashboard: %s (%s) logged in from %s", credential.id, credential.role, peer)
     response = _see_dashboard()
@@ -283,7 +283,7 @@ async def logout(request: web.Request) -> web.StreamResponse:
         token = form.get(CSRF_FIELD)
         if not _same_origin(request) or not csrf_ok(found[0], token if isinstance(token, str) else None):
             return _message(request, "Log out with the page's button (the form's token did not match).", 403)
-        request.app[DASHBOARD].sessions.close(request.cookies.get(COOKIE))
+        request.app[DASHBOARD].sessions.close(session_cookie(request))
         log.info("dashboard: %s logged out", found[1].id)
     response = _see_dashboard()
     clear_cookie(response, request)

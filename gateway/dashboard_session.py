@@ -6,9 +6,9 @@ a cookie instead of the key (browsers cannot send `X-BV-API-Key` on a navigation
   when it was opened and last used. A session ends after `idle` seconds unused, `lifetime` seconds after
   login, at logout, when the key file no longer holds its credential with an allowed role, and when the
   process stops. At most `limit` sessions exist; the least recently used goes first.
-- The cookie (`strictq_dashboard`) is HttpOnly, SameSite=Strict, Path=/, Secure whenever the gateway
-  serves TLS (with `--insecure-http` the browser would drop a Secure cookie), and has no Max-Age: it
-  goes with the browser session, and the server side expires it anyway.
+- The cookie (`__Host-strictq_dashboard` over TLS, `strictq_dashboard` with `--insecure-http`, where the
+  browser would drop a Secure cookie) is HttpOnly, SameSite=Strict, Path=/, Secure over TLS, and has no
+  Max-Age: it goes with the browser session, and the server side expires it anyway.
 - `session_middleware` lets the dashboard's page call the admin routes (`/admin/...`) with that cookie:
   a request carrying no key but a live session cookie and the session's CSRF token in `X-Strictq-CSRF` is
   authenticated as the session's credential (queue_core.admin_http.AUTHENTICATED), so every route keeps
@@ -37,6 +37,9 @@ from protocol.errors import Forbidden
 from queue_core.admin_http import AUTHENTICATED, error_response
 
 COOKIE = "strictq_dashboard"
+# Over TLS the cookie is `__Host-strictq_dashboard`: browsers then take it only with Secure and Path=/ and
+# without Domain, so neither plain HTTP nor another host name can set or shadow it.
+SECURE_COOKIE = "__Host-" + COOKIE
 CSRF_HEADER = "X-Strictq-CSRF"
 CSRF_FIELD = "csrf"  # the token's form field (logout)
 IDLE = 30 * 60.0
@@ -133,12 +136,25 @@ def _digest(session_id: str) -> str:
     return hashlib.sha256(session_id.encode("utf-8", "replace")).hexdigest()
 
 
+def cookie_name(request: web.BaseRequest) -> str:
+    return SECURE_COOKIE if request.secure else COOKIE
+
+
+def session_cookie(request: web.BaseRequest) -> str | None:
+    """The value of the request's session cookie, if it has one."""
+    return request.cookies.get(cookie_name(request))
+
+
 def set_cookie(response: web.StreamResponse, request: web.Request, session_id: str) -> None:
-    response.set_cookie(COOKIE, session_id, path="/", httponly=True, secure=request.secure, samesite="Strict")
+    response.set_cookie(
+        cookie_name(request), session_id, path="/", httponly=True, secure=request.secure, samesite="Strict"
+    )
 
 
 def clear_cookie(response: web.StreamResponse, request: web.Request) -> None:
-    response.del_cookie(COOKIE, path="/", secure=request.secure, httponly=True, samesite="Strict")
+    response.del_cookie(
+        cookie_name(request), path="/", secure=request.secure, httponly=True, samesite="Strict"
+    )
 
 
 def session_middleware(store: SessionStore) -> Middleware:
@@ -150,9 +166,9 @@ def session_middleware(store: SessionStore) -> Middleware:
             request.path.startswith("/admin/")
             and headers.API_KEY not in request.headers
             and "Authorization" not in request.headers
-            and COOKIE in request.cookies
+            and cookie_name(request) in request.cookies
         ):
-            found = store.find(request.cookies[COOKIE])
+            found = store.find(session_cookie(request))
             if found is not None:  # an unknown or expired session: the route answers 401 as to anyone
                 session, credential = found
                 if not csrf_ok(session, request.headers.get(CSRF_HEADER)):

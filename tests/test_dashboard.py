@@ -22,7 +22,7 @@ from health_support import CREDENTIALS, QUEUE, Health, running_health, until
 from access.keys import Credential, KeyRing
 from gateway.dashboard import age
 from gateway.dashboard_history import BacklogHistory, sparkline
-from gateway.dashboard_session import COOKIE, CSRF_HEADER, SessionStore
+from gateway.dashboard_session import CSRF_HEADER, SECURE_COOKIE, SessionStore
 from queue_core.machine.effects import AttemptRecorded
 from queue_core.machine.gauges import QueueGauges
 from queue_core.machine.health import HealthMonitor, HealthSettings
@@ -47,7 +47,7 @@ class Browserless:
             self.health.url + "/dashboard/login", data={"key": secret}, allow_redirects=False
         ) as answer:
             text = await answer.text()
-            cookie = answer.cookies.get(COOKIE)
+            cookie = answer.cookies.get(SECURE_COOKIE)
             return answer.status, text, cookie.value if cookie is not None else None
 
     async def as_(self, key_id: str) -> tuple[str, str]:
@@ -76,7 +76,7 @@ class Browserless:
     ) -> tuple[int, str, aiohttp.ClientResponse]:
         sent = dict(headers or {})
         if cookie is not None:
-            sent["Cookie"] = f"{COOKIE}={cookie}"
+            sent["Cookie"] = f"{SECURE_COOKIE}={cookie}"
         if csrf is not None:
             sent[CSRF_HEADER] = csrf
         async with self.session.request(
@@ -146,7 +146,7 @@ async def test_a_login_sets_a_strict_session_cookie(
     ) as answer:
         assert answer.status == 303 and answer.headers["Location"] == "/dashboard"
         raw = answer.headers["Set-Cookie"]
-    morsel = SimpleCookie(raw)[COOKIE]
+    morsel = SimpleCookie(raw)[SECURE_COOKIE]
     assert len(morsel.value) >= 40  # 32 random bytes
     assert (
         morsel["httponly"] and morsel["secure"] and morsel["samesite"] == "Strict" and morsel["path"] == "/"
@@ -259,7 +259,7 @@ async def test_logout_needs_the_token_and_ends_the_session(dash: Browserless) ->
     status, page = await dash.get("/dashboard", cookie)
     assert status == 200 and 'id="panels"' in page  # still logged in
     status, _, answer = await dash.request("POST", "/dashboard/logout", cookie, data={"csrf": csrf})
-    assert status == 303 and answer.cookies[COOKIE].value == ""
+    assert status == 303 and answer.cookies[SECURE_COOKIE].value == ""
     status, page = await dash.get("/dashboard", cookie)
     assert status == 200 and 'id="panels"' not in page and 'action="/dashboard/login"' in page
     status, _, _ = await dash.request("GET", "/admin/v1/fences", cookie, csrf)
@@ -276,7 +276,7 @@ async def test_a_login_from_another_origin_is_refused(dash: Browserless) -> None
         data={"key": dash.health.secret("admin-1")},
         headers={"Origin": "https://evil.example"},
     )
-    assert status == 403 and COOKIE not in answer.cookies and "own page" in page
+    assert status == 403 and SECURE_COOKIE not in answer.cookies and "own page" in page
 
 
 # ---------------------------------------------------------------------------------------------- tenancy
