@@ -19,7 +19,7 @@ PORT ?= 8443
 PROXY_PORT ?=
 DATA_DIR ?= var/strictq
 
-.PHONY: help run cluster test demo bench lint venv clean nats-server
+.PHONY: help run cluster test demo bench lint venv clean nats-server chromium
 
 help:
 	@echo "make run    set up .venv (Python 3.12) and start strictq serve (HTTPS gateway + queue core) on $(HOST):$(PORT)"
@@ -49,6 +49,13 @@ nats-server:
 	  echo "installing Debian's nats-server (the cluster's JetStream)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq nats-server >/dev/null; }
 
+# The dashboard's end-to-end test (tests/test_dashboard_browser.py) drives Debian's chromium headless through
+# Playwright (in the [test] extra), never a browser Playwright would download; installed when missing.
+chromium:
+	@command -v chromium >/dev/null || test -x /usr/lib/chromium/chromium || { \
+	  echo "installing Debian's chromium (the dashboard's browser test)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium >/dev/null; }
+
 cluster: $(STAMP) nats-server
 	$(VENV)/bin/strictq cluster up --nodes 3 --host $(HOST) --port $(PORT) $(if $(PROXY_PORT),--proxy-port $(PROXY_PORT) )--data-dir $(DATA_DIR)-cluster
 
@@ -64,7 +71,7 @@ TEST_WORKERS ?= 3
 TEST_TMP ?= $(shell [ "$$(df --output=avail -k /dev/shm 2>/dev/null | tail -n 1)" -gt 4194304 ] 2>/dev/null \
   && echo /dev/shm/strictq-test-$$(id -u)-$$(echo $(CURDIR) | sha256sum | cut -c1-8))
 
-test: $(STAMP) nats-server
+test: $(STAMP) nats-server chromium
 	env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache \
 	  $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 \
 	  $(if $(TEST_TMP),--basetemp $(TEST_TMP)) $(PYTEST_ARGS) $(if $(TEST_TMP),&& rm -rf $(TEST_TMP))

@@ -1,6 +1,8 @@
 """The edge application: one aiohttp app with the SQS JSON face at `POST /` and the EmoDB face under
-`/queue/1` and `/dedupq/1`, in front of the queue core (in-process by default). The search route over the
-wire-log index is spark's: the composition root (strictq.serve) mounts it beside these."""
+`/queue/1` and `/dedupq/1`, in front of the queue core (in-process by default), with the admin routes,
+/metrics and the operator's dashboard (gateway.dashboard) where the core runs. The search route over the
+wire-log index is spark's: the composition root (strictq.serve) mounts it beside these and hands the
+dashboard the index."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from queue_core.service import QueueService
 from . import emodb, sqs
 from .admission_metrics import AdmissionCollector
 from .app_keys import BACKPRESSURE, KEYS, MAX_EDGE_BODY, ROUTER, SERVICE
+from .dashboard import StoryIndex, add_dashboard, add_dashboard_elsewhere
 from .deliveries import DELIVERIES, DeliveryLog
 from .limits_http import add_limit_routes
 from .rate_limits import TenantRateLimiter
@@ -56,11 +59,13 @@ def make_gateway_app(
     receipt_key: Path | None = None,
     sqs_regions: Collection[str] | None = None,
     limiter: TenantRateLimiter | None = None,
+    story_index: StoryIndex | None = None,
 ) -> web.Application:
     """`deliveries`: write a wire-log record per message handed to a worker (gateway.deliveries).
     `receipt_key`: the file of the SQS receipt-handle key (gateway.sqs_receipts); None: in memory.
     `sqs_regions`: the regions SQS requests may be signed for (gateway.sqs_regions); None: any.
-    `limiter`: per-tenant send rates (gateway.rate_limits); None: unlimited, not kept on disk."""
+    `limiter`: per-tenant send rates (gateway.rate_limits); None: unlimited, not kept on disk.
+    `story_index`: the wire-log index the operator's dashboard searches (gateway.dashboard); None: none."""
     requests = RequestCounter()  # outermost: it counts the status the client gets
     app = web.Application(client_max_size=MAX_EDGE_BODY, middlewares=[requests.middleware, json_http_errors])
     add_request_ids(app)  # every answer names its request's id (X-Request-Id; SQS: x-amzn-RequestId)
@@ -84,7 +89,10 @@ def make_gateway_app(
         hub = control or (failures.hub if failures is not None else ControlHub(service))
         add_admin_routes(app, hub, keys, failures)  # failures: failure management's routes and hooks
         registry.register(CoreCollector(service, hub, keys))
-    elif control is not None:  # a cluster's gateway: floors from the queue servers, fences here
-        add_admin_routes(app, control, keys)
+        add_dashboard(app, service, hub, keys, failures, story_index)  # GET /dashboard
+    else:
+        if control is not None:  # a cluster's gateway: floors from the queue servers, fences here
+            add_admin_routes(app, control, keys)
+        add_dashboard_elsewhere(app)  # the dashboard runs where the core runs
     add_metrics_route(app, registry, keys)
     return app

@@ -35,6 +35,10 @@ ADMIN_KEYS = web.AppKey("strictq_admin_keys", KeyRing)
 # True on a core without tenants (the queue server): its untenanted queues and unknown workers are shown
 # to every admin of its key file (queue_core.scope); absent: operators only.
 UNTENANTED = web.AppKey("strictq_untenanted", bool)
+# A credential an outer layer of the app has already authenticated for this request, without a key in its
+# headers: the operator's dashboard (gateway.dashboard_session) sets it for a request carrying its session
+# cookie and the session's CSRF token. The role check below still applies.
+AUTHENTICATED = web.RequestKey("strictq_authenticated", Credential)
 MAX_FENCE_BODY = 64 * 1024
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -66,11 +70,17 @@ def authenticate(request: web.Request, roles: tuple[str, ...]) -> Credential:
     if secret is None:
         scheme, _, value = request.headers.get("Authorization", "").partition(" ")
         secret = value.strip() if scheme.lower() == "bearer" else None
-    if not secret:
-        raise Unauthorized("send an admin, operator or proxy key in X-BV-API-Key (or Authorization: Bearer)")
-    credential = request.app[ADMIN_KEYS].by_secret(secret)
-    if credential is None:
-        raise Unauthorized("unknown key")
+    credential: Credential | None
+    if secret:
+        credential = request.app[ADMIN_KEYS].by_secret(secret)
+        if credential is None:
+            raise Unauthorized("unknown key")
+    else:
+        credential = request.get(AUTHENTICATED)
+        if credential is None:
+            raise Unauthorized(
+                "send an admin, operator or proxy key in X-BV-API-Key (or Authorization: Bearer)"
+            )
     if credential.role not in roles:
         raise Forbidden(f"role {credential.role!r} may not use this route (needs {' or '.join(roles)})")
     return credential

@@ -120,14 +120,12 @@ def _int_query(request: web.Request, name: str, default: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------ handlers
-@_errors_as_json
-async def status(request: web.Request) -> web.StreamResponse:
-    scope = scope_of(request, READ_ROLES)
-    manager = request.app[FAILURES]
-    latest = _int_query(request, "events", 20)
+def scoped_status(manager: FailureManager, scope: Scope, latest: int = 20) -> dict[str, Any]:
+    """`GET /admin/v1/status`'s document as the caller sees it (also the operator's dashboard's): its
+    tenant's workers, fences, queues (named as it names them), events, counts and probes."""
     view = manager.status(latest=latest)
     if scope.operator:
-        return json_response(view)
+        return view
     view["workers"] = [w for w in view["workers"] if scope.sees_worker(w["worker"])]
     view["operator_fences"] = [f for f in view["operator_fences"] if scope.sees_worker(f["worker"])]
     queues = []
@@ -147,7 +145,13 @@ async def status(request: web.Request) -> web.StreamResponse:
         for probe in manager.monitor.probes.values()
         if scope.sees_queue(probe.queue) and (probe.worker is None or scope.sees_worker(probe.worker))
     )
-    return json_response(view)
+    return view
+
+
+@_errors_as_json
+async def status(request: web.Request) -> web.StreamResponse:
+    scope = scope_of(request, READ_ROLES)
+    return json_response(scoped_status(request.app[FAILURES], scope, _int_query(request, "events", 20)))
 
 
 @_errors_as_json

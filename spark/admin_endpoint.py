@@ -8,6 +8,9 @@ operator gets every record. Query parameters: `message_id`, `request_id`, `group
 never on the event loop. Errors are the one error body `{"error": {"code", "message", "details"?}}`
 (docs/errors.md): 400 `invalid_parameter` (`details.field` names it), 404 `no_index` (none built yet),
 409 `index_mismatch` (an index of another version or bucket count).
+
+`PageIndex` gives the operator's dashboard (gateway.dashboard) the same search, rendered as the lines
+`strictq search` prints, and the top known error cases `strictq errors` wrote beside the index.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -99,17 +103,27 @@ async def search_handler(request: web.Request) -> web.StreamResponse:
 
 async def _search(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request, READ_ROLES)
-    from wirelog.times import TimeParseError, parse_time
-
-    from .layout import IndexMismatch, IndexMissing
-    from .search import Query, QueryError
     from .story import story_json
 
-    params = request.query
+    result = await scoped_search(request.app[SEARCH_INDEX], parse_query(request.query), scope)
+    document = story_json(result)
+    if not scope.operator:
+        # The lookup counts files and rows read before the tenant filter: they would tell another
+        # tenant's admin whether a group, worker or message id exists. Only operators see them.
+        document.pop("lookup", None)
+    return web.Response(body=orjson.dumps(document), content_type="application/json")
+
+
+def parse_query(params: Mapping[str, str], now: float | None = None) -> Query:
+    """The search's query from the route's parameters; InvalidParameter (400, naming it) for a bad one."""
+    from wirelog.times import TimeParseError, parse_time
+
+    from .search import Query
+
     unknown = sorted(set(params) - set(_PARAMS))
     if unknown:
         raise InvalidParameter(f"unknown parameter(s): {', '.join(unknown)}")
-    now = time.time()
+    now = time.time() if now is None else now
     times: dict[str, float | None] = {"since": None, "until": None}
     for name in times:
         if name in params:
@@ -117,23 +131,30 @@ async def _search(request: web.Request) -> web.StreamResponse:
                 times[name] = parse_time(_time_text(params[name], name), now=now)
             except (TimeParseError, ValueError) as exc:
                 raise InvalidParameter(f"{name}: {exc}", name) from None
-    since, until = times["since"], times["until"]
     try:
         limit = _limit(params["limit"]) if "limit" in params else None
     except ValueError as exc:
         raise InvalidParameter(str(exc), "limit") from None
-    query = Query(
+    return Query(
         message_id=params.get("message_id"),
         request_id=params.get("request_id"),
         group=params.get("group"),
         worker=params.get("worker"),
         status=params.get("status"),
-        since=since,
-        until=until,
+        since=times["since"],
+        until=times["until"],
         limit=limit,
     )
+
+
+async def scoped_search(index: Path, query: Query, scope: Scope) -> SearchResult:
+    """The lookup in a thread, within the caller's scope; the refusals as this route's errors (an admin's
+    hide the server's paths)."""
+    from .layout import IndexMismatch, IndexMissing
+    from .search import QueryError
+
     try:
-        result = await asyncio.to_thread(_scoped_search, request.app[SEARCH_INDEX], query, scope)
+        return await asyncio.to_thread(_scoped_search, index, query, scope)
     except QueryError as exc:
         raise InvalidParameter(str(exc)) from None
     except IndexMissing as exc:
@@ -141,12 +162,54 @@ async def _search(request: web.Request) -> web.StreamResponse:
     except IndexMismatch as exc:
         hidden = "the search index needs a rebuild; ask an operator"
         raise IndexOutOfDate(str(exc) if scope.operator else hidden) from None
-    document = story_json(result)
-    if not scope.operator:
-        # The lookup counts files and rows read before the tenant filter: they would tell another
-        # tenant's admin whether a group, worker or message id exists. Only operators see them.
-        document.pop("lookup", None)
-    return web.Response(body=orjson.dumps(document), content_type="application/json")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PageIndex:
+    """The index as the operator's dashboard reads it (gateway.dashboard's `StoryIndex`): whether one is
+    built, a search's story as `strictq search` prints it, and the top known error cases."""
+
+    path: Path
+
+    def ready(self) -> bool:
+        from .layout import STATE_FILE
+
+        return (self.path / STATE_FILE).is_file()
+
+    async def story(self, params: Mapping[str, str], scope: Scope) -> dict[str, Any]:
+        """The summary and the lines `strictq search` prints, within the caller's scope. Raises this
+        route's errors (400 `invalid_parameter`, 404 `no_index`, 409 `index_mismatch`)."""
+        from .story import story_lines, summarize
+
+        result = await scoped_search(self.path, parse_query(params), scope)
+        return {
+            "query": result.query.to_json(),
+            "summary": summarize(result.rows),
+            "lines": story_lines(result),
+            "truncated": result.truncated,
+        }
+
+    def error_cases(self, scope: Scope, top: int = 10) -> dict[str, Any] | None:
+        """The top signatures `strictq errors` wrote beside the index; None when there are none yet, or
+        for a tenant's admin: they are counted over every tenant's records (signatures name hosts and
+        paths, exemplars message ids), so they are operators' only."""
+        from .errors import ERRORS_FILE
+        from .layout import ERRORS_DIR
+
+        if not scope.operator:
+            return None
+        try:
+            report = orjson.loads((self.path / ERRORS_DIR / ERRORS_FILE).read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return None
+        if not isinstance(report, dict) or not isinstance(report.get("signatures"), list):
+            return None
+        return {
+            "generated": report.get("generated"),
+            "records": report.get("records"),
+            "failures": report.get("failures"),
+            "signatures": [s for s in report["signatures"] if isinstance(s, dict)][:top],
+        }
 
 
 def _scoped_search(index: Path, query: Query, scope: Scope) -> SearchResult:

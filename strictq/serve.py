@@ -58,7 +58,7 @@ from queue_core.startup import (
     start_service,
     warn_loose_modes,
 )
-from spark.admin_endpoint import add_search_route
+from spark.admin_endpoint import PageIndex, add_search_route
 from strictq.startup_guard import Port, StartupLine, check_ports, data_dir_lock
 from wirelog import logsafe
 from wirelog.files import StartupError, file_faults, write_private
@@ -84,7 +84,8 @@ def make_edge_app(
     limiter: TenantRateLimiter | None = None,
 ) -> web.Application:
     """The gateway's app (gateway.app) with, given `index`, GET /admin/v1/search over the wire-log index
-    (spark.admin_endpoint; `strictq index` builds it) mounted beside its faces. `sqs_regions`: the regions
+    (spark.admin_endpoint; `strictq index` builds it) mounted beside its faces, and searched by the
+    operator's dashboard (gateway.dashboard). `sqs_regions`: the regions
     SQS requests may be signed for (gateway.sqs_regions); empty: any. `regions`: each request's client
     region is set for the backend (gateway.client_region; an edge of a cluster)."""
     app = make_gateway_app(
@@ -96,6 +97,7 @@ def make_edge_app(
         receipt_key=receipt_key,
         sqs_regions=sqs_regions,
         limiter=limiter,
+        story_index=PageIndex(index) if index is not None else None,  # the dashboard's search box
     )
     if index is not None:
         add_search_route(app, index, keys)
@@ -330,6 +332,8 @@ async def serve(options: ServeOptions) -> None:
         f" -H 'Content-Type: application/json' {url}/queue/1/orders/send --data-binary '{{\"order\": 1}}'",
         flush=True,
     )
+    if options.core_here:  # the operator's dashboard runs where the core runs (gateway.dashboard)
+        print(f"strictq: dashboard {url}/dashboard (log in with STRICTQ_ADMIN_KEY of {env_path})", flush=True)
     try:
         await stop.wait()
     finally:

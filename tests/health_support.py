@@ -23,6 +23,7 @@ from kit.until import until as until  # the kit's, re-exported for the failure-m
 from access.keys import Credential, KeyRing
 from fencing.control_client import ControlClient, ControlState
 from gateway.app import make_gateway_app
+from gateway.dashboard import StoryIndex
 from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
 from queue_core.machine.health import HealthSettings
@@ -165,10 +166,14 @@ async def health(tmp_path: Path) -> AsyncIterator[Health]:
 
 @contextlib.asynccontextmanager
 async def running_health(
-    tmp_path: Path, settings: HealthSettings = SETTINGS, keys: KeyRing | None = None
+    tmp_path: Path,
+    settings: HealthSettings = SETTINGS,
+    keys: KeyRing | None = None,
+    story_index: StoryIndex | None = None,
 ) -> AsyncIterator[Health]:
     """The gateway with failure management on, a control-stream client synchronised with it; `keys`:
-    another key file than CREDENTIALS' (it must hold admin-1)."""
+    another key file than CREDENTIALS' (it must hold admin-1); `story_index`: the wire-log index the
+    dashboard searches (spark.admin_endpoint.PageIndex)."""
     ca = trustme.CA()
     ca_file = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
@@ -181,7 +186,8 @@ async def running_health(
     wirelog = tmp_path / "wirelog"
     manager = FailureManager(service, hub, settings, wirelog=wirelog, alert_poll=0.05)
     keys = keys or KeyRing(list(CREDENTIALS))
-    runner = web.AppRunner(make_gateway_app(service, keys, failures=manager), access_log=None)
+    app = make_gateway_app(service, keys, failures=manager, story_index=story_index)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
     await site.start()

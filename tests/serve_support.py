@@ -6,6 +6,7 @@ import json
 import ssl
 import tomllib
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,14 +42,17 @@ class Serve(ChildProcess):
             return exc.code, json.loads(exc.read() or b"null")
 
 
-def start_serve(data_dir: Path, *extra: str, tls: bool = False) -> Serve:
-    """`strictq serve` on a free loopback port without the egress proxy; waits for its start-up lines."""
+def start_serve(
+    data_dir: Path, *extra: str, tls: bool = False, env: Mapping[str, str] | None = None
+) -> Serve:
+    """`strictq serve` on a free loopback port without the egress proxy; waits for its start-up lines.
+    `env`: more environment (e.g. a short wire-log segment age)."""
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     command = strictq("serve", "--port", "0", "--data-dir", str(data_dir), "--no-proxy")
     if not tls:
         command.append("--insecure-http")
     log_path = data_dir.parent / f"{data_dir.name}.serve.log"
-    serve = launch([*command, *extra], log_path, wait_for=[LISTENING, CLIENT_ENV], make=Serve)
+    serve = launch([*command, *extra], log_path, wait_for=[LISTENING, CLIENT_ENV], make=Serve, env=env)
     serve.data_dir = data_dir
     serve.url = serve.startup[LISTENING].split()[-1]
     ca = serve.value(CA)

@@ -840,3 +840,33 @@ class HealthMonitor:
                 }
             )
         return {"workers": workers, "queues": queues, "probes": len(self.probes)}
+
+    def failure_signatures(
+        self, now: float, within: Callable[[str], bool] | None = None, top: int = 10
+    ) -> list[dict[str, Any]]:
+        """The failed attempts still in the window, by signature (the operator's dashboard's top error
+        cases when no index is at hand): count, workers, queues, the latest reason and time, most frequent
+        first. `within`: only failures on queues it accepts (a tenant's); None: every queue."""
+        horizon = now - self.settings.window
+        found: dict[str, dict[str, Any]] = {}
+        for worker in self.workers.values():
+            for at, queue, signature, reason in worker.failures:
+                if at < horizon or (within is not None and not within(queue)):
+                    continue
+                entry = found.get(signature)
+                if entry is None:
+                    entry = found[signature] = {
+                        "signature": signature,
+                        "count": 0,
+                        "workers": set(),
+                        "queues": set(),
+                        "last_seen": at,
+                        "last_reason": reason,
+                    }
+                entry["count"] += 1
+                entry["workers"].add(worker.name)
+                entry["queues"].add(queue)
+                if at >= entry["last_seen"]:
+                    entry["last_seen"], entry["last_reason"] = at, reason
+        ranked = sorted(found.values(), key=lambda e: (-e["count"], -e["last_seen"], e["signature"]))
+        return [{**e, "workers": sorted(e["workers"]), "queues": sorted(e["queues"])} for e in ranked[:top]]

@@ -1,0 +1,387 @@
+"""What the operator's dashboard shows one caller, within its scope (queue_core.scope): plain data for the
+templates, read from the live core, the control hub and failure management, never from another tenant.
+
+Queues are named as the caller names them on the admin routes (an admin: `orders`, plus `face` for an
+EmoDB dedup queue; an operator: the core name `t1.orders`), so the page's actions call those routes with
+the names shown. Every list is capped (`MAX_ROWS`) so a large deployment gives a page of bounded size;
+the page says when rows were left out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from access.keys import KeyRing
+from access.permissions import fenceable
+from queue_core.control import ControlHub
+from queue_core.failures import FailureManager
+from queue_core.health_http import scoped_status
+from queue_core.machine.gauges import QueueGauges
+from queue_core.metrics_export import queue_labels
+from queue_core.scope import Scope
+from queue_core.service import QueueService
+from wirelog.times import format_time
+
+from .dashboard_history import BacklogHistory, sparkline
+
+MAX_ROWS = 200  # queues, workers, groups, parked groups and error cases shown at most
+MAX_PARKED_PER_QUEUE = 50
+EVENTS = 20
+CHART = (160.0, 28.0)  # width, height of a backlog-age chart
+HEALTH_FENCE = "health: "  # failure management's fences carry this reason prefix (queue_core.failures)
+
+
+@dataclass(slots=True)
+class Action:
+    """A button of the page: what it asks for confirmation, and the admin route it calls."""
+
+    kind: str  # fence | unfence | lift | suspend | resume | release
+    label: str
+    title: str  # the confirmation's question
+    method: str
+    path: str  # the admin route, path and query, escaped
+    fields: str = ""  # what the confirmation asks: "reason", "mode ttl reason"
+    danger: bool = False
+
+
+@dataclass(slots=True)
+class QueueRow:
+    name: str  # as the caller names it
+    tenant: str
+    face: str
+    visible: int
+    in_flight: int
+    delayed: int
+    groups: int
+    oldest_age: float
+    unattempted_age: float
+    suspended: bool
+    parked: int
+    chart: str  # polyline points of the oldest-message age
+    chart_unattempted: str
+    chart_max: float
+    samples: int
+    actions: list[Action] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class GroupRow:
+    queue: str
+    group: str
+    messages: int
+    oldest_age: float
+
+
+@dataclass(slots=True)
+class WorkerRow:
+    worker: str
+    state: str  # healthy | suspect | fenced | probing | blacklisted
+    failures: int
+    queue: str | None
+    reason: str | None
+    fence: str | None  # "block, by an operator: trying fences, until ..."
+    until: str | None
+    actions: list[Action] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class View:
+    who: str
+    tenant: str | None  # None: an operator (every tenant)
+    operator: bool
+    now: str
+    queues: list[QueueRow]
+    queues_hidden: int
+    groups: list[GroupRow]
+    workers: list[WorkerRow]
+    workers_hidden: int
+    suspended: list[dict[str, Any]]
+    parked: list[dict[str, Any]]
+    parked_hidden: int
+    errors: dict[str, Any]
+    events: list[dict[str, Any]]
+    health: bool  # failure management runs
+    index: bool  # a search index is built
+    counts: dict[str, int]
+
+
+def build_view(
+    scope: Scope,
+    service: QueueService,
+    hub: ControlHub,
+    keys: KeyRing,
+    failures: FailureManager | None,
+    history: BacklogHistory,
+    error_cases: dict[str, Any] | None,
+    index_ready: bool,
+) -> View:
+    now = service.clock()
+    status = scoped_status(failures, scope, EVENTS) if failures is not None else None
+    suspended_by_name = {
+        q["queue"]: q for q in (status["queues"] if status is not None else []) if q.get("suspended")
+    }
+    gauges = [g for g in service.gauges() if scope.sees_queue(g.name)] if service.ready else []
+    # The queues with the oldest backlog first: what an operator looks for.
+    gauges.sort(key=lambda g: (-g.oldest_age, g.name))
+    queues = [
+        _queue_row(scope, g, suspended_by_name, service, history, failures is not None)
+        for g in gauges[:MAX_ROWS]
+    ]
+    groups = sorted(
+        (
+            GroupRow(_shown(scope, g.name), group.name, group.messages, group.oldest_age)
+            for g in gauges
+            for group in g.top_groups
+        ),
+        key=lambda r: (-r.oldest_age, r.queue, r.group),
+    )[:MAX_ROWS]
+    workers = _workers(scope, hub, keys, status)
+    parked, parked_hidden = _parked(scope, service, gauges)
+    suspended = [
+        {**q, "since_text": format_time(q.get("since")), "actions": [_resume(scope, q["queue"])]}
+        for q in suspended_by_name.values()
+    ]
+    events = list(reversed(status["events"])) if status is not None else []
+    for event in events:
+        event["at_text"] = format_time(event.get("at"))
+    errors = _errors(scope, failures, error_cases, now)
+    held = sum(1 for w in workers if w.state in ("fenced", "probing", "blacklisted"))
+    return View(
+        who=scope.credential.id,
+        tenant=scope.tenant,
+        operator=scope.operator,
+        now=format_time(now),
+        queues=queues,
+        queues_hidden=max(0, len(gauges) - MAX_ROWS),
+        groups=groups,
+        workers=workers[:MAX_ROWS],
+        workers_hidden=max(0, len(workers) - MAX_ROWS),
+        suspended=suspended,
+        parked=parked,
+        parked_hidden=parked_hidden,
+        errors=errors,
+        events=events,
+        health=failures is not None,
+        index=index_ready,
+        counts={
+            "queues": len(gauges),
+            "messages": sum(g.visible + g.in_flight + g.delayed for g in gauges),
+            "held": held,
+            "suspended": len(suspended),
+            "parked": sum(q.parked for q in queues),
+        },
+    )
+
+
+# ---------------------------------------------------------------------------------------------- queues
+def _shown(scope: Scope, core: str) -> str:
+    return scope.queue_name(core) or core
+
+
+def _face_query(scope: Scope, core: str) -> dict[str, str]:
+    """`?face=dedupq` for an admin's EmoDB dedup queue (the retry routes' parameter); operators use core
+    names."""
+    face = queue_labels(core)[1]
+    return {} if scope.operator or face == "queue" else {"face": face}
+
+
+def _queue_row(
+    scope: Scope,
+    g: QueueGauges,
+    suspended: dict[str, dict[str, Any]],
+    service: QueueService,
+    history: BacklogHistory,
+    health: bool,
+) -> QueueRow:
+    tenant, face, _ = queue_labels(g.name)
+    name = _shown(scope, g.name)
+    series = history.series(g.name)
+    ages = [s.oldest_age for s in series]
+    unattempted = [s.unattempted_age for s in series]
+    top = max([*ages, *unattempted, 0.0])
+    width, height = CHART
+    row = QueueRow(
+        name=name,
+        tenant=tenant,
+        face=face,
+        visible=g.visible,
+        in_flight=g.in_flight,
+        delayed=g.delayed,
+        groups=g.groups,
+        oldest_age=g.oldest_age,
+        unattempted_age=g.oldest_unattempted_age,
+        suspended=name in suspended if face == "queue" or scope.operator else False,
+        parked=len(service.core.parked_groups(g.name)),
+        chart=sparkline(ages, width, height, top),
+        chart_unattempted=sparkline(unattempted, width, height, top),
+        chart_max=top,
+        samples=len(series),
+    )
+    # Failure management's suspend and resume name a queue of the queue face (operators: any core name).
+    if health and (face == "queue" or scope.operator):
+        row.actions.append(_resume(scope, name) if row.suspended else _suspend(scope, name))
+    return row
+
+
+def _queue_path(name: str, tail: str, query: dict[str, str] | None = None) -> str:
+    path = f"/admin/v1/queues/{quote(name, safe='')}/{tail}"
+    return f"{path}?{urlencode(query)}" if query else path
+
+
+def _suspend(scope: Scope, name: str) -> Action:
+    return Action(
+        "suspend",
+        "Suspend",
+        f"Suspend queue {name}? Nothing is delivered from it until it is resumed.",
+        "POST",
+        _queue_path(name, "suspend"),
+        "reason",
+        danger=True,
+    )
+
+
+def _resume(scope: Scope, name: str) -> Action:
+    return Action("resume", "Resume", f"Resume queue {name}?", "POST", _queue_path(name, "resume"))
+
+
+def _parked(
+    scope: Scope, service: QueueService, gauges: list[QueueGauges]
+) -> tuple[list[dict[str, Any]], int]:
+    rows: list[dict[str, Any]] = []
+    hidden = 0
+    for g in sorted(gauges, key=lambda g: g.name):
+        groups = service.core.parked_groups(g.name)
+        name = _shown(scope, g.name)
+        for group in groups[:MAX_PARKED_PER_QUEUE]:
+            if len(rows) >= MAX_ROWS:
+                hidden += 1
+                continue
+            release = Action(
+                "release",
+                "Release",
+                f"Release parked group {group} of queue {name}? Its messages are "
+                "delivered again, in order, with a fresh retry budget.",
+                "POST",
+                _queue_path(name, "groups/release", {"group": group, **_face_query(scope, g.name)}),
+            )
+            rows.append({"queue": name, "group": group, "actions": [release]})
+        hidden += max(0, len(groups) - MAX_PARKED_PER_QUEUE)
+    return rows, hidden
+
+
+# --------------------------------------------------------------------------------------------- workers
+def _workers(scope: Scope, hub: ControlHub, keys: KeyRing, status: dict[str, Any] | None) -> list[WorkerRow]:
+    """Every worker credential the caller sees (healthy unless said otherwise), with failure management's
+    view of it and its fence, plus workers failure management knows that the key file does not (an
+    operator's view)."""
+    health = {w["worker"]: w for w in (status["workers"] if status is not None else [])}
+    fences = {f.worker: f for f in hub.fences() if scope.sees_worker(f.worker)}
+    names = {c.id for c in keys.credentials if fenceable(c) and scope.sees_worker(c.id)}
+    names |= set(health) | set(fences)
+    rows = []
+    for name in sorted(names):
+        h = health.get(name, {})
+        fence = fences.get(name)
+        state = h.get("state", "healthy")
+        if fence is not None and state in ("healthy", "suspect"):
+            state = "fenced"  # an operator's fence: it acts at the proxy
+        fence_text = None
+        if fence is not None:
+            by = "failure management" if fence.reason.startswith(HEALTH_FENCE) else "an operator"
+            reason = fence.reason.removeprefix(HEALTH_FENCE)
+            fence_text = f"{fence.mode}, by {by}: {reason}"
+        until = None
+        if h.get("blacklisted_until"):
+            until = f"blacklisted until {format_time(h['blacklisted_until'])}"
+        elif fence is not None and fence.expires is not None:
+            until = f"fence until {format_time(fence.expires)}"
+        elif h.get("next_probe"):
+            until = f"probe at {format_time(h['next_probe'])}"
+        row = WorkerRow(
+            worker=name,
+            state=state,
+            failures=int(h.get("failures", 0)),
+            queue=h.get("queue"),
+            reason=h.get("reason"),
+            fence=fence_text,
+            until=until,
+        )
+        path = f"/admin/v1/fences/{quote(name, safe='')}"
+        known = keys.by_id(name)
+        if fence is not None:
+            row.actions.append(
+                Action("unfence", "Unfence", f"Lift the fence of worker {name}?", "DELETE", path)
+            )
+        elif known is not None and fenceable(known):
+            row.actions.append(
+                Action(
+                    "fence",
+                    "Fence",
+                    f"Fence worker {name}? The egress proxy blocks (or mimics) its calls.",
+                    "PUT",
+                    path,
+                    "mode ttl reason",
+                    danger=True,
+                )
+            )
+        if state == "blacklisted":
+            row.actions.append(
+                Action(
+                    "lift",
+                    "Lift blacklist",
+                    f"Lift the blacklist of worker {name}? It is probed again.",
+                    "DELETE",
+                    f"/admin/v1/blacklist/{quote(name, safe='')}",
+                )
+            )
+        rows.append(row)
+    order = {"blacklisted": 0, "probing": 1, "fenced": 2, "suspect": 3, "healthy": 4}
+    rows.sort(key=lambda r: (order.get(r.state, 5), r.worker))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- errors
+def _errors(
+    scope: Scope, failures: FailureManager | None, from_index: dict[str, Any] | None, now: float
+) -> dict[str, Any]:
+    """The top error cases: the index's (`strictq errors`) when the caller may see them, else failure
+    management's failed attempts still in its window, of the caller's queues."""
+    if from_index is not None:
+        cases = [
+            {
+                "signature": s.get("signature"),
+                "count": s.get("count"),
+                "detail": s.get("template") or "",
+                "last_seen": format_time(s.get("last_seen")),
+                "where": ", ".join(str(x) for x in (s.get("exemplars") or [])[:3]),
+            }
+            for s in from_index["signatures"]
+        ]
+        return {
+            "source": "index",
+            "note": f"from the index: {from_index.get('failures')} failure(s) in "
+            f"{from_index.get('records')} record(s), as of {format_time(from_index.get('generated'))}",
+            "cases": cases,
+        }
+    if failures is None:
+        return {"source": "none", "note": "failure management is off (--no-health)", "cases": []}
+    window = failures.settings.window
+    found = failures.monitor.failure_signatures(now, None if scope.operator else scope.sees_queue)
+    cases = [
+        {
+            "signature": f["signature"] or "(no signature)",
+            "count": f["count"],
+            "detail": f["last_reason"],
+            "last_seen": format_time(f["last_seen"]),
+            "where": ", ".join(_shown(scope, q) for q in f["queues"]) + " · " + ", ".join(f["workers"]),
+        }
+        for f in found
+    ]
+    return {
+        "source": "failures",
+        "note": f"failed attempts in the last {window:g} s, from failure management"
+        + ("" if scope.operator else "; the index's error cases are shown to operators"),
+        "cases": cases,
+    }
