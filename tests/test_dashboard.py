@@ -412,7 +412,11 @@ def test_the_backlog_history_is_bounded() -> None:
     now = [0.0]
 
     def gauge(name: str, age: float) -> QueueGauges:
-        return QueueGauges(name, 0, 0, 0, 0, age, age / 2, 0.0, 0, 0, 0, 0, 0, 0, ())
+        return QueueGauges(
+            name=name, visible=0, in_flight=0, delayed=0, groups=0, oldest_age=age,
+            oldest_unattempted_age=age / 2, first_attempt_wait=0.0, sent=0, received=0, deleted=0,
+            dead_lettered=0, empty_receives=0, expired=0, sidelined=0, top_groups=(),
+        )  # fmt: skip
 
     present = ["t1.a", "t1.b", "t1.c"]
     history = BacklogHistory(
