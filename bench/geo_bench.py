@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shlex
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,8 +30,7 @@ from typing import Any
 from scenarios.geo_clients import Consumer, EmoClient, Order, Producer, placement_history, quantile_ms
 from strictq.geo_sim import GeoWorld
 
-from .procstat import machine_facts
-from .scenarios import Progress, Settings
+from .scenarios import Progress, Settings, provenance
 
 ORIGIN = "eu"  # every partition is owned here before placement
 SCHEDULE = "00:00=eu,08:00=us,16:00=ap"
@@ -55,16 +52,7 @@ def run_geo_bench(st: Settings, progress: Progress) -> dict[str, Any]:
     )
     started = time.perf_counter()
     result = asyncio.run(_run(st, progress, sends, day, days))
-    from .run import code_version  # at run time: bench.run imports the scenarios, which import this
-
-    machine = machine_facts()
-    machine["code"] = code_version()
-    result.update(
-        quick=st.quick,
-        seconds=time.perf_counter() - started,
-        machine=machine,
-        command=" ".join(["python -m bench.run", *(shlex.quote(a) for a in sys.argv[1:])]),
-    )
+    result.update(provenance(st, started))
     return result
 
 

@@ -21,9 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import shlex
 import statistics
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -32,8 +30,7 @@ from typing import Any
 from scenarios.noisy_neighbour import Endpoint, TenantKeys, edge_flood, shared_queue
 from strictq.sdk.errors import GatewayError
 
-from .procstat import machine_facts
-from .scenarios import Progress, Settings
+from .scenarios import Progress, Settings, provenance
 from .servers import GatewayServer
 
 A_LIMIT = 100.0  # msg/s: A's (every tenant's) limit in the protected run; A offers 10x
@@ -103,16 +100,7 @@ def run_noisy_bench(st: Settings, progress: Progress) -> dict[str, Any]:
     cost = {which: statistics.median(rates) for which, rates in runs.items()}
     cost["runs"] = len(runs["on"])
     result["cost"] = cost
-    from .run import code_version
-
-    machine = machine_facts()
-    machine["code"] = code_version()
-    result.update(
-        quick=st.quick,
-        seconds=time.perf_counter() - started,
-        machine=machine,
-        command=" ".join(["python -m bench.run", *(shlex.quote(a) for a in sys.argv[1:])]),
-    )
+    result.update(provenance(st, started))
     return result
 
 

@@ -59,6 +59,24 @@ class Settings:
         return replace(base, **changes)
 
 
+def provenance(st: Settings, started: float) -> dict[str, Any]:
+    """Where a scenario's figures come from (its report section prints them: `--splice` may put it
+    beside older sections): quick or not, its duration, the machine, the code and the command line."""
+    import shlex
+
+    from .procstat import machine_facts
+    from .run import code_version  # at run time: bench.run imports the scenarios
+
+    machine = machine_facts()
+    machine["code"] = code_version()
+    return {
+        "quick": st.quick,
+        "seconds": time.perf_counter() - started,
+        "machine": machine,
+        "command": " ".join(["python -m bench.run", *(shlex.quote(a) for a in sys.argv[1:])]),
+    }
+
+
 def _measure(st: Settings, spec: LoadSpec, pid: int, progress: Progress, label: str) -> LoadSummary:
     """`repeat` closed-loop runs back to back on the same server; the median by end-to-end rate is kept
     (the machine is shared, so one run can be hit by unrelated load), with every run's rate recorded."""
