@@ -143,6 +143,34 @@ async def test_slow_handler_outlives_the_ttl_by_heartbeating(gateway: Gateway) -
     assert await size(gateway, "slow") == 0
 
 
+async def test_a_claim_whose_poll_answered_late_is_still_renewed(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loaded gateway answers the poll 0.4 s of a 0.6 s ttl late: the heartbeat must try a renew in the
+    time left rather than give the claim up unrenewed (a regression: it slept to the deadline)."""
+    real_poll = EmoClient.poll
+
+    async def late_poll(self: EmoClient, *args: Any, **kwargs: Any) -> Any:
+        answer = await real_poll(self, *args, **kwargs)
+        if answer:
+            await asyncio.sleep(0.4)
+        return answer
+
+    monkeypatch.setattr(EmoClient, "poll", late_poll)
+    done: list[str] = []
+
+    async def slow(msg: Message) -> None:
+        await asyncio.sleep(1.0)
+        done.append(msg.id)
+
+    await send(gateway, "late", [{"n": 1}], "g")
+    w1 = Worker("late", slow, config=config(gateway, "worker-1"), ttl=0.6)
+    async with asyncio.timeout(TEST_TIMEOUT), running(w1):
+        await until(lambda: w1.stats.acked == 1 or w1.stats.lost > 0, what="the ack or a loss")
+    assert w1.stats.lost == 0 and w1.stats.heartbeats >= 1 and len(done) == 1
+    assert await size(gateway, "late") == 0
+
+
 async def test_failed_message_is_released_and_redelivered_in_group_order(gateway: Gateway) -> None:
     order: list[str] = []
     failed_once: set[int] = set()

@@ -874,7 +874,10 @@ class _GroupRun:
             while True:
                 deadline = self.expires - margin
                 delay = min(interval / 4, 0.25) if failing else interval
-                await asyncio.sleep(max(0.0, min(loop.time() + delay, deadline) - loop.time()))
+                # Wake no later than halfway to the deadline, so a claim whose poll answered late (a loaded
+                # gateway) still gets a renew attempt with time for its round trip before it is given up.
+                delay = min(delay, (deadline - loop.time()) / 2)
+                await asyncio.sleep(max(0.0, delay))
                 if not self.held or self.lost is not None:
                     return
                 if loop.time() >= deadline:
