@@ -10,6 +10,9 @@ API_KEY = "X-BV-API-Key"  # the credential's secret (EmoDB's header; admin and i
 GROUP = "X-Strictq-Group"  # the strict order group of a send
 LEASE = "X-Strictq-Lease"  # a claim's fencing token (ack, renew; a tagged outbound call)
 CAPABILITIES = "X-Strictq-Capabilities"  # what a worker's poll takes part in (`results, probes`)
+# The software version a worker runs (the SDK's `Worker(version=...)`), on its polls: group routing gives a
+# rollout's canary share of groups only to workers of the canary version (docs/fleet.md).
+WORKER_VERSION = "X-Strictq-Worker-Version"
 
 # The worker's tags on outbound calls (the SDK adds them, the egress proxy reads and strips them).
 QUEUE = "X-Strictq-Queue"  # the poll item's `queue_ref`

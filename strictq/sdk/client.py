@@ -53,6 +53,7 @@ API_KEY_HEADER = headers.API_KEY
 LEASE_HEADER = headers.LEASE
 GROUP_HEADER = headers.GROUP
 CAPABILITIES_HEADER = headers.CAPABILITIES
+WORKER_VERSION_HEADER = headers.WORKER_VERSION
 REQUEST_ID_HEADER = headers.REQUEST_ID
 
 
@@ -206,6 +207,7 @@ class EmoClient:
         limit: int,
         wait: float | None = None,
         capabilities: Sequence[str] = (),
+        version: str = "",
     ) -> list[PollItem]:
         """Claim up to `limit` messages for `ttl` seconds (None: the queue's default). `capabilities` (e.g.
         `("results", "probes")`) are declared in `X-Strictq-Capabilities`: the worker opts in to failure
@@ -213,7 +215,9 @@ class EmoClient:
         An answer that is not a list of poll items raises `MalformedPollItem` (naming the item and field;
         its `items` are the ones of the answer that could be read, claimed all the same)."""
         params = {"limit": str(limit)} if ttl is None else {"ttl": f"{ttl:g}", "limit": str(limit)}
-        headers = {CAPABILITIES_HEADER: ", ".join(capabilities)} if capabilities else None
+        headers = {CAPABILITIES_HEADER: ", ".join(capabilities)} if capabilities else {}
+        if version:
+            headers[WORKER_VERSION_HEADER] = version
         timeout = None
         if wait is not None:
             params["wait"] = f"{wait:g}"

@@ -198,8 +198,11 @@ class Worker:
         probe: Handler | None = None,
         report_results: bool | None = None,
         backoff: tuple[float, float] = (0.1, 30.0),
+        version: str = "",
     ) -> None:
-        """`probe`: the handler for probes (failure management's dummy messages; default: `handler`).
+        """`version`: the software version this worker runs, named on its polls (`X-Strictq-Worker-Version`)
+        so group routing can give a rollout's canary share only to the canary version's workers.
+        `probe`: the handler for probes (failure management's dummy messages; default: `handler`).
         `report_results`: report attempt results (log data) to the gateway; None (default) does when the
         gateway has the route and falls back to acks and releases when it has not; False never does (and
         the worker then declares no capability: plain EmoDB semantics, no failure management).
@@ -238,6 +241,7 @@ class Worker:
         # the core's retry policy delays retries; a proxy refusal pauses polling instead (`backoff`).
         self.retry_backoff = retry_backoff
         self.backoff = backoff
+        self.version = version
         self._polls = Retry(f"poll of {queue}", *backoff, log_steps=True)  # gateway down, 5xx, 429
         self._refusals = Backoff(*backoff)  # calls the egress proxy refused (block, stale-lease, 407)
         self._refusal_epoch = 0  # +1 per counted refusal: claims polled before it belong to that episode
@@ -371,7 +375,12 @@ class Worker:
 
             async def poll(limit: int = limit) -> list[PollItem]:
                 return await gateway.poll(
-                    self.queue, ttl=self.ttl, limit=limit, wait=self.wait, capabilities=self.capabilities
+                    self.queue,
+                    ttl=self.ttl,
+                    limit=limit,
+                    wait=self.wait,
+                    capabilities=self.capabilities,
+                    version=self.version,
                 )
 
             try:  # transient failures are retried (full jitter, logged once per step): strictq.sdk.retry
