@@ -64,6 +64,7 @@ from access.keys import Credential
 from access.permissions import Permission, allowed, ends_any_claim, require, visible_name
 from protocol import headers
 from protocol.errors import StrictqError, error_body
+from protocol.headers import WORKER_VERSION as WORKER_VERSION_HEADER
 from queue_core.backend import QueueBackend
 from queue_core.http_errors import client_gone, json_response
 from queue_core.http_errors import error_response as render_error
@@ -81,6 +82,7 @@ from queue_core.machine import (
 from queue_core.machine.attributes import QueueAttributes
 from queue_core.machine.capabilities import HEADER as CAPABILITIES_HEADER
 from queue_core.machine.capabilities import parse_header as parse_capabilities
+from queue_core.machine.capabilities import with_version
 from queue_core.machine.text import DECIMAL_RE, INTEGER_RE, check_name
 from queue_core.results import outcome_json, parse_results
 from queue_core.scope import internal_name
@@ -107,6 +109,7 @@ MAX_TOKEN = (1 << 63) - 1
 MOVE_STATUS = {"running": "IN_PROGRESS", "done": "COMPLETE", "failed": "ERROR"}
 # Headers of this face whose values reach the core or the logs.
 CHECKED_HEADERS = (GROUP_HEADER, LEASE_HEADER)
+
 
 # ---------------------------------------------------------------------------------- errors, one place
 class FaceError(StrictqError):
@@ -444,6 +447,9 @@ async def poll(call: Call) -> web.StreamResponse:
     # Extension: the SDK's opt-in to failure management (`X-Strictq-Capabilities: results, probes`); a
     # plain EmoDB client declares nothing and keeps EmoDB's semantics (docs/failure-management.md).
     capabilities = parse_capabilities(call.request.headers.getall(CAPABILITIES_HEADER, []))
+    # Extension: the version the worker runs (the SDK's `Worker(version=...)`), for group routing.
+    version = call.request.headers.get(WORKER_VERSION_HEADER)
+    capabilities = with_version(capabilities, version, WORKER_VERSION_HEADER)
     try:
         received = await call.service_for_queue(queue).receive(
             queue, limit=limit, ttl=ttl, worker=call.credential.id, wait=wait, capabilities=capabilities

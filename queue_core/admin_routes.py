@@ -18,6 +18,7 @@ from .control import ControlHub
 from .failures import FailureManager
 from .health_http import add_health_routes
 from .retry_http import add_retry_routes
+from .routing_http import add_routing_routes
 from .service import QueueService
 
 
@@ -43,6 +44,7 @@ def add_admin_routes(
         add_retry_routes(app, hub.service)  # release, redrive and policies of groups (the retry workflow)
     if failures is not None:
         add_health_routes(app, failures)
+        add_routing_routes(app)  # group routing and rollouts (docs/fleet.md)
 
     async def start(app: web.Application) -> None:
         await hub.start()

@@ -37,7 +37,7 @@ from .machine import (
     error_from_dict,
     parse_receipt,
 )
-from .machine.capabilities import PLAIN, Capabilities
+from .machine.capabilities import PLAIN, Capabilities, with_version
 from .machine.capabilities import parse_list as parse_capabilities
 from .machine.inputs import AttemptResult
 from .machine.records import Received, ReportOutcome
@@ -246,6 +246,8 @@ def encode_receive(request: ReceiveRequest) -> dict[str, Any]:
         body["probes"] = False
     if request.capabilities != PLAIN:  # the poller's declaration, forwarded as it was made
         body["capabilities"] = request.capabilities.tokens()
+    if request.capabilities.version:
+        body["version"] = request.capabilities.version
     return body
 
 
@@ -256,7 +258,9 @@ def decode_receive(data: dict[str, Any]) -> ReceiveRequest:
         ttl=number(data, "ttl", None),
         wait=number(data, "wait", 0.0) or 0.0,
         probes=data.get("probes", True) is not False,
-        capabilities=parse_capabilities(data.get("capabilities")),
+        capabilities=with_version(
+            parse_capabilities(data.get("capabilities")), data.get("version"), "version"
+        ),
     )
 
 

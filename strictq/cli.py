@@ -18,6 +18,7 @@ from .health_cli import add_settings_arguments as add_health_arguments
 from .health_cli import register as register_health_commands
 from .limits_cli import register as register_limits_commands
 from .limits_cli import register_protections
+from .rollout_cli import register as register_rollout_commands
 
 INIT_HELP = (
     "start with an empty store although the data dir shows an earlier one (a marker, development keys, "
@@ -370,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_admin_commands(commands)  # strictq fence / unfence / fences
     register_limits_commands(commands)  # strictq limits [list|set|clear]
     register_protections(commands)  # strictq protections QUEUE
+    register_rollout_commands(commands)  # strictq routing QUEUE, strictq rollout {start,status,revert}
     register_health_commands(commands)  # strictq status / suspend / resume / unblacklist
     register_cluster_commands(commands)  # strictq cluster up / status / move / urls
     from wirelog.cli import register as register_wirelog  # strictq wirelog tail / grep (stdlib imports only)

@@ -41,8 +41,6 @@ KEY_FILE_OPTION = "strictq_keys"  # declared by the auth addon
 CONTROL_PATH = "/admin/v1/control"
 
 
-
-
 def control_credential(ring: KeyRing, path: str, key_id: str = "") -> Credential:
     """The credential the proxy reads the control stream with: `key_id`'s, else the key file's first
     `proxy`-role credential (the proxy's own identity). OptionsError names what is missing."""

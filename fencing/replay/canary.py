@@ -14,7 +14,8 @@ so the control-message issue can add the rollout without touching replay:
   (`promote`, `hold`, `rollback`) against the stage's divergence budget; `DEFAULT_STAGES` are the
   patent's 1% for 24 h, then 2% for 12 h.
 
-Nothing here sends control messages, changes fences or moves traffic.
+Nothing here sends control messages, changes fences or moves traffic: `strictq rollout` (strictq.rollout_cli)
+does, with `failure_gate` judging each live step from failure management's figures.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from dataclasses import dataclass
 
 from fencing.replay.compare import MessageComparison, compare_message
 from fencing.replay.stories import MessageStory
-from queue_core.machine.groups import group_hash
+from queue_core.machine.routing import BUCKETS, in_share
 
-BUCKETS = 10_000  # percent resolution: 0.01 %
+__all__ = ["BUCKETS", "in_canary"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +49,9 @@ class CanaryVerdict:
 
 
 def in_canary(group: str, percent: float) -> bool:
-    """Whether the canary processes this group at `percent` (stable, monotonic in `percent`)."""
-    if percent <= 0:
-        return False
-    return group_hash(group) % BUCKETS < percent * BUCKETS / 100.0
+    """Whether the canary processes this group at `percent` (stable, monotonic in `percent`): the core's
+    routing share (queue_core.machine.routing.in_share), so a live rollout and its replay pick alike."""
+    return in_share(group, percent)
 
 
 def compare_live(reference: MessageStory, candidate: MessageStory, *, attempts: int = 1) -> MessageComparison:
@@ -74,3 +74,48 @@ def evaluate(
     return CanaryVerdict(
         "hold", compared, diverged, "the stage has not run long enough or seen enough messages"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """A side's attempt results in a live rollout step (GET /admin/v1/queues/{q}/routing's `versions`)."""
+
+    succeeded: int = 0
+    failed: int = 0
+    fenced: int = 0  # of the side's workers
+
+    @property
+    def attempts(self) -> int:
+        return self.succeeded + self.failed
+
+    @property
+    def failure_rate(self) -> float:
+        return self.failed / self.attempts if self.attempts else 0.0
+
+
+def failure_gate(
+    canary: Tally,
+    rest: Tally,
+    *,
+    elapsed: float,
+    duration: float,
+    min_attempts: int,
+    max_increase: float,
+) -> CanaryVerdict:
+    """A live step's verdict from failure management's figures: roll back at once when a canary worker is
+    fenced, or when (with `min_attempts` seen) the canary fails more than `max_increase` above the rest's
+    rate; promote once the step ran `duration` with `min_attempts` judged; hold otherwise."""
+    if canary.fenced:
+        return CanaryVerdict(
+            "rollback", canary.attempts, canary.failed, f"{canary.fenced} canary worker(s) fenced"
+        )
+    if canary.attempts >= min_attempts and canary.failure_rate > rest.failure_rate + max_increase:
+        reason = (
+            f"canary failure rate {canary.failure_rate:.1%} over the rest's {rest.failure_rate:.1%}"
+            f" + {max_increase:.1%}"
+        )
+        return CanaryVerdict("rollback", canary.attempts, canary.failed, reason)
+    if elapsed >= duration and canary.attempts >= min_attempts:
+        return CanaryVerdict("promote", canary.attempts, canary.failed, "the step ran clean for its duration")
+    waiting = "its duration" if elapsed < duration else f"{min_attempts - canary.attempts} more attempts"
+    return CanaryVerdict("hold", canary.attempts, canary.failed, f"waiting for {waiting}")

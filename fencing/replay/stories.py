@@ -326,7 +326,9 @@ class StoryBuilder:
             name = (
                 event.get("event")
                 if event.get("kind") == "event"
-                else RESULT_EVENTS.get(outcome) if isinstance(outcome, str) else None
+                else RESULT_EVENTS.get(outcome)
+                if isinstance(outcome, str)
+                else None
             )
             if name not in ("ack", "release", "fail", "not-attempted", TIMEOUT_EVENT):
                 continue

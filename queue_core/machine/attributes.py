@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .errors import InvalidArgument
+from .routing import NO_ROUTING, RoutingTable, parse_routing
 from .text import check_json
 
 KIB = 1024
@@ -84,6 +85,12 @@ class QueueAttributes:
     pools_per_tenant: int = 2  # pools each tenant is hashed onto
     sideline_age: float = 0.0  # seconds: an older head sends its group to the spillover lane (0: off)
     sideline_rate: float = 0.0  # messages/s per tenant: sends over it sideline their group (0: off)
+    # Group routing (queue_core/machine/routing.py, docs/fleet.md): pins of group ranges to workers and a
+    # rollout's canary share by worker version, as JSON ({"pins": [...], "canary": {...}}); None: off.
+    routing: Any = None
+    # The queue's rollout as `strictq rollout` last wrote it ({version, steps, step, state, ...}; None: none):
+    # kept with the attributes so `strictq rollout status` and a restarted controller find it.
+    rollout: Any = None
 
     def validate(self) -> QueueAttributes:
         _check_range("visibility_timeout", self.visibility_timeout, 0, 12 * 3600)
@@ -109,6 +116,7 @@ class QueueAttributes:
         if self.on_expiry not in ON_EXPIRY:
             raise InvalidArgument(f"on_expiry must be one of {', '.join(ON_EXPIRY)}", field="on_expiry")
         _check_scheduling(self)
+        _check_routing(self)
         self.retry_policy().validate()
         return self
 
@@ -122,6 +130,11 @@ class QueueAttributes:
             or self.sideline_age
             or self.sideline_rate
         )
+
+    @property
+    def routing_table(self) -> RoutingTable:
+        """The parsed `routing` (NO_ROUTING when off); validate() has checked it."""
+        return parse_routing(self.routing)
 
     @property
     def lifetime(self) -> float:
@@ -264,6 +277,27 @@ def _check_scheduling(attrs: QueueAttributes) -> None:
                 f"{name} works per tenant: set tenant_separator too (groups named <tenant>:<rest>)",
                 field=name,
             )
+
+
+ROUTING_FIELDS = ("routing",)
+MAX_ROLLOUT = 4096
+
+
+def _check_routing(attrs: QueueAttributes) -> None:
+    if attrs.rollout is not None:
+        if not isinstance(attrs.rollout, dict):
+            raise InvalidArgument("rollout must be an object", field="rollout")
+        check_json(attrs.rollout, "rollout")
+        if len(json.dumps(attrs.rollout, allow_nan=False)) > MAX_ROLLOUT:
+            raise InvalidArgument(f"rollout must be at most {MAX_ROLLOUT} bytes of JSON", field="rollout")
+    table = parse_routing(attrs.routing)
+    if table != NO_ROUTING and attrs.scheduled:
+        # Routes and tenant lanes are two different splits of the ready groups; combining them (lanes per
+        # route) is not built yet, so the combination is refused rather than half-honoured.
+        raise InvalidArgument(
+            "routing (pins, canary) cannot be combined with tenant fairness settings on one queue yet",
+            field="routing",
+        )
 
 
 def _check_range(name: str, value: float, low: float, high: float) -> None:

@@ -13,6 +13,7 @@ nothing (boto3, the AWS CLI, curl, any EmoDB client) gets plain queue semantics.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -40,6 +41,9 @@ class Capabilities:
     results: bool = False
     probes: bool = False
     request_ids: bool = False  # poll items name the request that sent each message (a face's rendering)
+    # The software version the worker runs (`X-Strictq-Worker-Version`, the internal API's `version`): not a
+    # token but carried with the declaration, for group routing's canary share (routing.py). "": unnamed.
+    version: str = ""
 
     @property
     def participates(self) -> bool:
@@ -76,6 +80,22 @@ def _from_tokens(tokens: Iterable[str], field: str) -> Capabilities:
             )
         seen.add(token)
     return Capabilities(results=RESULTS in seen, probes=PROBES in seen, request_ids=REQUEST_IDS in seen)
+
+
+MAX_VERSION = 64
+VERSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+\-]*")
+
+
+def with_version(capabilities: Capabilities, value: object, field: str) -> Capabilities:
+    """The declaration with the poller's version (None or "": unnamed); a malformed one is refused."""
+    if value is None or value == "":
+        return capabilities
+    if not isinstance(value, str) or len(value) > MAX_VERSION or not VERSION_RE.fullmatch(value):
+        raise InvalidArgument(
+            f"{field} must be 1 to {MAX_VERSION} characters of letters, digits, '.', '_', '+' and '-'",
+            field=field,
+        )
+    return dataclasses.replace(capabilities, version=value)
 
 
 def parse_header(values: Iterable[str]) -> Capabilities:

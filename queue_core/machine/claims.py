@@ -14,7 +14,6 @@ from .errors import InvalidArgument, NotInFlight, StaleClaim
 from .heap import LazyHeap
 from .queue import QueueState, tiebreak
 from .records import AckOutcome, AttemptHistory, Delivery, GroupState, Message, format_receipt
-from .scheduling import Scheduler
 from .state import CoreState
 from .text import check_name
 
@@ -83,7 +82,7 @@ class Claims:
 
     # ----------------------------------------------------------------------------------- receive
     def receive(
-        self, queue_name: str, limit: int, ttl: float | None, worker: str, now: float
+        self, queue_name: str, limit: int, ttl: float | None, worker: str, now: float, version: str = ""
     ) -> list[Delivery]:
         """SQS FIFO delivery: oldest available group first, as many of its messages as fit, repeat."""
         state = self.state
@@ -99,12 +98,14 @@ class Claims:
         seen_digests: set[bytes] = set()
         doomed: dict[int, Message] = {}
         _saw_poller(queue, worker, now)
+        if queue.router is not None:
+            queue.router.saw(worker, version, queue.pollers)
         mine = queue.reserved.get(worker) if queue.reserved else None
         skipped: list[GroupState] = []
         zero: list[GroupState] = []  # claimed with ttl 0 (SQS VisibilityTimeout=0): visible again at once
         per_group = queue.attributes.group_in_flight or limit
         while len(deliveries) < limit:
-            group = _next_group(queue, worker, mine, skipped, now)
+            group = _next_group(queue, worker, version, mine, skipped, now)
             if group is None:
                 break
             token = state.new_token()
@@ -348,6 +349,7 @@ def delivery_of(message: Message) -> Delivery:
 def _next_group(
     queue: QueueState,
     worker: str,
+    version: str,
     mine: LazyHeap[tuple[int, int, GroupState]] | None,
     skipped: list[GroupState],
     now: float,
@@ -356,9 +358,12 @@ def _next_group(
     shared heap by head key; a group whose failing head excludes the worker is set aside while other
     workers are polling. Without retries in play this is one heap pop, as before. A queue with a
     scheduler (tenants, pools, sidelining) asks it instead; its own reserved retries come first there."""
+    if queue.router is not None:
+        router = queue.router
+        return _next_from(queue, lambda: router.pop(worker, version), worker, mine, skipped, now)
     scheduler = queue.scheduler
     if scheduler is not None:
-        return _next_scheduled(queue, scheduler, worker, mine, skipped, now)
+        return _next_from(queue, lambda: scheduler.pop(worker, now), worker, mine, skipped, now)
     ready = queue.ready
     while True:
         if mine is not None:
@@ -383,9 +388,9 @@ def _next_group(
         return group
 
 
-def _next_scheduled(
+def _next_from(
     queue: QueueState,
-    scheduler: Scheduler,
+    pop: Callable[[], GroupState | None],
     worker: str,
     mine: LazyHeap[tuple[int, int, GroupState]] | None,
     skipped: list[GroupState],
@@ -399,7 +404,7 @@ def _next_scheduled(
                 history.reserved_for = ""  # the retry is taken
             return own[2]
     while True:
-        group = scheduler.pop(worker, now)
+        group = pop()
         if group is None or not _excludes(queue, group, worker, now):
             return group
         skipped.append(group)
@@ -414,7 +419,7 @@ def _excludes(queue: QueueState, group: GroupState, worker: str, now: float) -> 
         history is not None
         and history.exclude
         and worker in history.failed_workers
-        and _others_polling(queue, history, now)
+        and _others_polling(queue, group, history, now)
     )
 
 
@@ -428,7 +433,13 @@ def _saw_poller(queue: QueueState, worker: str, now: float) -> None:
         queue.pollers_pruned_at = len(pollers)
 
 
-def _others_polling(queue: QueueState, history: AttemptHistory, now: float) -> bool:
+def _others_polling(queue: QueueState, group: GroupState, history: AttemptHistory, now: float) -> bool:
+    """Whether a worker that has not failed the group's head polls now and may take the group (its
+    route's workers only, with routing): else retrying elsewhere would hold the group forever."""
     horizon = now - POLLER_WINDOW
     failed = history.failed_workers
-    return any(at >= horizon and w not in failed for w, at in queue.pollers.items())
+    router = queue.router
+    return any(
+        at >= horizon and w not in failed and (router is None or router.may_take(w, group))
+        for w, at in queue.pollers.items()
+    )

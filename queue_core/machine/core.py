@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import inspection
-from .attributes import SCHEDULING_FIELDS, QueueAttributes, RetryPolicy
+from .attributes import ROUTING_FIELDS, SCHEDULING_FIELDS, QueueAttributes, RetryPolicy
 from .claims import (
     MAX_CLAIM_TTL,
     MAX_EXCLUDED_SKIPS,
@@ -126,7 +126,7 @@ class QueueCore:
         if "retention" in changes:
             for group in queue.groups.values():
                 state.push_retention(group)
-        if any(name in changes for name in SCHEDULING_FIELDS):
+        if any(name in changes for name in (*SCHEDULING_FIELDS, *ROUTING_FIELDS)):
             queue.reschedule()
         return queue.attributes
 
@@ -161,12 +161,20 @@ class QueueCore:
         self.handle_timer(now)
         return self._sends.send(queue_name, requests, now, create=create)
 
+    def saw_version(self, queue_name: str, worker: str, version: str) -> None:
+        """The version `worker` polls `queue_name` as, before any gate holds the poll (a routed queue's
+        figures per version count its fenced workers too)."""
+        router = self.state.queue(queue_name).router
+        if router is not None:
+            router.saw(worker, version, self.state.queue(queue_name).pollers)
+
     def receive(
-        self, queue_name: str, limit: int, ttl: float | None, worker: str, now: float
+        self, queue_name: str, limit: int, ttl: float | None, worker: str, now: float, version: str = ""
     ) -> list[Delivery]:
-        """SQS FIFO delivery: oldest available group first, as many of its messages as fit, repeat."""
+        """SQS FIFO delivery: oldest available group first, as many of its messages as fit, repeat.
+        `version`: the software version the worker polls as (group routing's canary share)."""
         self.handle_timer(now)
-        return self._claims.receive(queue_name, limit, ttl, worker, now)
+        return self._claims.receive(queue_name, limit, ttl, worker, now, version)
 
     def ack(
         self, queue_name: str, items: Sequence[tuple[str, int | None]], now: float, holder: str | None = None

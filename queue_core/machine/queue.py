@@ -11,6 +11,7 @@ from .attributes import QueueAttributes
 from .groups import partition_of
 from .heap import LazyHeap
 from .records import GroupState, Message
+from .routing import NO_ROUTING, Router
 from .scheduling import Scheduler
 
 # One tie-breaker for every heap in the machine, so equal keys never compare the objects behind them.
@@ -55,10 +56,26 @@ class QueueState:
         # A queue shared by tenants, split into worker pools or sidelining schedules its ready groups in
         # lanes (scheduling.py); None keeps the one `ready` heap, oldest head first.
         self.scheduler: Scheduler | None = Scheduler(self) if attributes.scheduled else None
+        # A queue with routing (pins, a canary share) keeps its ready groups in one heap per route.
+        self.router: Router | None = self._new_router()
+
+    def _new_router(self) -> Router | None:
+        table = self.attributes.routing_table
+        return None if table == NO_ROUTING else Router(table, self._ready_entry_live)
 
     def reschedule(self) -> None:
-        """The scheduling attributes changed: build the lanes anew from the groups (or drop them)."""
-        if self.attributes.scheduled:
+        """The scheduling or routing attributes changed: build the lanes (or routes) anew from the groups,
+        or drop them."""
+        previous = self.router
+        self.router = self._new_router()
+        if self.router is not None and previous is not None:
+            self.router.versions.update(previous.versions)  # who polls as what outlives a step
+        if self.router is not None:
+            self.scheduler = None
+            self.ready.clear()
+            for group in self.groups.values():
+                self.push_ready(group)
+        elif self.attributes.scheduled:
             self.scheduler = Scheduler(self)
             self.ready.clear()
             self.scheduler.rebuild()
@@ -68,11 +85,14 @@ class QueueState:
             for group in self.groups.values():
                 self.push_ready(group)
 
-    def has_ready(self, worker: str) -> bool:
-        """Whether a receive by `worker` may find a group now (True may be spurious)."""
+    def has_ready(self, worker: str, version: str | None = None) -> bool:
+        """Whether a receive by `worker` (polling as `version`; None: not known, any route counts) may find
+        a group now (True may be spurious)."""
         mine = self.reserved.get(worker) if worker and self.reserved else None
         if mine is not None and mine.peek() is not None:
             return True
+        if self.router is not None:
+            return self.router.has_ready(worker, version)
         if self.scheduler is not None:
             return self.scheduler.has_ready()
         return self.ready.peek() is not None
@@ -92,6 +112,8 @@ class QueueState:
                         self._reserved_entry_live(history.reserved_for)
                     )
                 heap.push((head.key, next(tiebreak), group))
+            elif self.router is not None:
+                self.router.push((head.key, next(tiebreak), group))
             elif self.scheduler is not None:
                 self.scheduler.push((head.key, next(tiebreak), group))
             else:

@@ -114,6 +114,8 @@ class Retries:
     ) -> None:
         """One group's results, in sequence order (successes first: the order rule put them first)."""
         state = self.state
+        if queue.router is not None:  # a rollout's gate compares the versions' failure rates
+            queue.router.count(worker, [result.outcome for _, _, result in items])
         succeeded = [(i, m, r) for i, m, r in items if r.outcome == "succeeded"]
         for index, message, result in succeeded:
             self._record(queue, message, worker, result, now)

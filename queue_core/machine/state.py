@@ -253,6 +253,8 @@ class CoreState:
         queue.ready.clear()
         if queue.scheduler is not None:
             queue.scheduler.clear()
+        if queue.router is not None:
+            queue.router.clear()
         queue.content_index.clear()
         queue.content_of.clear()
         queue.reserved.clear()

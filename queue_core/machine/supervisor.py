@@ -153,6 +153,7 @@ class Supervisor:
         core.queue(queue)  # QueueNotFound before anything is recorded
         if worker:
             core.declare(worker, capabilities.participates, now)
+            core.saw_version(queue, worker, capabilities.version)  # a fenced canary counts too
         monitor = self.monitor
         if monitor is not None:
             # A plain poller is nobody to failure management: only a suspended queue holds it.
@@ -163,7 +164,7 @@ class Supervisor:
                 return PollResult([], verdict.probe)
             if not verdict.allowed:
                 return HELD
-        return PollResult(core.receive(queue, limit, ttl, worker, now=now))
+        return PollResult(core.receive(queue, limit, ttl, worker, now=now, version=capabilities.version))
 
     # -------------------------------------------------------------------------------------- results
     def is_probe(self, message_id: str) -> bool:
