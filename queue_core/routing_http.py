@@ -29,7 +29,7 @@ from .failures import FailureManager
 from .health_http import FAILURES, HealthRequestError, _body, _errors_as_json, _internal_queue
 from .http_errors import json_response
 from .machine.errors import InvalidArgument
-from .machine.routing import MAX_NAME, parse_routing
+from .machine.routing import MAX_NAME, figures_of, parse_routing
 
 ROLLOUT_STATES = ("running", "completed", "reverted")
 
@@ -37,12 +37,11 @@ ROLLOUT_STATES = ("running", "completed", "reverted")
 def _view(manager: FailureManager, name: str, internal: str) -> dict[str, Any]:
     queue = manager.service.core.queue(internal)
     router = queue.router
-    figures = router.figures() if router is not None else {}
+    figures = figures_of(queue.worker_versions, router.attempts if router is not None else {})
     monitor = manager.service.supervisor.monitor
-    if router is not None and monitor is not None:
-        for version, tally in figures.items():
-            polling = [w for w, v in router.versions.items() if v == version]
-            tally["fenced"] = sum(1 for w in polling if monitor.blocked(w))
+    for version, tally in figures.items():
+        polling = [w for w, v in queue.worker_versions.items() if v == version]
+        tally["fenced"] = sum(1 for w in polling if monitor is not None and monitor.blocked(w))
     return {
         "queue": name,
         "routing": parse_routing(queue.attributes.routing).to_json(),
@@ -94,6 +93,8 @@ async def put_rollout(request: web.Request) -> web.StreamResponse:
     # completed: every group goes to the new version until the routing says otherwise.
     share = percent if state == "running" else 0 if state == "reverted" else 100
     routing["canary"] = {"version": version, "percent": share}
+    if data.get("baseline"):
+        routing["canary"]["baseline"] = data["baseline"]
     if not isinstance(version, str) or not 0 < len(version) <= MAX_NAME:
         raise InvalidArgument("version must name the rollout's version", field="version")
     parse_routing(routing)  # the version's characters checked, naming the field

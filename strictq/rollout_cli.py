@@ -111,6 +111,11 @@ def register(commands: Any) -> None:
         metavar="RATE",
         help="diverging replayed messages tolerated",
     )
+    start.add_argument(
+        "--baseline",
+        metavar="V1,V2",
+        help="the versions the other groups go to (default: those polling now; '' names unversioned workers)",
+    )
     start.add_argument("--poll", type=float, default=1.0, metavar="S", help="how often figures are read")
     start.add_argument(
         "--step-timeout",
@@ -280,6 +285,7 @@ class RolloutController:
         self.steps = steps
         self.routing_path = f"/admin/v1/queues/{_quote(args.queue)}/routing"
         self.rollout_path = f"/admin/v1/queues/{_quote(args.queue)}/rollout"
+        self.baseline: list[str] = []
 
     async def call(self, method: str, path: str, data: Any = None) -> Any:
         from .admin_cli import admin_call
@@ -292,6 +298,7 @@ class RolloutController:
     async def put(self, state: str, percent: float, step: int, reason: str) -> None:
         record = {
             "version": self.args.version,
+            "baseline": self.baseline,
             "steps": self.steps,
             "step": step,
             "percent": percent,
@@ -305,6 +312,14 @@ class RolloutController:
 
         args = self.args
         version = args.version
+        if args.baseline is not None:
+            self.baseline = [v.strip() for v in args.baseline.split(",")]
+        else:
+            seen = (await self.call("GET", self.routing_path)).get("versions") or {}
+            self.baseline = sorted(v for v in seen if v != version)
+        shown = ", ".join(v or "(unversioned)" for v in self.baseline) or "any other version"
+        await self.put("running", 0, -1, "preparing: the new version takes nothing until its first step")
+        print_line(f"rollout of {version} on {args.queue}: the other groups stay with {shown}")
         for index, percent in enumerate(self.steps):
             previous = self.steps[index - 1] if index else 0.0
             if args.replay_worker:

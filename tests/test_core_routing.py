@@ -84,6 +84,15 @@ def test_the_canary_version_takes_its_share_and_nothing_else() -> None:
     assert drain(core, "old", T0 + 1, version="1.0") == ["late"]
 
 
+def test_with_a_baseline_a_third_version_takes_nothing() -> None:
+    core = make_core()
+    send(core, "q", T0, *[(f"m{i}", f"g{i}") for i in range(50)])
+    route(core, {"canary": {"version": "2.0", "percent": 0, "baseline": ["1.0", ""]}})
+    assert drain(core, "next", T0, version="3.0") == []  # neither the canary nor the baseline
+    assert len(drain(core, "canary", T0, version="2.0")) == 0  # a share of nothing
+    assert len(drain(core, "plain", T0)) == 50  # unversioned workers are in this baseline
+
+
 def test_the_share_only_grows_with_the_percentage() -> None:
     groups = [f"group-{i}" for i in range(2000)]
     previous: set[str] = set()
@@ -115,6 +124,7 @@ def test_a_group_keeps_its_order_when_its_route_changes_mid_claim() -> None:
         ({"pins": [{"name": "x", "buckets": [5, 5], "workers": ["w"]}]}, "routing.pins[0].buckets"),
         ({"canary": {"version": "2", "percent": 101}}, "routing.canary.percent"),
         ({"canary": {"version": "", "percent": 1}}, "routing.canary.version"),
+        ({"canary": {"version": "2", "percent": 1, "baseline": ["2"]}}, "routing.canary.baseline"),
         ({"pins": [], "colour": 1}, "routing"),
     ],
 )

@@ -113,11 +113,12 @@ async def test_a_rollout_that_passes_its_gates_reaches_every_group(health: Healt
         mark = len(sent)
         await until(lambda: len(seen["new"]) > 0 and any(n >= mark for _, n in seen["new"]), what="new work")
     lines = out.splitlines()
-    assert lines[0] == "step 1/3: 10% of groups -> 2.0" and lines[-1].startswith("rollout of 2.0 completed")
+    assert lines[0] == f"rollout of 2.0 on {QUEUE}: the other groups stay with 1.0"
+    assert lines[1] == "step 1/3: 10% of groups -> 2.0" and lines[-1].startswith("rollout of 2.0 completed")
     assert sum(line.startswith("  passed:") for line in lines) == 3
     assert not any(n >= mark for _, n in seen["old"])  # completed: the old version takes nothing new
     names = [e["event"] for e in await h.events()]
-    assert names.count("rollout-running") == 3 and names[-1] == "rollout-completed", names
+    assert names.count("rollout-running") == 4 and names[-1] == "rollout-completed", names  # prepare + 3
     code, out, _ = await cli(h, "rollout", "status", QUEUE)
     assert code == 0 and "canary: 100% of groups -> version 2.0" in out and "rollout of 2.0: completed" in out
 

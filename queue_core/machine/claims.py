@@ -98,8 +98,7 @@ class Claims:
         seen_digests: set[bytes] = set()
         doomed: dict[int, Message] = {}
         _saw_poller(queue, worker, now)
-        if queue.router is not None:
-            queue.router.saw(worker, version, queue.pollers)
+        queue.saw_version(worker, version)
         mine = queue.reserved.get(worker) if queue.reserved else None
         skipped: list[GroupState] = []
         zero: list[GroupState] = []  # claimed with ttl 0 (SQS VisibilityTimeout=0): visible again at once

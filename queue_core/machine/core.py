@@ -164,9 +164,7 @@ class QueueCore:
     def saw_version(self, queue_name: str, worker: str, version: str) -> None:
         """The version `worker` polls `queue_name` as, before any gate holds the poll (a routed queue's
         figures per version count its fenced workers too)."""
-        router = self.state.queue(queue_name).router
-        if router is not None:
-            router.saw(worker, version, self.state.queue(queue_name).pollers)
+        self.state.queue(queue_name).saw_version(worker, version)
 
     def receive(
         self, queue_name: str, limit: int, ttl: float | None, worker: str, now: float, version: str = ""

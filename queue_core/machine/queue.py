@@ -56,20 +56,29 @@ class QueueState:
         # A queue shared by tenants, split into worker pools or sidelining schedules its ready groups in
         # lanes (scheduling.py); None keeps the one `ready` heap, oldest head first.
         self.scheduler: Scheduler | None = Scheduler(self) if attributes.scheduled else None
+        # worker -> the software version it last polled as (X-Strictq-Worker-Version; "" unnamed): group
+        # routing's canary share, and what `strictq rollout` takes as the baseline.
+        self.worker_versions: dict[str, str] = {}
         # A queue with routing (pins, a canary share) keeps its ready groups in one heap per route.
         self.router: Router | None = self._new_router()
 
+    def saw_version(self, worker: str, version: str) -> None:
+        versions = self.worker_versions
+        if versions.get(worker) == version:
+            return
+        versions[worker] = version
+        if len(versions) > 2048 and len(versions) > 2 * len(self.pollers):  # workers gone quiet
+            for name in [w for w in versions if w not in self.pollers]:
+                del versions[name]
+
     def _new_router(self) -> Router | None:
         table = self.attributes.routing_table
-        return None if table == NO_ROUTING else Router(table, self._ready_entry_live)
+        return None if table == NO_ROUTING else Router(table, self._ready_entry_live, self.worker_versions)
 
     def reschedule(self) -> None:
         """The scheduling or routing attributes changed: build the lanes (or routes) anew from the groups,
         or drop them."""
-        previous = self.router
         self.router = self._new_router()
-        if self.router is not None and previous is not None:
-            self.router.versions.update(previous.versions)  # who polls as what outlives a step
         if self.router is not None:
             self.scheduler = None
             self.ready.clear()

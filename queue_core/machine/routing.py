@@ -32,6 +32,7 @@ MAX_PINS = 64
 MAX_PIN_WORKERS = 256
 MAX_NAME = 128
 MAX_VERSIONS = 64
+MAX_BASELINE = 16
 CANARY = "canary"
 DEFAULT = ""  # the route of groups no pin or canary claims
 ReadyEntry = tuple[int, int, GroupState]
@@ -69,6 +70,10 @@ class Pin:
 class Canary:
     version: str
     percent: float
+    # The versions the rest of the groups go to ("" for workers that name none); empty: any other version.
+    # A rollout names the versions running when it started, so a third version started meanwhile (the
+    # next canary, say) takes nothing until its own rollout gives it a share.
+    baseline: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +98,7 @@ class RoutingTable:
         canary = self.canary
         if canary is not None and version == canary.version:
             routes.append(CANARY)
-        else:
+        elif canary is None or not canary.baseline or version in canary.baseline:
             routes.append(DEFAULT)
         return tuple(routes)
 
@@ -112,6 +117,8 @@ class RoutingTable:
             ]
         if self.canary is not None:
             out["canary"] = {"version": self.canary.version, "percent": self.canary.percent}
+            if self.canary.baseline:
+                out["canary"]["baseline"] = list(self.canary.baseline)
         return out
 
 
@@ -189,15 +196,26 @@ def _buckets(value: Any, where: str) -> tuple[int, int] | None:
 def _canary(value: Any) -> Canary | None:
     if value is None:
         return None
-    if not isinstance(value, dict) or set(value) - {"version", "percent"}:
-        raise InvalidArgument("routing.canary must be {version, percent}", field="routing.canary")
+    if not isinstance(value, dict) or set(value) - {"version", "percent", "baseline"}:
+        raise InvalidArgument("routing.canary must be {version, percent, baseline?}", field="routing.canary")
     version = _name(value.get("version"), "routing.canary.version")
+    baseline = value.get("baseline", [])
+    if (
+        not isinstance(baseline, list)
+        or len(baseline) > MAX_BASELINE
+        or not all(isinstance(v, str) and len(v) <= MAX_NAME for v in baseline)
+        or version in baseline
+    ):
+        raise InvalidArgument(
+            f"routing.canary.baseline must list up to {MAX_BASELINE} other versions ('' for unnamed)",
+            field="routing.canary.baseline",
+        )
     percent = value.get("percent")
     if not isinstance(percent, int | float) or isinstance(percent, bool) or not 0 <= percent <= 100:
         raise InvalidArgument(
             "routing.canary.percent must be a number from 0 to 100", field="routing.canary.percent"
         )
-    return Canary(version, float(percent))
+    return Canary(version, float(percent), tuple(dict.fromkeys(baseline)))
 
 
 def _name(value: Any, where: str) -> str:
@@ -206,26 +224,36 @@ def _name(value: Any, where: str) -> str:
     return value
 
 
+def figures_of(versions: dict[str, str], attempts: dict[str, list[int]]) -> dict[str, dict[str, int]]:
+    """Per version: attempts that succeeded and failed (since the routing last changed), and the workers
+    seen polling as it."""
+    workers: dict[str, int] = {}
+    for version in versions.values():
+        workers[version] = workers.get(version, 0) + 1
+    return {
+        version: {
+            "succeeded": attempts.get(version, [0, 0])[0],
+            "failed": attempts.get(version, [0, 0])[1],
+            "workers": workers.get(version, 0),
+        }
+        for version in sorted(set(attempts) | set(workers))
+    }
+
+
 class Router:
     """The ready groups of a queue with routing: one lazy heap per route, oldest head first in each."""
 
-    def __init__(self, table: RoutingTable, is_live: Callable[[ReadyEntry], bool]) -> None:
+    def __init__(
+        self, table: RoutingTable, is_live: Callable[[ReadyEntry], bool], versions: dict[str, str]
+    ) -> None:
         self.table = table
         self._is_live = is_live
         self.heaps: dict[str, LazyHeap[ReadyEntry]] = {}
         self._route_of: dict[str, str] = {}  # group name -> route (hashing once per group, not per push)
-        self.versions: dict[str, str] = {}  # worker -> the version it last polled as
+        self.versions = versions  # worker -> the version it last polled as (the queue's, kept by saw())
         # Attempt results per version since the routing was set (what a rollout's gate compares); bounded
         # by the versions in play (MAX_VERSIONS, the oldest tallies dropped past it).
         self.attempts: dict[str, list[int]] = {}
-
-    def saw(self, worker: str, version: str, pollers: dict[str, float]) -> None:
-        """Remember the poller's version: retry exclusions count only the pollers that may take a group."""
-        versions = self.versions
-        versions[worker] = version
-        if len(versions) > 2048 and len(versions) > 2 * len(pollers):
-            for name in [w for w in versions if w not in pollers]:
-                del versions[name]
 
     def count(self, worker: str, outcomes: Iterable[str]) -> None:
         """Attempt results of `worker`, per the version it polls as: {version: [succeeded, failed]}."""
@@ -279,20 +307,6 @@ class Router:
         return any(
             (heap := self.heaps.get(route)) is not None and heap.peek() is not None for route in routes
         )
-
-    def figures(self) -> dict[str, dict[str, int]]:
-        """Per version: attempts that succeeded and failed, and workers seen polling as it."""
-        workers: dict[str, int] = {}
-        for version in self.versions.values():
-            workers[version] = workers.get(version, 0) + 1
-        return {
-            version: {
-                "succeeded": self.attempts.get(version, [0, 0])[0],
-                "failed": self.attempts.get(version, [0, 0])[1],
-                "workers": workers.get(version, 0),
-            }
-            for version in sorted(set(self.attempts) | set(workers))
-        }
 
     def clear(self) -> None:
         self.heaps.clear()
