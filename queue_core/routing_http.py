@@ -1,8 +1,9 @@
 """Group routing and rollouts over HTTP, on the process holding the core (docs/fleet.md).
 
-- `GET /admin/v1/queues/{queue}/routing`: the queue's routing (pins, canary), the rollout record, and per
-  worker version the attempts that succeeded and failed since the routing last changed, the workers polling
-  as it and those of them fenced: what a rollout's gate compares.
+- `GET /admin/v1/queues/{queue}/routing`: the queue's routing (pins, canary), the rollout record, per
+  worker version the attempts that succeeded and failed since the routing last changed, the workers that
+  polled as it in the last 30 s and those of them fenced (what a rollout's gate compares), and those
+  workers' versions (`workers`: what a rollout's replay gate picks recorded traffic by).
 - `PUT /admin/v1/queues/{queue}/routing` with `{"pins": [...], "canary": {...}}` (or `null`: off):
   validated by the core (queue_core.machine.routing), 400 naming the field at fault.
 - `PUT /admin/v1/queues/{queue}/rollout` with `{"version", "percent", "state", "reason", ...}`: one step
@@ -32,21 +33,30 @@ from .machine.errors import InvalidArgument
 from .machine.routing import MAX_NAME, figures_of, parse_routing
 
 ROLLOUT_STATES = ("running", "completed", "reverted")
+RECENT = 30.0  # seconds: a worker that polled since counts as running its version
+MAX_WORKERS_SHOWN = 1000
 
 
 def _view(manager: FailureManager, name: str, internal: str) -> dict[str, Any]:
     queue = manager.service.core.queue(internal)
     router = queue.router
-    figures = figures_of(queue.worker_versions, router.attempts if router is not None else {})
+    horizon = manager.service.clock() - RECENT
+    recent = {
+        worker: version
+        for worker, version in queue.worker_versions.items()
+        if queue.pollers.get(worker, horizon - 1) >= horizon
+    }
+    figures = figures_of(recent, router.attempts if router is not None else {})
     monitor = manager.service.supervisor.monitor
     for version, tally in figures.items():
-        polling = [w for w, v in queue.worker_versions.items() if v == version]
+        polling = [w for w, v in recent.items() if v == version]
         tally["fenced"] = sum(1 for w in polling if monitor is not None and monitor.blocked(w))
     return {
         "queue": name,
         "routing": parse_routing(queue.attributes.routing).to_json(),
         "rollout": queue.attributes.rollout,
         "versions": figures,
+        "workers": dict(sorted(recent.items())[:MAX_WORKERS_SHOWN]),
     }
 
 

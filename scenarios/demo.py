@@ -10,6 +10,9 @@ with its diff. It ends with a summary and exits 0 only if nothing was lost and n
 `--no-spark` leaves out the Spark steps (index, search, errors); `--fast` uses shorter intervals (what
 the CI test runs); `--keep` keeps the data directory for poking around.
 
+`--rollout` runs the canary rollouts demo instead (scenarios/rollout_demo.py, issue 18): a bad version
+reverted by the live gate, a diverging one reverted by the replay gate, a good one rolled out to 100 %.
+
 `--geo` runs the regions demo instead (scenarios/geo_demo.py, issue 16): three simulated regions, a
 producer's partition moved near it by placement with its send latency measured before and after, and
 follow-the-sun over a compressed day.
@@ -51,6 +54,12 @@ def register(commands: Any) -> None:
         help="the regions demo instead: a producer's partition placed near it, follow-the-sun (scenarios/"
         "geo_demo.py; --fast, --keep and --data-dir apply)",
     )
+    demo.add_argument(
+        "--rollout",
+        action="store_true",
+        help="the canary rollouts demo instead: one reverted on failures, one on a replay diff, one "
+        "completed (scenarios/rollout_demo.py; --fast, --keep and --data-dir apply)",
+    )
     demo.add_argument("--no-spark", action="store_true", help="skip strictq index / search / errors (Spark)")
     demo.add_argument("--no-replay", action="store_true", help="skip strictq replay")
     demo.add_argument("--fast", action="store_true", help="shorter intervals and fewer customers (CI)")
@@ -80,7 +89,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     demo = Demo(data_dir, args)
     try:
-        code = asyncio.run(demo.run())
+        code = asyncio.run(demo.run_rollouts() if args.rollout else demo.run())
     except KeyboardInterrupt:
         code = 130
     keep = args.keep or not created or code != 0
@@ -135,6 +144,14 @@ class Demo:
             await self.replay()
         self.summary()
         return 0 if report.lost == 0 and report.order_violations == 0 else 1
+
+    async def run_rollouts(self) -> int:
+        from .rollout_demo import RolloutDemo
+
+        print(f"strictq demo: canary rollouts on one machine (data in {self.data_dir})", flush=True)
+        code = await RolloutDemo(self.data_dir, self.args, self.say, self.section, self.tool).run()
+        print(f"total {time.monotonic() - self.started:.0f} s", flush=True)
+        return code
 
     async def status(self, checkpoint: str) -> None:
         """`strictq status` while the system runs (after the fence, and while the queue is suspended)."""

@@ -105,6 +105,13 @@ def register(commands: Any) -> None:
     start.add_argument("--replay-worker", metavar="CMD", help="the new version's worker command, for replay")
     start.add_argument("--wirelog", metavar="DIR", help="the recorded traffic replay uses")
     start.add_argument(
+        "--replay-sample",
+        type=int,
+        default=40,
+        metavar="N",
+        help="recorded messages replayed per step, the newest cleanly processed ones (default 40)",
+    )
+    start.add_argument(
         "--max-divergence",
         type=float,
         default=0.0,
@@ -262,8 +269,10 @@ def cmd_rollout_start(args: argparse.Namespace) -> int:
         steps = parse_steps(args.steps)
         if bool(args.replay_worker) != bool(args.wirelog):
             raise UsageError("--replay-worker and --wirelog go together")
-        if args.min_attempts < 0 or args.step_seconds < 0 or args.poll <= 0:
-            raise UsageError("--min-attempts and --step-seconds must be 0 or more, --poll positive")
+        if args.min_attempts < 0 or args.step_seconds < 0 or args.poll <= 0 or args.replay_sample < 1:
+            raise UsageError(
+                "--min-attempts and --step-seconds must be 0 or more, --poll and --replay-sample positive"
+            )
         admin_key(args)
     except UsageError as exc:
         print(f"strictq: {exc}", file=sys.stderr)
@@ -316,14 +325,15 @@ class RolloutController:
             self.baseline = [v.strip() for v in args.baseline.split(",")]
         else:
             seen = (await self.call("GET", self.routing_path)).get("versions") or {}
-            self.baseline = sorted(v for v in seen if v != version)
+            self.baseline = sorted(v for v, tally in seen.items() if v != version and tally.get("workers"))
         shown = ", ".join(v or "(unversioned)" for v in self.baseline) or "any other version"
         await self.put("running", 0, -1, "preparing: the new version takes nothing until its first step")
         print_line(f"rollout of {version} on {args.queue}: the other groups stay with {shown}")
         for index, percent in enumerate(self.steps):
             previous = self.steps[index - 1] if index else 0.0
             if args.replay_worker:
-                diverged = self.replay_gate(previous, percent)
+                workers = (await self.call("GET", self.routing_path)).get("workers") or {}
+                diverged = self.replay_gate(previous, percent, workers)
                 if diverged is not None:
                     await self.put("reverted", 0, index, diverged)
                     print_line(f"step {index + 1}/{len(self.steps)} {percent:g}%: REVERTED: {diverged}")
@@ -379,24 +389,24 @@ class RolloutController:
                 )
         return canary, rest
 
-    def replay_gate(self, previous: float, percent: float) -> str | None:
-        """Replay the new version against the recorded traffic of the groups this step adds; the reason to
-        revert, or None. No recorded group in the step's share: nothing to replay, the live gate decides."""
-        from fencing.replay.canary import in_canary
-        from wirelog.reader import RecordFilter, read_records
-
+    def replay_gate(self, previous: float, percent: float, workers: dict[str, str]) -> str | None:
+        """Replay the new version against recorded traffic of the groups this step adds; the reason to
+        revert, or None. No recorded message to replay: nothing to judge, the live gate decides."""
         args = self.args
-        recorded = read_records(Path(args.wirelog), where=RecordFilter(queue=args.queue))
-        groups = sorted({g for record in recorded if isinstance(g := record.get("group"), str)})
-        added = [g for g in groups if in_canary(g, percent) and not in_canary(g, previous)]
-        if not added:
-            print_line(f"  replay: no recorded group in the {previous:g}-{percent:g}% share")
+        baseline_workers = {w for w, v in workers.items() if v in self.baseline and v != args.version}
+        message_ids, groups = recorded_sample(
+            Path(args.wirelog), args.queue, previous, percent, baseline_workers, args.replay_sample
+        )
+        if not message_ids:
+            print_line(
+                f"  replay: no cleanly processed recorded message in the {previous:g}-{percent:g}% share"
+            )
             return None
         report = Path(tempfile.mkdtemp(prefix="strictq-rollout-replay-"))
         command = [
             sys.executable, "-m", "strictq", "replay", "--wirelog", args.wirelog, "--queue", args.queue,
             "--worker", args.replay_worker, "--report", str(report), "--no-progress",
-            *[part for g in added for part in ("--group", g)],
+            *[part for m in message_ids for part in ("--message-id", m)],
         ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         summary_file = report / "report.json"
@@ -408,12 +418,51 @@ class RolloutController:
         diverged = int(summary.get("diverged", 0))
         rate = diverged / replayed if replayed else 0.0
         print_line(
-            f"  replay of {len(added)} group(s): {replayed} messages, {diverged} diverged ({rate:.1%})"
+            f"  replay of {replayed} recorded message(s) of {groups} group(s):"
+            f" {diverged} diverged ({rate:.1%})"
         )
         if rate > args.max_divergence:
             return f"replay diverged on {diverged} of {replayed} messages ({rate:.1%}); report: {report}"
         shutil.rmtree(report, ignore_errors=True)
         return None
+
+
+def recorded_sample(
+    wirelog: Path, queue: str, previous: float, percent: float, workers: set[str], limit: int
+) -> tuple[list[str], int]:
+    """The newest `limit` recorded messages of the groups in (previous, percent] % of the share that were
+    processed cleanly (delivered once, succeeded) by one of `workers` (any worker when empty): what the
+    old version did, for the new one to be compared with. Returns (message ids, groups they span)."""
+    from fencing.replay.canary import in_canary
+    from wirelog.reader import RecordFilter, read_records
+
+    delivered: dict[str, tuple[int, str, str, float]] = {}  # message id -> (deliveries, worker, group, ts)
+    succeeded: set[str] = set()
+    for record in read_records(wirelog, where=RecordFilter(queue=queue)):
+        message_id, group = record.get("message_id"), record.get("group")
+        if not isinstance(message_id, str) or not isinstance(group, str):
+            continue
+        if record.get("kind") == "delivery":
+            count = delivered.get(message_id, (0, "", "", 0.0))[0]
+            delivered[message_id] = (
+                count + 1,
+                str(record.get("worker") or ""),
+                group,
+                float(record.get("ts") or 0),
+            )
+        elif record.get("kind") == "log" and record.get("outcome") == "succeeded":
+            succeeded.add(message_id)
+    clean = [
+        (ts, message_id, group)
+        for message_id, (count, worker, group, ts) in delivered.items()
+        if count == 1
+        and message_id in succeeded
+        and (not workers or worker in workers)
+        and in_canary(group, percent)
+        and not in_canary(group, previous)
+    ]
+    chosen = sorted(clean, reverse=True)[:limit]
+    return [message_id for _, message_id, _ in chosen], len({group for _, _, group in chosen})
 
 
 def _get(args: argparse.Namespace, path: str) -> dict[str, Any]:
