@@ -437,6 +437,10 @@ def render(
 
     noisy_section(results, add)
 
+    from .rollout_bench import rollout_section  # issue 18: a rollout step's latency, routing's cost
+
+    rollout_section(results, add)
+
     prof = results.get("profile")
     bp = (b or {}).get("profile")
     if (prof and prof.get("tool") == "py-spy") or bp:

@@ -653,6 +653,13 @@ def scenario_noisy(st: Settings, progress: Progress) -> None:
     st.results["noisy"] = run_noisy_bench(st, progress)
 
 
+def scenario_rollout(st: Settings, progress: Progress) -> None:
+    """Rollouts (issue 18): a step's latency to the canary, group routing's cost in the core."""
+    from .rollout_bench import run_rollout_bench
+
+    st.results["rollout"] = run_rollout_bench(st, progress)
+
+
 SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "core": scenario_core,
     "e2e-100": scenario_e2e_100,
@@ -669,6 +676,7 @@ SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "cluster": scenario_cluster,
     "geo": scenario_geo,
     "noisy": scenario_noisy,
+    "rollout": scenario_rollout,
     "profile": scenario_profile,
 }
 ALIASES = {

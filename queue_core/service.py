@@ -325,6 +325,7 @@ class QueueService:
 
     async def set_attributes(self, name: str, changes: dict[str, Any]) -> QueueAttributes:
         attributes, future = self._apply(self.core.set_attributes, name, changes)
+        self._notify(name)  # new routing or scheduling may give a waiting long poll something now
         await self._durable(future)
         return attributes
 
