@@ -5,13 +5,16 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .attributes import QueueAttributes
 from .groups import partition_of
 from .heap import LazyHeap
 from .records import GroupState, Message
 from .scheduling import Scheduler
+
+if TYPE_CHECKING:
+    from .handover import Handover
 
 # One tie-breaker for every heap in the machine, so equal keys never compare the objects behind them.
 tiebreak = itertools.count()
@@ -26,6 +29,8 @@ class QueueState:
         self.attributes = attributes
         self.created_at = created_at
         self.groups: dict[str, GroupState] = {}
+        # Groups moving between workers with their local state, by group name (machine.handover).
+        self.handovers: dict[str, Handover] = {}
         self.by_id: dict[str, Message] = {}
         # Groups that can be claimed now, keyed by their head's receipt key (SQS FIFO rule 1: oldest first).
         # Entries are lazy: validated when popped, so a group is pushed whenever it may have become ready.

@@ -263,6 +263,8 @@ class Received:
     extra: bytes
     probe: bool = False  # a dummy message of failure management (queue_core.failures), not the core's
     request_id: str | None = None  # the id of the request that sent it (kept with the body, not the core)
+    # The group's transferred local state (machine.handover), on its first item, for a poller taking state.
+    state: Any = None
 
 
 @dataclass(slots=True)
