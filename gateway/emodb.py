@@ -109,6 +109,7 @@ MOVE_STATUS = {"running": "IN_PROGRESS", "done": "COMPLETE", "failed": "ERROR"}
 # Headers of this face whose values reach the core or the logs.
 CHECKED_HEADERS = (GROUP_HEADER, LEASE_HEADER)
 
+
 # ---------------------------------------------------------------------------------- errors, one place
 class FaceError(StrictqError):
     """An error of the HTTP layer itself (authentication, media type), with its status and code."""

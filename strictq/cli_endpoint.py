@@ -176,9 +176,7 @@ async def explain(exc: BaseException, found: Endpoint) -> str:
 def _plain_http(reason: str) -> bool:
     """OpenSSL's words for a TLS client that got a plain-HTTP answer."""
     lowered = reason.lower()
-    return any(
-        words in lowered for words in ("wrong version number", "record layer failure", "http request")
-    )
+    return any(words in lowered for words in ("wrong version number", "record layer failure", "http request"))
 
 
 async def _speaks_tls(url: str) -> bool:

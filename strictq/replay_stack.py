@@ -115,6 +115,7 @@ class IsolatedRun:
         from gateway.tls import ensure_local_certificates, server_context
         from queue_core.control import ControlHub
         from queue_core.service import QueueService
+
         tenant = self._tenant
         credentials = [
             Credential(f"replay-{role}", new_secret(), role, tenant)
