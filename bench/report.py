@@ -437,6 +437,10 @@ def render(
 
     noisy_section(results, add)
 
+    from .state_bench import state_section  # issue 18: local state moving with its groups, per MiB
+
+    state_section(results, add)
+
     prof = results.get("profile")
     bp = (b or {}).get("profile")
     if (prof and prof.get("tool") == "py-spy") or bp:

@@ -653,6 +653,13 @@ def scenario_noisy(st: Settings, progress: Progress) -> None:
     st.results["noisy"] = run_noisy_bench(st, progress)
 
 
+def scenario_state(st: Settings, progress: Progress) -> None:
+    """State transfer (issue 18): local state moving with its groups, time per MiB (state_bench.py)."""
+    from .state_bench import run_state_bench
+
+    st.results["state"] = run_state_bench(st, progress)
+
+
 SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "core": scenario_core,
     "e2e-100": scenario_e2e_100,
@@ -669,6 +676,7 @@ SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "cluster": scenario_cluster,
     "geo": scenario_geo,
     "noisy": scenario_noisy,
+    "state": scenario_state,
     "profile": scenario_profile,
 }
 ALIASES = {

@@ -387,7 +387,9 @@ class QueueService:
                 self._submit(supervisor.drain_effects(now))  # announces it before the worker can call
                 return [self._probe_item(polled.probe)]
             remaining = give_up - loop.time()
-            if deliveries or remaining <= 0 or not self.ready:
+            # A donor's poll answers at once when it has state to export (handover.py): it is waiting for it.
+            exporting = capabilities.state and bool(supervisor.core.export_requests(queue, worker))
+            if deliveries or remaining <= 0 or not self.ready or exporting:
                 if not deliveries:
                     supervisor.core.count_empty_receive(queue)
                 break

@@ -41,7 +41,7 @@ MAX_GROUP_STATE = 1024 * 1024  # bytes of one group's state (compact JSON)
 MAX_QUEUE_STATE = 64 * 1024 * 1024  # bytes of transferred state one queue keeps at once
 MAX_HANDOVERS = 10_000  # groups in handover per queue at once
 MAX_GROUPS_PER_CALL = 1000  # groups named in one hand_over / put_state / release
-EXPORT_BATCH = 32  # groups one poll answer asks its donor to export, at most
+EXPORT_BATCH = 256  # groups one poll answer asks its donor to export, at most (the header is bounded too)
 
 
 @dataclass(slots=True)
