@@ -80,9 +80,7 @@ async def _transfer(url: str, ca: str | None, keys: dict[str, dict[str, str]], m
 
     limit = 2 * GROUP_STATE
     donor = Worker(QUEUE, handler, config=config("worker-1"), wait=1.0, state_limit=limit)
-    recipient = Worker(
-        QUEUE, handler, config=config("worker-2"), wait=1.0, limit=100, state_limit=limit
-    )
+    recipient = Worker(QUEUE, handler, config=config("worker-2"), wait=1.0, limit=100, state_limit=limit)
     assert donor.local_state is not None
     for group in groups:
         donor.local_state.groups[group] = {"blob": "x" * (GROUP_STATE - 16)}

@@ -1,5 +1,6 @@
-"""State transfer end to end: the real gateway over TLS (a trustme CA), real SQLite, real SDK workers keeping a
-running count per group in `msg.state`, and moves started through the admin route (docs/state-transfer.md)."""
+"""State transfer end to end: the real gateway over TLS (a trustme CA), real SQLite, real SDK workers
+keeping a running count per group in `msg.state`, moves started through the admin route
+(docs/state-transfer.md)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ CORE = f"t1.{QUEUE}"  # the EmoDB queue's name in the core (tenant t1)
 
 def config(gw: Gateway, key_id: str) -> ClientConfig:
     secret = gw.credential(key_id).secret
-    return ClientConfig(url=gw.url, ca_file=str(gw.ca_file), api_key=secret, worker_id=key_id, worker_secret=secret)
+    return ClientConfig(
+        url=gw.url, ca_file=str(gw.ca_file), api_key=secret, worker_id=key_id, worker_secret=secret
+    )
 
 
 class Counter:
@@ -58,7 +61,9 @@ async def send(gw: Gateway, numbers: range, group: str = "g") -> None:
         await client.send_batch({QUEUE: [{"n": n} for n in numbers]}, group=group)
 
 
-async def admin(gw: Gateway, method: str, path: str, body: Any = None, key: str = "admin-1") -> tuple[int, Any]:
+async def admin(
+    gw: Gateway, method: str, path: str, body: Any = None, key: str = "admin-1"
+) -> tuple[int, Any]:
     emo = Emo(gw, key)
     try:
         status, _, answer = await emo.call(method, f"/admin/v1/queues/{QUEUE}/handover{path}", body)

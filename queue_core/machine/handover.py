@@ -20,78 +20,34 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Protocol
 
 from .attributes import HANDOVER_POLICIES as POLICIES
 from .attributes import HandoverPolicy as HandoverPolicy
-from .effects import GroupEvent, HandoverSaved
+from .effects import Effect, GroupEvent, HandoverSaved
 from .errors import InvalidArgument, LimitExceeded, TooLarge
 from .heap import LazyHeap
 from .queue import QueueState, tiebreak
-from .records import Delivery, GroupState, Message
+from .records import HELD_PHASES, Delivery, GroupState, Handover, Message
 from .text import check_name
 
-if TYPE_CHECKING:
-    from .state import CoreState
 
-Phase = Literal["draining", "awaiting", "waiting", "arrived"]
-HELD_PHASES = frozenset(("draining", "awaiting", "waiting"))
+class CoreState(Protocol):
+    """What the handover rules use of machine.state.CoreState (a protocol: state.py imports this module)."""
+
+    queues: dict[str, QueueState]
+    effects: list[Effect]
+    now: float
+    handover_deadlines: LazyHeap[tuple[float, int, QueueState, Handover]]
+
+    def queue(self, name: str) -> QueueState: ...
+
+
 MAX_GROUP_STATE = 1024 * 1024  # bytes of one group's state (compact JSON)
 MAX_QUEUE_STATE = 64 * 1024 * 1024  # bytes of transferred state one queue keeps at once
 MAX_HANDOVERS = 10_000  # groups in handover per queue at once
 MAX_GROUPS_PER_CALL = 1000  # groups named in one hand_over / put_state / release
 EXPORT_BATCH = 256  # groups one poll answer asks its donor to export, at most (the header is bounded too)
-
-
-@dataclass(slots=True)
-class Handover:
-    """One group moving away from `donor`. Phases: `draining` (a claim is still out: the move waits for
-    it), `awaiting` (held; the donor is asked for the state until `deadline`), `waiting` (the timeout
-    passed under policy `wait`: held until released), `arrived` (the state is here and the group is
-    deliverable; `given` is the token of the claim it was handed to, 0 before)."""
-
-    group: str
-    donor: str
-    since: float
-    policy: HandoverPolicy
-    phase: Phase
-    deadline: float = 0.0
-    state: Any = None
-    size: int = 0
-    given: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "donor": self.donor,
-            "since": self.since,
-            "policy": self.policy,
-            "phase": self.phase,
-            "deadline": self.deadline,
-            "state": self.state,
-            "size": self.size,
-            "given": self.given,
-        }
-
-    @classmethod
-    def from_dict(cls, group: str, data: dict[str, Any]) -> Handover:
-        return cls(
-            group,
-            str(data["donor"]),
-            float(data["since"]),
-            data["policy"],
-            data["phase"],
-            float(data.get("deadline", 0.0)),
-            data.get("state"),
-            int(data.get("size", 0)),
-            int(data.get("given", 0)),
-        )
-
-    def view(self) -> dict[str, Any]:
-        """What an operator sees (the state itself stays out: it may be large)."""
-        out = self.to_dict()
-        del out["state"]
-        return {"group": self.group, **out}
 
 
 # ---------------------------------------------------------------------------------- the receive path

@@ -5,16 +5,13 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .attributes import QueueAttributes
 from .groups import partition_of
 from .heap import LazyHeap
-from .records import GroupState, Message
+from .records import GroupState, Handover, Message
 from .scheduling import Scheduler
-
-if TYPE_CHECKING:
-    from .handover import Handover
 
 # One tie-breaker for every heap in the machine, so equal keys never compare the objects behind them.
 tiebreak = itertools.count()
