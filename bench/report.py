@@ -440,6 +440,9 @@ def render(
     from .rollout_bench import rollout_section  # issue 18: a rollout step's latency, routing's cost
 
     rollout_section(results, add)
+    from .state_bench import state_section  # issue 18: local state moving with its groups, per MiB
+
+    state_section(results, add)
 
     prof = results.get("profile")
     bp = (b or {}).get("profile")

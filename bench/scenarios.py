@@ -660,6 +660,13 @@ def scenario_rollout(st: Settings, progress: Progress) -> None:
     st.results["rollout"] = run_rollout_bench(st, progress)
 
 
+def scenario_state(st: Settings, progress: Progress) -> None:
+    """State transfer (issue 18): local state moving with its groups, time per MiB (state_bench.py)."""
+    from .state_bench import run_state_bench
+
+    st.results["state"] = run_state_bench(st, progress)
+
+
 SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "core": scenario_core,
     "e2e-100": scenario_e2e_100,
@@ -677,6 +684,7 @@ SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "geo": scenario_geo,
     "noisy": scenario_noisy,
     "rollout": scenario_rollout,
+    "state": scenario_state,
     "profile": scenario_profile,
 }
 ALIASES = {

@@ -40,6 +40,7 @@ from queue_core.machine.effects import (
     Effect,
     FenceSaved,
     GroupPolicySaved,
+    HandoverSaved,
     HistorySaved,
     MessageInserted,
     MessagesClaimed,
@@ -175,6 +176,7 @@ _TABLE: tuple[_Spec, ...] = (
     _spec(17, FenceSaved),
     _spec(18, SuspensionSaved),
     _spec(19, BlacklistSaved),
+    _spec(20, HandoverSaved),
 )
 
 _BY_CLASS: dict[type[Any], _Spec] = {spec.cls: spec for spec in _TABLE}

@@ -92,6 +92,7 @@ from .deliveries import deliveries_of
 from .limits_http import check_backlog, check_sends
 from .request_ids import request_id_of
 from .results_log import log_results
+from .state_transfer import add_handover_header, state_service
 
 log = logging.getLogger("strictq.gateway.emodb")
 
@@ -459,7 +460,7 @@ async def poll(call: Call) -> web.StreamResponse:
     if received and (deliveries := deliveries_of(call.request)) is not None:
         deliveries.delivered(call.credential, call.face.log_name, call.request.match_info["queue"], received)
     request_ids = capabilities.request_ids  # opt-in: a plain EmoDB client's items stay as they were
-    return json_response(
+    response = json_response(
         [
             {
                 "id": r.delivery.message_id,
@@ -472,10 +473,14 @@ async def poll(call: Call) -> web.StreamResponse:
                 **({"probe": True} if r.probe else {}),  # failure management's dummy message
                 **({"history": r.delivery.history} if r.delivery.history else {}),  # prior attempts
                 **({"request_id": r.request_id} if request_ids and r.request_id else {}),  # the send's
+                **({"state": r.state} if capabilities.state and r.state is not None else {}),  # moved
             }
             for r in received
         ]
     )
+    if capabilities.state:  # opt-in: the groups whose local state this worker should upload now
+        add_handover_header(response, call.service_for_queue(queue), queue, call.credential.id)
+    return response
 
 
 def refused(
@@ -571,6 +576,22 @@ async def results(call: Call) -> web.StreamResponse:
     name = call.request.match_info["queue"]
     log_results(call.request, call.credential, call.face.log_name, name, parsed, outcomes)
     return json_response({"results": [outcome_json(o) for o in outcomes]})
+
+
+async def put_state(call: Call) -> web.StreamResponse:
+    """strictq extension (state transfer, docs/state-transfer.md): the donor's local state of the groups its
+    poll answers named (`X-Strictq-Handover`), `{"<group>": {<state>}, ...}`; answered once durable with
+    each group's status (`ok`, or `not_requested`: no handover of it from this worker awaits state)."""
+    queue = call.queue()
+    states = await read_json(call.request)
+    if not isinstance(states, dict):
+        raise InvalidArgument('the body must be a JSON object: {"<group>": {<state>}, ...}', field="body")
+    service = state_service(call.service_for_queue(queue))
+    try:
+        outcomes = await service.put_state(queue, call.credential.id, states)
+    except QueueNotFound:  # a queue nobody sent to has no handover either
+        outcomes = {group: "not_requested" for group in states}
+    return json_response({"results": [{"group": g, "status": status} for g, status in outcomes.items()]})
 
 
 # -------------------------------------------------------------------------------------- admin calls
@@ -695,6 +716,7 @@ ROUTES: list[tuple[str, str, Permission, str, Handler]] = [
     ("POST", "/{queue}/ack", "consume", "acknowledge claims", ack),
     ("POST", "/{queue}/renew", "consume", "renew claims", renew),
     ("POST", "/{queue}/results", "consume", "report attempt results", results),
+    ("PUT", "/{queue}/state", "consume", "upload local state", put_state),
     ("GET", "/{queue}/peek", "admin", "peek", peek),
     ("GET", "/{queue}/size", "admin", "count messages", size),
     ("GET", "/{queue}/claimcount", "admin", "count claims", claimcount),

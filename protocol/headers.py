@@ -13,6 +13,9 @@ CAPABILITIES = "X-Strictq-Capabilities"  # what a worker's poll takes part in (`
 # The software version a worker runs (the SDK's `Worker(version=...)`), on its polls: group routing gives a
 # rollout's canary share of groups only to workers of the canary version (docs/fleet.md).
 WORKER_VERSION = "X-Strictq-Worker-Version"
+# On a poll answer to a worker declaring the `state` capability: the groups whose local state it should
+# upload now (state transfer, docs/state-transfer.md), each percent-encoded, comma-separated.
+HANDOVER = "X-Strictq-Handover"
 
 # The worker's tags on outbound calls (the SDK adds them, the egress proxy reads and strips them).
 QUEUE = "X-Strictq-Queue"  # the poll item's `queue_ref`

@@ -16,6 +16,7 @@ from access.keys import KeyRing
 from .admin_http import ADMIN_KEYS, CONTROL, UNTENANTED, control_stream, delete_fence, list_fences, put_fence
 from .control import ControlHub
 from .failures import FailureManager
+from .handover_http import add_handover_routes
 from .health_http import add_health_routes
 from .retry_http import add_retry_routes
 from .routing_http import add_routing_routes
@@ -42,6 +43,7 @@ def add_admin_routes(
     app.router.add_delete("/admin/v1/fences/{worker}", delete_fence)
     if isinstance(hub.service, QueueService):  # a cluster's gateway has no core of its own to act on
         add_retry_routes(app, hub.service)  # release, redrive and policies of groups (the retry workflow)
+        add_handover_routes(app, hub.service)  # moving groups between workers with their local state
     if failures is not None:
         add_health_routes(app, failures)
         add_routing_routes(app)  # group routing and rollouts (docs/fleet.md)

@@ -46,6 +46,7 @@ from .machine.effects import (
 )
 from .machine.gauges import TOP_GROUPS, QueueGauges
 from .machine.groups import DEFAULT_PARTITIONS
+from .machine.handover import HandoverPolicy
 from .machine.health import Probe
 from .machine.inputs import AttemptResult, ControlRows
 from .machine.records import Received as Received  # re-exported: the faces import it from here
@@ -387,7 +388,9 @@ class QueueService:
                 self._submit(supervisor.drain_effects(now))  # announces it before the worker can call
                 return [self._probe_item(polled.probe)]
             remaining = give_up - loop.time()
-            if deliveries or remaining <= 0 or not self.ready:
+            # A donor's poll answers at once when it has state to export (handover.py): it is waiting for it.
+            exporting = capabilities.state and bool(supervisor.core.export_requests(queue, worker))
+            if deliveries or remaining <= 0 or not self.ready or exporting:
                 if not deliveries:
                     supervisor.core.count_empty_receive(queue)
                 break
@@ -397,10 +400,16 @@ class QueueService:
                 await asyncio.wait_for(event.wait(), remaining)
             except TimeoutError:
                 pass
+        # A poller taking state gets each moved group's transferred state with the group (handover.py).
+        states = supervisor.core.take_states(queue, deliveries) if capabilities.state and deliveries else {}
         # Bodies the cache lacks are read by the writer thread right after the claim commits.
         missing = [d.key for d in deliveries if self.cache.get(d.key) is None]
         fetched = await self._durable(self._submit(supervisor.drain_effects(self.clock()), missing))
-        return self._with_bodies(deliveries, fetched)
+        received = self._with_bodies(deliveries, fetched)
+        for item in received:
+            if item.delivery.group in states:
+                item.state = states.pop(item.delivery.group)
+        return received
 
     async def wait_ready(self, queue: str, wait: float, worker: str = "") -> bool:
         """Whether `queue` may have something for `worker` to receive, waiting up to `wait` seconds
@@ -535,6 +544,37 @@ class QueueService:
 
     async def cancel_move(self, move_id: str) -> MoveStatus:
         return self.core.cancel_move(move_id, self.clock())
+
+    # ------------------------------------------------------------- state transfer (machine.handover)
+    async def hand_over(
+        self, queue: str, groups: Sequence[str] | None, from_worker: str, policy: HandoverPolicy | None = None
+    ) -> tuple[list[str], list[str]]:
+        """QueueCore.hand_over at `now`, answered once durable; long polls look again (the donor may be
+        waiting in one and has groups to export now)."""
+        marked, future = self._apply(self.core.hand_over, queue, groups, from_worker, policy=policy)
+        self._notify(queue)
+        await self._durable(future)
+        return marked
+
+    def export_requests(self, queue: str, worker: str) -> list[str]:
+        """Groups whose local state `worker` should upload now (read when answering its poll)."""
+        return self.core.export_requests(queue, worker)
+
+    async def put_state(self, queue: str, worker: str, states: dict[str, Any]) -> dict[str, str]:
+        """The donor's state per group; answered once durable (its groups are deliverable again)."""
+        outcomes, future = self._apply(self.core.put_state, queue, worker, states)
+        self._notify(queue)
+        await self._durable(future)
+        return outcomes
+
+    async def release_handover(self, queue: str, groups: Sequence[str]) -> list[str]:
+        released, future = self._apply(self.core.release_handover, queue, groups)
+        self._notify(queue)
+        await self._durable(future)
+        return released
+
+    async def handovers(self, queue: str) -> list[dict[str, Any]]:
+        return self._read(self.core.handovers, queue)
 
     # ---------------------------------------------------------- attempt results and the retry workflow
     async def report(

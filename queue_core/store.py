@@ -31,6 +31,7 @@ from .machine.effects import (
     Effect,
     FenceSaved,
     GroupPolicySaved,
+    HandoverSaved,
     HistorySaved,
     MessageInserted,
     MessagesClaimed,
@@ -80,6 +81,9 @@ CREATE TABLE IF NOT EXISTS participants (worker TEXT PRIMARY KEY, at REAL NOT NU
 CREATE TABLE IF NOT EXISTS fences (worker TEXT PRIMARY KEY, fence BLOB NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS suspensions (queue TEXT PRIMARY KEY, state BLOB NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS blacklists (worker TEXT PRIMARY KEY, state BLOB NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS handovers (
+    qid INTEGER NOT NULL, grp TEXT NOT NULL, record BLOB NOT NULL, PRIMARY KEY (qid, grp)
+) WITHOUT ROWID;
 """
 
 INSERT_MESSAGE = (
@@ -290,6 +294,10 @@ class SqliteStore:
             for qid, group, policy in db.execute("SELECT qid, grp, policy FROM group_policies")
         ]
         participants = [worker for (worker,) in db.execute("SELECT worker FROM participants")]
+        handovers = [
+            (qid, group, orjson.loads(record))
+            for qid, group, record in db.execute("SELECT qid, grp, record FROM handovers")
+        ]
         return Snapshot(
             queues=queues,
             messages=self._message_rows(),
@@ -298,6 +306,7 @@ class SqliteStore:
             histories=histories,
             policies=policies,
             participants=participants,
+            handovers=handovers,
         )
 
     def _control_rows(self) -> ControlRows:
@@ -531,6 +540,7 @@ def _rows(effect: Effect) -> Iterator[tuple[str, tuple[Any, ...]]]:
             yield "DELETE FROM message_history WHERE qid = ?", (effect.qid,)
             yield "DELETE FROM attempt_log WHERE qid = ?", (effect.qid,)
             yield "DELETE FROM group_policies WHERE qid = ?", (effect.qid,)
+            yield "DELETE FROM handovers WHERE qid = ?", (effect.qid,)
         case QueuePurged():
             yield "DELETE FROM messages WHERE qid = ?", (effect.qid,)
             yield "DELETE FROM message_history WHERE qid = ?", (effect.qid,)
@@ -605,6 +615,14 @@ def _rows(effect: Effect) -> Iterator[tuple[str, tuple[Any, ...]]]:
                 yield (
                     "INSERT OR REPLACE INTO blacklists (worker, state) VALUES (?, ?)",
                     (effect.worker, orjson.dumps(effect.state)),
+                )
+        case HandoverSaved():
+            if effect.record is None:
+                yield "DELETE FROM handovers WHERE qid = ? AND grp = ?", (effect.qid, effect.group)
+            else:
+                yield (
+                    "INSERT OR REPLACE INTO handovers (qid, grp, record) VALUES (?, ?, ?)",
+                    (effect.qid, effect.group, _json(effect.record)),
                 )
         case _:  # FloorRaised and other published-only effects
             return

@@ -40,6 +40,7 @@ from queue_core.machine.effects import (
     FloorRaised,
     GroupEvent,
     GroupPolicySaved,
+    HandoverSaved,
     HistorySaved,
     MessageInserted,
     MessagesClaimed,
@@ -139,6 +140,7 @@ STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
     FenceSaved: st.builds(FenceSaved, worker=texts, fence=st.none() | json_objects),
     SuspensionSaved: st.builds(SuspensionSaved, queue=texts, state=st.none() | json_objects),
     BlacklistSaved: st.builds(BlacklistSaved, worker=texts, state=st.none() | json_objects),
+    HandoverSaved: st.builds(HandoverSaved, qid=ints, group=texts, record=st.none() | json_objects),
 }
 
 any_effect = st.one_of(*STRATEGIES.values())
@@ -265,6 +267,9 @@ def store_effects() -> list[Effect]:
         SuspensionSaved("gone", None),
         BlacklistSaved("worker-a", {"reason": "r", "since": 1.0, "until": 2.0, "queue": "orders"}),
         BlacklistSaved("worker-z", None),
+        HandoverSaved(1, "g1", {"donor": "w1", "phase": "arrived", "state": {"count": 3}}),
+        HandoverSaved(1, "g2", {"donor": "w1", "phase": "awaiting", "state": None}),
+        HandoverSaved(1, "g2", None),
         MessagesMoved((3,), 2, "orders"),  # dead-lettered
         MessagesMoved((4,), 2, None),
         MessagesMoved((3,), 1, None, redrive=True),

@@ -24,6 +24,9 @@ OnExhausted = Literal["park", "dead_letter_message", "dead_letter_group"]
 ON_EXHAUSTED = ("park", "dead_letter_message", "dead_letter_group")
 OnExpiry = Literal["drop", "dead_letter"]
 ON_EXPIRY = ("drop", "dead_letter")
+HandoverPolicy = Literal["proceed", "wait"]
+HANDOVER_POLICIES = ("proceed", "wait")
+MAX_HANDOVER_TIMEOUT = 24 * 3600.0
 SECONDS_FIELDS = (
     "visibility_timeout",
     "retention",
@@ -35,6 +38,7 @@ SECONDS_FIELDS = (
     "ttl",
     "sideline_age",
     "sideline_rate",
+    "handover_timeout",
 )
 RETRY_FIELDS = ("retry_same_worker", "retry_backoff", "retry_backoff_max", "max_attempts", "on_exhausted")
 
@@ -91,6 +95,10 @@ class QueueAttributes:
     # The queue's rollout as `strictq rollout` last wrote it ({version, steps, step, state, ...}; None: none):
     # kept with the attributes so `strictq rollout status` and a restarted controller find it.
     rollout: Any = None
+    # State transfer (docs/state-transfer.md): how long a group moving between workers is held for its
+    # donor's local state, and what then: `proceed` (delivered without it) or `wait` (held until released).
+    handover_timeout: float = 30.0
+    handover_policy: HandoverPolicy = "proceed"
 
     def validate(self) -> QueueAttributes:
         _check_range("visibility_timeout", self.visibility_timeout, 0, 12 * 3600)
@@ -117,6 +125,11 @@ class QueueAttributes:
             raise InvalidArgument(f"on_expiry must be one of {', '.join(ON_EXPIRY)}", field="on_expiry")
         _check_scheduling(self)
         _check_routing(self)
+        _check_range("handover_timeout", self.handover_timeout, 0.001, MAX_HANDOVER_TIMEOUT)
+        if self.handover_policy not in HANDOVER_POLICIES:
+            raise InvalidArgument(
+                f"handover_policy must be one of {', '.join(HANDOVER_POLICIES)}", field="handover_policy"
+            )
         self.retry_policy().validate()
         return self
 

@@ -5,7 +5,9 @@ The SDK declares `results, probes` on every poll: the EmoDB face's header `X-Str
 body `"capabilities": ["results", "probes"]`. `results`: the worker reports attempt results, so its
 lapsed claims are failure evidence and it takes part in fencing, same-worker retries and probing;
 `probes`: it can also be handed probe (dummy) items; `request_ids`: its poll items carry `request_id`, the
-id of the request that sent each message (the EmoDB face's opt-in; the core itself ignores it). Unknown
+id of the request that sent each message (the EmoDB face's opt-in; the core itself ignores it); `state`:
+it keeps local state per group and takes part in state transfer (machine.handover: its poll items carry a
+moved group's state, its poll answers name the groups whose state it should export). Unknown
 tokens are ignored (forward compatibility);
 a malformed declaration is refused with a 400 naming the header (or field). A client that declares
 nothing (boto3, the AWS CLI, curl, any EmoDB client) gets plain queue semantics.
@@ -28,7 +30,8 @@ FIELD = "capabilities"  # the internal API's receive body
 RESULTS = "results"
 PROBES = "probes"
 REQUEST_IDS = "request_ids"
-KNOWN = frozenset({RESULTS, PROBES, REQUEST_IDS})
+STATE = "state"
+KNOWN = frozenset({RESULTS, PROBES, REQUEST_IDS, STATE})
 MAX_TOKENS = 16
 MAX_BYTES = 256
 TOKEN_RE = re.compile(r"[a-z0-9_-]+")
@@ -44,6 +47,7 @@ class Capabilities:
     # The software version the worker runs (`X-Strictq-Worker-Version`, the internal API's `version`): not a
     # token but carried with the declaration, for group routing's canary share (routing.py). "": unnamed.
     version: str = ""
+    state: bool = False  # local state per group: transferred state inline, export requests (handover)
 
     @property
     def participates(self) -> bool:
@@ -56,7 +60,7 @@ class Capabilities:
         return self.results and self.probes
 
     def tokens(self) -> list[str]:
-        return [name for name in (RESULTS, PROBES, REQUEST_IDS) if getattr(self, name)]
+        return [name for name in (RESULTS, PROBES, REQUEST_IDS, STATE) if getattr(self, name)]
 
 
 PLAIN = Capabilities()
@@ -79,7 +83,9 @@ def _from_tokens(tokens: Iterable[str], field: str) -> Capabilities:
                 field=field,
             )
         seen.add(token)
-    return Capabilities(results=RESULTS in seen, probes=PROBES in seen, request_ids=REQUEST_IDS in seen)
+    return Capabilities(
+        results=RESULTS in seen, probes=PROBES in seen, request_ids=REQUEST_IDS in seen, state=STATE in seen
+    )
 
 
 MAX_VERSION = 64

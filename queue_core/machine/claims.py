@@ -11,6 +11,7 @@ from typing import Literal
 
 from .effects import ClaimRow, ClaimsChanged, FloorRaised, MessagesClaimed, TokensRaised
 from .errors import InvalidArgument, NotInFlight, StaleClaim
+from .handover import held
 from .heap import LazyHeap
 from .queue import QueueState, tiebreak
 from .records import AckOutcome, AttemptHistory, Delivery, GroupState, Message, format_receipt
@@ -371,6 +372,8 @@ def _next_group(
             if own is not None and (top is None or own[0] < top[0]):
                 mine.pop()
                 group = own[2]
+                if held(queue, group):  # moving to another worker: pushed again when its state is here
+                    continue
                 history = group.messages[0].history
                 if history is not None:
                     history.reserved_for = ""  # the retry is taken
@@ -379,6 +382,8 @@ def _next_group(
         if top is None:
             return None
         group = top[2]
+        if held(queue, group):
+            continue
         if _excludes(queue, group, worker, now):
             skipped.append(group)
             if len(skipped) >= MAX_EXCLUDED_SKIPS:
@@ -395,15 +400,19 @@ def _next_from(
     skipped: list[GroupState],
     now: float,
 ) -> GroupState | None:
-    if mine is not None:
+    while mine is not None:
         own = mine.pop()
-        if own is not None:
+        if own is None:
+            break
+        if not held(queue, own[2]):
             history = own[2].messages[0].history
             if history is not None:
                 history.reserved_for = ""  # the retry is taken
             return own[2]
     while True:
         group = pop()
+        if group is not None and held(queue, group):
+            continue
         if group is None or not _excludes(queue, group, worker, now):
             return group
         skipped.append(group)

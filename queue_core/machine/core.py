@@ -30,6 +30,8 @@ from .effects import Effect, QueueDropped, QueuePurged, QueueSaved
 from .errors import QueueError
 from .gauges import QueueGauges, queue_gauges
 from .groups import DEFAULT_PARTITIONS
+from .handover import HandoverPolicy, Handovers
+from .handover import restored as restore_handovers
 from .inputs import AttemptResult, SendRequest, Snapshot
 from .moves import MOVE_CHUNK, Moves
 from .queue import QueueState
@@ -71,6 +73,7 @@ class QueueCore:
         self._retries = Retries(self.state)
         self._claims = Claims(self.state, self._retries.lapsed)
         self._moves = Moves(self.state)
+        self._handovers = Handovers(self.state)
 
     # ------------------------------------------------------------------------------- shared state
     @property
@@ -252,6 +255,57 @@ class QueueCore:
     def cancel_move(self, move_id: str, now: float) -> MoveStatus:
         return self._moves.cancel(move_id, now)
 
+    # ------------------------------------------------------------------------------ handovers
+    def hand_over(
+        self,
+        queue_name: str,
+        groups: Sequence[str] | None,
+        from_worker: str,
+        now: float,
+        policy: HandoverPolicy | None = None,
+    ) -> tuple[list[str], list[str]]:
+        """Move `groups` of `queue_name` away from `from_worker`, with their local state (issue 18;
+        machine.handover, docs/state-transfer.md). The one entry point for whatever decides a move
+        (an operator's `strictq handover`, group routing's pins and rollouts, a fleet drain or fence).
+
+        `groups`: group names (a name with no messages now is fine: its future messages are held), or
+        None for every group whose newest claim went to `from_worker`. `policy`: what to do when the
+        donor does not send the state within the queue's `handover_timeout`, `proceed` (deliver without
+        it) or `wait` (hold until `release_handover`); None: the queue's `handover_policy`.
+
+        From this call on, the groups are delivered to nobody (a claim still out, whoever holds it, runs
+        to its end first: the timeout starts when it ends) until the donor's state arrives through
+        `put_state` (the donor learns which groups to export from `export_requests` on its polls), or the
+        policy lets them go. The state then goes, inline, to the first claimer (`take_states`), whichever
+        worker that is; the caller routes the groups elsewhere if the donor must not get them back.
+        Returns (marked, already moving): a group already in a handover keeps it. Durable once the
+        call's effects are; events (`GroupEvent`) tell each step. Raises QueueNotFound, InvalidArgument
+        (a bad name or policy), LimitExceeded (too many groups in handover in this queue)."""
+        self.handle_timer(now)
+        return self._handovers.hand_over(queue_name, groups, from_worker, now, policy)
+
+    def export_requests(self, queue_name: str, worker: str) -> list[str]:
+        """Groups whose state `worker` should export now (bounded; it donates them and their claims ended)."""
+        return self._handovers.export_requests(queue_name, worker)
+
+    def put_state(self, queue_name: str, worker: str, states: dict[str, Any], now: float) -> dict[str, str]:
+        """The donor's local state per group: status `ok` or `not_requested` per group (see Handovers)."""
+        self.handle_timer(now)
+        return self._handovers.put_state(queue_name, worker, states, now)
+
+    def take_states(self, queue_name: str, deliveries: Sequence[Delivery]) -> dict[str, Any]:
+        """The transferred state of the delivered groups, by group, handed to these claims (call it right
+        after `receive`, for a poller that takes state)."""
+        return self._handovers.take_states(queue_name, deliveries)
+
+    def release_handover(self, queue_name: str, groups: Sequence[str], now: float) -> list[str]:
+        self.handle_timer(now)
+        return self._handovers.release(queue_name, groups, now)
+
+    def handovers(self, queue_name: str, now: float) -> list[dict[str, Any]]:
+        self.handle_timer(now)
+        return self._handovers.pending(queue_name)
+
     # ------------------------------------------------------------------------------- inspection
     def peek(self, queue_name: str, limit: int, now: float) -> list[PeekItem]:
         """Messages in receipt order within groups, ignoring claims (EmoDB peek: a debugging view)."""
@@ -287,14 +341,24 @@ class QueueCore:
     def handle_timer(self, now: float) -> None:
         """Expire claims, end delays and reservations, drop messages past retention and advance moves,
         up to `now`. Idempotent for the same `now`."""
+        self.state.now = now
         self._claims.expire_due(now)
         self.state.end_delays(now)
         self._retries.end_reservations(now)
         self.state.expire_retention(now)
         if self.state.moves:
             self._moves.step(now)
+        self._handovers.expire_due(now)
 
     # ---------------------------------------------------------------------------------- restore
     def restore(self, snapshot: Snapshot, now: float) -> None:
         """Rebuild from the store after a restart; claims keep their expiry, tokens stay monotonic."""
         restore_into(self.state, snapshot, now)
+        self.state.now = now
+        by_qid = {queue.qid: queue for queue in self.state.queues.values()}
+        rows: dict[int, list[tuple[str, dict[str, Any]]]] = {}
+        for qid, group, record in snapshot.handovers:
+            rows.setdefault(qid, []).append((group, record))
+        for qid, records in rows.items():
+            if qid in by_qid:
+                restore_handovers(self.state, by_qid[qid], records, now)

@@ -235,6 +235,16 @@ class BlacklistSaved:
     state: dict[str, Any] | None
 
 
+@dataclass(slots=True)
+class HandoverSaved:
+    """A group's handover record (machine.handover.Handover.to_dict(), with any transferred state), or
+    None: the handover is over (the state was used, the timeout let the group go, an operator released it)."""
+
+    qid: int
+    group: str
+    record: dict[str, Any] | None
+
+
 Effect = (
     QueueSaved
     | QueueDropped
@@ -259,6 +269,7 @@ Effect = (
     | FenceSaved
     | SuspensionSaved
     | BlacklistSaved
+    | HandoverSaved
 )
 
 DURABLE_EFFECTS = (
@@ -281,4 +292,5 @@ DURABLE_EFFECTS = (
     FenceSaved,
     SuspensionSaved,
     BlacklistSaved,
+    HandoverSaved,
 )

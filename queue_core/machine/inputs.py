@@ -77,6 +77,8 @@ class Snapshot:
     policies: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)
     # workers whose latest poll declared `results` (QueueCore.participants)
     participants: list[str] = field(default_factory=list)
+    # (qid, group, machine.handover.Handover.to_dict()): groups moving between workers with their state
+    handovers: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)
 
 
 def parse_receipt(receipt: object) -> tuple[str, int]:

@@ -10,7 +10,7 @@ from typing import Any
 from .attributes import QueueAttributes
 from .groups import partition_of
 from .heap import LazyHeap
-from .records import GroupState, Message
+from .records import GroupState, Handover, Message
 from .routing import NO_ROUTING, Router
 from .scheduling import Scheduler
 
@@ -27,6 +27,8 @@ class QueueState:
         self.attributes = attributes
         self.created_at = created_at
         self.groups: dict[str, GroupState] = {}
+        # Groups moving between workers with their local state, by group name (machine.handover).
+        self.handovers: dict[str, Handover] = {}
         self.by_id: dict[str, Message] = {}
         # Groups that can be claimed now, keyed by their head's receipt key (SQS FIFO rule 1: oldest first).
         # Entries are lazy: validated when popped, so a group is pushed whenever it may have become ready.

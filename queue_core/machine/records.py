@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 KEY_SHIFT = 20  # key = (receipt time in ms << 20) | counter: unique, monotonic, and it dates the message
 
@@ -263,6 +263,8 @@ class Received:
     extra: bytes
     probe: bool = False  # a dummy message of failure management (queue_core.failures), not the core's
     request_id: str | None = None  # the id of the request that sent it (kept with the body, not the core)
+    # The group's transferred local state (machine.handover), on its first item, for a poller taking state.
+    state: Any = None
 
 
 @dataclass(slots=True)
@@ -341,3 +343,58 @@ class MoveStatus:
             "started_at": self.started_at,
             "finished_at": self.finished_at,
         }
+
+
+# ------------------------------------------------------------------------------ state transfer (handover.py)
+HandoverPhase = Literal["draining", "awaiting", "waiting", "arrived"]
+HELD_PHASES = frozenset(("draining", "awaiting", "waiting"))
+
+
+@dataclass(slots=True)
+class Handover:
+    """One group moving away from `donor`. Phases: `draining` (a claim is still out: the move waits for
+    it), `awaiting` (held; the donor is asked for the state until `deadline`), `waiting` (the timeout
+    passed under policy `wait`: held until released), `arrived` (the state is here and the group is
+    deliverable; `given` is the token of the claim it was handed to, 0 before)."""
+
+    group: str
+    donor: str
+    since: float
+    policy: Literal["proceed", "wait"]
+    phase: HandoverPhase
+    deadline: float = 0.0
+    state: Any = None
+    size: int = 0
+    given: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "donor": self.donor,
+            "since": self.since,
+            "policy": self.policy,
+            "phase": self.phase,
+            "deadline": self.deadline,
+            "state": self.state,
+            "size": self.size,
+            "given": self.given,
+        }
+
+    @classmethod
+    def from_dict(cls, group: str, data: dict[str, Any]) -> Handover:
+        return cls(
+            group,
+            str(data["donor"]),
+            float(data["since"]),
+            data["policy"],
+            data["phase"],
+            float(data.get("deadline", 0.0)),
+            data.get("state"),
+            int(data.get("size", 0)),
+            int(data.get("given", 0)),
+        )
+
+    def view(self) -> dict[str, Any]:
+        """What an operator sees (the state itself stays out: it may be large)."""
+        out = self.to_dict()
+        del out["state"]
+        return {"group": self.group, **out}

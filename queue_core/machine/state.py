@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from . import handover
 from .attributes import QueueAttributes, validate_queue_name
 from .effects import (
     Effect,
@@ -74,6 +75,11 @@ class CoreState:
         self.reservations: LazyHeap[tuple[float, int, Message]] = LazyHeap(_reservation_live)
         self.moves: dict[str, MoveStatus] = {}
         self.move_counter = 0
+        # The `now` of the facade's latest call (QueueCore.handle_timer): hooks that run deep inside a step
+        # (a claim ending starts a handover's timeout) read it instead of having it threaded through.
+        self.now = 0.0
+        # (deadline, tiebreak, queue, record): handovers whose donor has until then to send the state.
+        self.handover_deadlines = handover.new_deadline_heap(self)
 
     # ----------------------------------------------------------------------------------- effects
     def drain_effects(self) -> list[Effect]:
@@ -162,6 +168,8 @@ class CoreState:
         if queue.scheduler is not None:
             queue.scheduler.claim_ended(group)
         queue.push_ready(group)
+        if queue.handovers:
+            handover.claim_ended(self, queue, group)
         for move in self.moves.values():
             if move.state == "running" and move.source == queue.name:
                 move.pending_groups.append(group.name)
@@ -178,6 +186,8 @@ class CoreState:
             elif not message.group.claimed and message.group.messages:
                 queue.push_ready(message.group)  # head changed on an idle group (retention, dedup)
         queue.deleted += len(messages)
+        if queue.handovers:
+            handover.deleted(self, queue, messages)
         for group in ended:
             self.claim_ended(queue, group)
         self.effects.append(MessagesDeleted(tuple(m.key for m in messages)))
@@ -266,7 +276,8 @@ class CoreState:
         """When the shell must call `handle_timer` next (None: nothing scheduled)."""
         if any(m.state == "running" and m.pending_groups for m in self.moves.values()):
             return 0.0
-        tops = (heap.peek() for heap in (self.claims, self.delays, self.retention, self.reservations))
+        heaps = (self.claims, self.delays, self.retention, self.reservations, self.handover_deadlines)
+        tops = (heap.peek() for heap in heaps)
         candidates = [top[0] for top in tops if top is not None]
         return min(candidates) if candidates else None
 

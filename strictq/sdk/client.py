@@ -20,7 +20,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Mapping, Sequence
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import aiohttp
 import orjson
@@ -54,6 +54,7 @@ LEASE_HEADER = headers.LEASE
 GROUP_HEADER = headers.GROUP
 CAPABILITIES_HEADER = headers.CAPABILITIES
 WORKER_VERSION_HEADER = headers.WORKER_VERSION
+HANDOVER_HEADER = headers.HANDOVER
 REQUEST_ID_HEADER = headers.REQUEST_ID
 
 
@@ -116,7 +117,9 @@ class EmoClient:
         body: Any = None,
         headers: Mapping[str, str] | None = None,
         request_timeout: float | None = None,
+        answer_headers: dict[str, str] | None = None,
     ) -> Any:
+        """`answer_headers`: filled with the strictq headers of a successful answer (`X-Strictq-*`)."""
         if self._session is None:
             raise RuntimeError("EmoClient is not open (use `async with` or open())")
         data = None if body is None else orjson.dumps(body)
@@ -132,6 +135,10 @@ class EmoClient:
             ) as resp:
                 raw = await resp.read()
                 status = resp.status
+                if answer_headers is not None and status < 400:
+                    answer_headers.update(
+                        (k, v) for k, v in resp.headers.items() if k.lower().startswith("x-strictq-")
+                    )
         except aiohttp.ClientSSLError as exc:
             raise self._tls_failed(exc) from None
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -208,10 +215,12 @@ class EmoClient:
         wait: float | None = None,
         capabilities: Sequence[str] = (),
         version: str = "",
+        handover: list[str] | None = None,
     ) -> list[PollItem]:
         """Claim up to `limit` messages for `ttl` seconds (None: the queue's default). `capabilities` (e.g.
         `("results", "probes")`) are declared in `X-Strictq-Capabilities`: the worker opts in to failure
-        management for this poll.
+        management for this poll. `handover`: filled with the groups the answer asks this worker to
+        export the local state of (`X-Strictq-Handover`, for a poll declaring `state`).
         An answer that is not a list of poll items raises `MalformedPollItem` (naming the item and field;
         its `items` are the ones of the answer that could be read, claimed all the same)."""
         params = {"limit": str(limit)} if ttl is None else {"ttl": f"{ttl:g}", "limit": str(limit)}
@@ -222,10 +231,28 @@ class EmoClient:
         if wait is not None:
             params["wait"] = f"{wait:g}"
             timeout = self._timeout + wait
+        seen: dict[str, str] | None = {} if handover is not None else None
         answer = await self._call(
-            "GET", f"/{_q(queue)}/poll", params=params, headers=headers, request_timeout=timeout
+            "GET",
+            f"/{_q(queue)}/poll",
+            params=params,
+            headers=headers,
+            request_timeout=timeout,
+            answer_headers=seen,
         )
+        if handover is not None and seen:
+            named = next((v for k, v in seen.items() if k.lower() == HANDOVER_HEADER.lower()), "")
+            handover.extend(unquote(part) for part in named.split(",") if part)
         return parse_poll(answer, queue)
+
+    async def put_state(self, queue: str, states: Mapping[str, Any]) -> dict[str, str]:
+        """Upload local state of moved groups (state transfer, docs/state-transfer.md): `{group: state}`;
+        answers each group's status (`ok`, or `not_requested`), once the gateway has made it durable."""
+        answer = await self._call("PUT", f"/{_q(queue)}/state", body=dict(states))
+        results = answer.get("results") if isinstance(answer, dict) else None
+        if not isinstance(results, list):
+            raise GatewayError(f"PUT /{queue}/state: unexpected answer {str(answer)[:80]}", 200, answer)
+        return {str(r.get("group")): str(r.get("status")) for r in results if isinstance(r, dict)}
 
     async def ack(self, queue: str, ids: Sequence[str], token: int | str | None) -> None:
         await self._call("POST", f"/{_q(queue)}/ack", body=list(ids), headers=_lease(token))

@@ -3,7 +3,8 @@
 clear error naming the item and the field.
 
 The EmoDB face's poll answer (gateway/emodb.py) is a list of objects:
-`{"id", "payload", "group", "seq", "token", "attempt", "queue_ref", "probe"?, "history"?, "request_id"?}`.
+`{"id", "payload", "group", "seq", "token", "attempt", "queue_ref", "probe"?, "history"?, "request_id"?,
+"state"?}` (`state`: a moved group's local state, for a poll declaring `state`).
 Only `id` is required (a plain EmoDB server sends `id` and `payload`): no `group` means the message is its
 own group, no `token` means an unfenced claim, no `attempt` (or `receive_count`, an older name) means the
 first. `request_id` (the id of the request that sent the message, for pollers declaring `request_ids`)
@@ -37,6 +38,7 @@ class PollItem:
     probe: bool = False
     history: History = EMPTY_HISTORY
     request_id: str | None = None  # the id of the request that sent the message (None: not given)
+    state: dict[str, Any] | None = None  # the group's transferred local state (it moved to this worker)
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -76,6 +78,9 @@ class PollItem:
         if history is not None and not isinstance(history, dict):
             raise wrong("history", "an object")
         request_id = item.get("request_id")
+        state = item.get("state")
+        if state is not None and not isinstance(state, dict):
+            raise wrong("state", "an object")
         return cls(
             id=message_id,
             payload=item.get("payload"),
@@ -87,6 +92,7 @@ class PollItem:
             probe=probe,
             history=History.from_poll(history),
             request_id=request_id if is_request_id(request_id) else None,
+            state=state,
             raw=item,
         )
 

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import weakref
@@ -107,6 +108,7 @@ from .errors import (
     SetupError,
 )
 from .item import PollItem
+from .local_state import LocalState, StateDisabled, StateTooLarge
 from .outbound import CURRENT, Tags, proxy_authorization, tagged_session
 from .retry import Retry, transient
 
@@ -118,6 +120,7 @@ MAX_ERROR_BACKOFF = 1.0  # retries of one ack / report / renew within the claim'
 CAPABILITY_RESULTS = "results"  # X-Strictq-Capabilities: the worker reports attempt results
 CAPABILITY_PROBES = "probes"  # ... and handles probes (failure management's dummy messages)
 CAPABILITY_REQUEST_IDS = "request_ids"  # ... and wants each message's sending request id (no semantics)
+CAPABILITY_STATE = "state"  # ... and keeps local state per group, moved with the group (local_state)
 EXIT_SIGINT = 130  # 128 + SIGINT, the shell's convention for Ctrl-C
 EXIT_FAILED = 1  # a worker could not go on (WorkerError)
 EXIT_CONFIG = 2  # settings missing or invalid (ConfigError), as the CLI's usage errors
@@ -145,6 +148,8 @@ class Message:
     steps: list[dict[str, Any]] = field(default_factory=list)  # completed in this attempt (use step())
     partial: Any = None  # this attempt's partial results (JSON): reported when it fails
     fields: dict[str, Any] = field(default_factory=dict)  # free-form structured fields for the log data
+    # The group's local state on this worker (Worker(state_limit=...); strictq.sdk.local_state).
+    state: dict[str, Any] = field(default_factory=StateDisabled)
 
     async def step(self, name: str, result: Any = None) -> None:
         """Record that this attempt completed the step `name` (with its JSON `result`): reported with the
@@ -199,8 +204,12 @@ class Worker:
         report_results: bool | None = None,
         backoff: tuple[float, float] = (0.1, 30.0),
         version: str = "",
+        state_limit: int = 0,
     ) -> None:
-        """`version`: the software version this worker runs, named on its polls (`X-Strictq-Worker-Version`)
+        """`state_limit`: keep local state per group (`msg.state`), at most this many bytes of JSON each,
+        moved with the group when the queue service hands it to another worker (strictq.sdk.local_state,
+        docs/state-transfer.md); 0 (default): no local state, no `state` capability.
+        `version`: the software version this worker runs, named on its polls (`X-Strictq-Worker-Version`)
         so group routing can give a rollout's canary share only to the canary version's workers.
         `probe`: the handler for probes (failure management's dummy messages; default: `handler`).
         `report_results`: report attempt results (log data) to the gateway; None (default) does when the
@@ -242,6 +251,8 @@ class Worker:
         self.retry_backoff = retry_backoff
         self.backoff = backoff
         self.version = version
+        self.local_state = LocalState(state_limit) if state_limit else None
+        self._exporting: set[str] = set()  # groups whose state is being uploaded
         self._polls = Retry(f"poll of {queue}", *backoff, log_steps=True)  # gateway down, 5xx, 429
         self._refusals = Backoff(*backoff)  # calls the egress proxy refused (block, stale-lease, 407)
         self._refusal_epoch = 0  # +1 per counted refusal: claims polled before it belong to that episode
@@ -293,9 +304,10 @@ class Worker:
         and handles probes (with `probe=` or, without one, with the handler), and it takes each message's
         sending request id. Only the last once it is known not to report (`report_results=False`, or a
         gateway without the results route): request ids change no semantics."""
+        state = (CAPABILITY_STATE,) if self.local_state is not None else ()
         if self.report_results is False:
-            return (CAPABILITY_REQUEST_IDS,)
-        return (CAPABILITY_RESULTS, CAPABILITY_PROBES, CAPABILITY_REQUEST_IDS)
+            return (CAPABILITY_REQUEST_IDS, *state)
+        return (CAPABILITY_RESULTS, CAPABILITY_PROBES, CAPABILITY_REQUEST_IDS, *state)
 
     @property
     def exit_code(self) -> int:
@@ -372,8 +384,11 @@ class Worker:
                 continue
             started = loop.time()
             limit = min(self.limit, free)
+            handover: list[str] | None = [] if self.local_state is not None else None
 
-            async def poll(limit: int = limit) -> list[PollItem]:
+            async def poll(limit: int = limit, handover: list[str] | None = handover) -> list[PollItem]:
+                if handover:
+                    handover.clear()  # a retried poll: only its own answer counts
                 return await gateway.poll(
                     self.queue,
                     ttl=self.ttl,
@@ -381,6 +396,7 @@ class Worker:
                     wait=self.wait,
                     capabilities=self.capabilities,
                     version=self.version,
+                    handover=handover,
                 )
 
             try:  # transient failures are retried (full jitter, logged once per step): strictq.sdk.retry
@@ -394,6 +410,8 @@ class Worker:
                 raise WorkerError(self._refused_poll(exc)) from exc
             self.stats.polls += 1
             self.stats.received += len(messages)
+            if handover:
+                self._export_state(handover)
             if messages and self._stopping.is_set():
                 await self._release_polled(messages, "worker stopping")
                 break
@@ -433,10 +451,47 @@ class Worker:
                 previous.lose("the group was claimed again with a newer token (this claim expired)")
             else:
                 previous = None
+            if self.local_state is not None:
+                moved = next((i.state for i in items if i.state is not None), None)
+                if moved is not None:  # the group moved here: its former worker's state replaces ours
+                    self.local_state.take(group, moved)
             run = _GroupRun(self, group, items, claimed_at, previous)
             self._runs[group] = run
             self._active.add(run)
             run.task = self._tg.create_task(run.run(), name=f"strictq-{self.queue}-group-{group}")
+
+    def _export_state(self, groups: Sequence[str]) -> None:
+        """Upload the local state of groups moving away from this worker (its poll answer named them)."""
+        assert self._tg is not None
+        fresh = [g for g in groups if g not in self._exporting]
+        if fresh:
+            self._exporting.update(fresh)
+            self._tg.create_task(self._upload_state(fresh), name=f"strictq-state-{self.queue}")
+
+    async def _upload_state(self, groups: list[str]) -> None:
+        """Each batch once, with bounded retries; a group the gateway took is forgotten here. A failure is
+        logged: the gateway asks again on a later poll while the handover waits."""
+        local, gateway = self.local_state, self._gateway
+        assert local is not None and gateway is not None
+        try:
+            for batch in local.batches(groups):
+                retry = Retry(f"state upload to {self.queue}", MIN_BACKOFF, MAX_ERROR_BACKOFF)
+                deadline = asyncio.get_running_loop().time() + self.gateway_timeout
+                try:
+                    outcomes = await retry.call(
+                        functools.partial(gateway.put_state, self.queue, batch),
+                        deadline=deadline,
+                        sleep=self._sleep,
+                        give_up=self._stop_now.is_set,
+                    )
+                except GatewayError as exc:
+                    log.warning(
+                        "could not upload the state of %d group(s) of %s: %s", len(batch), self.queue, exc
+                    )
+                    continue
+                local.forget(g for g, status in outcomes.items() if status == "ok")
+        finally:
+            self._exporting.difference_update(groups)
 
     def _run_finished(self, run: _GroupRun) -> None:
         self._active.discard(run)
@@ -641,6 +696,8 @@ class _GroupRun:
             history=polled.history,
             request_id=polled.request_id,
         )
+        if worker.local_state is not None:
+            message.state = worker.local_state.of(self.group)
         self.current = tags
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -660,6 +717,8 @@ class _GroupRun:
         if probe:
             worker.stats.probes += 1
         error = None if task.cancelled() else task.result()
+        if error is None and not task.cancelled() and worker.local_state is not None and not probe:
+            error = _state_error(worker.local_state, self.group)
         if tags.fenced is not None:  # a fenced or stale worker backs off instead of polling straight on
             worker._refused(f"{tags.fenced.action} for message {polled.id}", self.epoch)
         elif error is not None and _proxy_auth_refused(error):
@@ -1014,6 +1073,17 @@ def _proxy_auth_refused(error: BaseException) -> bool:
             return True
         current = current.__cause__ or current.__context__
     return False
+
+
+def _state_error(local: LocalState, group: str) -> BaseException | None:
+    """Why the group's local state cannot be kept after a handler (over the limit, not JSON), or None."""
+    try:
+        local.check(group)
+    except StateTooLarge as exc:
+        return exc
+    except (TypeError, ValueError) as exc:
+        return StateTooLarge(f"the local state of group {group!r} is not JSON: {exc}")
+    return None
 
 
 def _by_token(messages: Iterable[PollItem]) -> dict[int | None, list[str]]:
