@@ -215,3 +215,25 @@ async def test_a_transfer_pending_survives_a_restart_of_the_server(tmp_path: Pat
             await send(gw, range(4, 6))
             await until(lambda: len(two.seen) == 2)
     assert two.seen == [("worker-2", 4, 4), ("worker-2", 5, 5)]
+
+
+async def test_a_pin_moving_a_group_takes_its_state_along(gateway: Gateway) -> None:
+    """Group routing (queue_core.machine.routing) moving a group away from the worker that kept its state:
+    the move is a handover by itself (the donor declared `state`), and the count goes on exactly where the
+    pinned worker picks the group up; the donor never gets the group again."""
+    await setup(gateway)
+    one, two = Counter(), Counter()
+    async with running(worker(gateway, "worker-1", one)) as donor, running(worker(gateway, "worker-2", two)):
+        await send(gateway, range(1, 4))
+        await until(lambda: len(one.seen) + len(two.seen) == 3)
+        holder = "worker-1" if one.seen else "worker-2"
+        other = "worker-2" if holder == "worker-1" else "worker-1"
+        pin = {"pins": [{"name": "moved", "prefix": "g", "workers": [other]}]}
+        await gateway.service.set_attributes(CORE, {"routing": pin})
+        await send(gateway, range(4, 7))
+        await until(lambda: len(one.seen) + len(two.seen) == 6)
+        assert donor is not None
+    done = sorted(one.seen + two.seen, key=lambda s: s[1])
+    assert [count for _, _, count in done] == [1, 2, 3, 4, 5, 6]  # the count went on across the move
+    assert {w for w, n, _ in done if n >= 4} == {other}  # after the pin, only the pinned worker
+    assert await phases(gateway) == {}

@@ -149,6 +149,8 @@ class Claims:
                 )
             queue.in_flight += len(group.claimed)
             queue.claim_started(group)
+            if worker in queue.state_workers:
+                queue.held_state(group.name, worker)
             if ttl:
                 state.claims.push((expires, next(tiebreak), group, token))
             else:

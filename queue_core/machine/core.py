@@ -27,10 +27,10 @@ from .claims import (
     check_limit,
 )
 from .effects import Effect, QueueDropped, QueuePurged, QueueSaved
-from .errors import QueueError
+from .errors import LimitExceeded, QueueError
 from .gauges import QueueGauges, queue_gauges
 from .groups import DEFAULT_PARTITIONS
-from .handover import HandoverPolicy, Handovers
+from .handover import MAX_GROUPS_PER_CALL, HandoverPolicy, Handovers
 from .handover import restored as restore_handovers
 from .inputs import AttemptResult, SendRequest, Snapshot
 from .moves import MOVE_CHUNK, Moves
@@ -131,7 +131,35 @@ class QueueCore:
                 state.push_retention(group)
         if any(name in changes for name in (*SCHEDULING_FIELDS, *ROUTING_FIELDS)):
             queue.reschedule()
+        if "routing" in changes:
+            self._hand_over_moved(queue, now)
         return queue.attributes
+
+    def _hand_over_moved(self, queue: QueueState, now: float) -> None:
+        """Groups the new routing takes away from the worker that last claimed them go with their local
+        state, when that worker keeps state (it declared `state`), drained groups too (their state lives
+        on in the worker: `state_holders`): a handover each (machine.handover).
+        Groups over the handover limits move without their state (the limit's error is not the routing
+        change's: the change stands)."""
+        router = queue.router
+        if router is None or not queue.state_holders:
+            return
+        table, versions = router.table, queue.worker_versions
+        moving: dict[str, list[str]] = {}
+        for name, donor in list(queue.state_holders.items()):
+            if donor in queue.state_workers and table.route_of(name) not in table.routes_for(
+                donor, versions.get(donor, "")
+            ):
+                moving.setdefault(donor, []).append(name)
+                del queue.state_holders[name]  # its state is on its way; the next claimer holds it
+        for donor, names in moving.items():
+            for start in range(0, len(names), MAX_GROUPS_PER_CALL):
+                try:
+                    self._handovers.hand_over(
+                        queue.name, names[start : start + MAX_GROUPS_PER_CALL], donor, now
+                    )
+                except LimitExceeded:
+                    return
 
     def delete_queue(self, name: str, now: float) -> None:
         state = self.state
@@ -164,10 +192,12 @@ class QueueCore:
         self.handle_timer(now)
         return self._sends.send(queue_name, requests, now, create=create)
 
-    def saw_version(self, queue_name: str, worker: str, version: str) -> None:
+    def saw_version(
+        self, queue_name: str, worker: str, version: str, keeps_state: bool | None = None
+    ) -> None:
         """The version `worker` polls `queue_name` as, before any gate holds the poll (a routed queue's
         figures per version count its fenced workers too)."""
-        self.state.queue(queue_name).saw_version(worker, version)
+        self.state.queue(queue_name).saw_version(worker, version, keeps_state)
 
     def receive(
         self, queue_name: str, limit: int, ttl: float | None, worker: str, now: float, version: str = ""

@@ -14,6 +14,7 @@ from .records import GroupState, Handover, Message
 from .routing import NO_ROUTING, Router
 from .scheduling import Scheduler
 
+MAX_STATE_HOLDERS = 100_000  # groups per queue whose state-keeping holder is remembered
 # One tie-breaker for every heap in the machine, so equal keys never compare the objects behind them.
 tiebreak = itertools.count()
 
@@ -61,10 +62,21 @@ class QueueState:
         # worker -> the software version it last polled as (X-Strictq-Worker-Version; "" unnamed): group
         # routing's canary share, and what `strictq rollout` takes as the baseline.
         self.worker_versions: dict[str, str] = {}
+        self.state_workers: set[str] = set()  # pollers that declared `state` (local state per group)
+        # group -> the state-keeping worker that claimed it last, oldest first, bounded (the group may have
+        # drained since; its state still lives there): what a routing change hands over. In memory only.
+        self.state_holders: dict[str, str] = {}
         # A queue with routing (pins, a canary share) keeps its ready groups in one heap per route.
         self.router: Router | None = self._new_router()
 
-    def saw_version(self, worker: str, version: str) -> None:
+    def saw_version(self, worker: str, version: str, keeps_state: bool | None = None) -> None:
+        """What a poller runs: its version, and (None: not said) whether it keeps local state per group
+        (the `state` capability: a routing change moving its groups hands their state over)."""
+        if keeps_state is not None:
+            if keeps_state:
+                self.state_workers.add(worker)
+            else:
+                self.state_workers.discard(worker)
         versions = self.worker_versions
         if versions.get(worker) == version:
             return
@@ -72,6 +84,15 @@ class QueueState:
         if len(versions) > 2048 and len(versions) > 2 * len(self.pollers):  # workers gone quiet
             for name in [w for w in versions if w not in self.pollers]:
                 del versions[name]
+            self.state_workers &= set(versions)
+
+    def held_state(self, group: str, worker: str) -> None:
+        """`worker` (which keeps local state) claimed `group`: it holds the group's state now."""
+        holders = self.state_holders
+        holders.pop(group, None)
+        holders[group] = worker
+        if len(holders) > MAX_STATE_HOLDERS:
+            del holders[next(iter(holders))]
 
     def _new_router(self) -> Router | None:
         table = self.attributes.routing_table

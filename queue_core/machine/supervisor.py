@@ -153,7 +153,7 @@ class Supervisor:
         core.queue(queue)  # QueueNotFound before anything is recorded
         if worker:
             core.declare(worker, capabilities.participates, now)
-            core.saw_version(queue, worker, capabilities.version)  # a fenced canary counts too
+            core.saw_version(queue, worker, capabilities.version, capabilities.state)  # fenced ones too
         monitor = self.monitor
         if monitor is not None:
             # A plain poller is nobody to failure management: only a suspended queue holds it.
