@@ -11,7 +11,7 @@ GROUP = "X-Strictq-Group"  # the strict order group of a send
 LEASE = "X-Strictq-Lease"  # a claim's fencing token (ack, renew; a tagged outbound call)
 CAPABILITIES = "X-Strictq-Capabilities"  # what a worker's poll takes part in (`results, probes`)
 # The software version a worker runs (the SDK's `Worker(version=...)`), on its polls: group routing gives a
-# rollout's canary share of groups only to workers of the canary version (docs/fleet.md).
+# rollout's canary share of groups only to workers of the canary version (docs/rollouts.md).
 WORKER_VERSION = "X-Strictq-Worker-Version"
 # On a poll answer to a worker declaring the `state` capability: the groups whose local state it should
 # upload now (state transfer, docs/state-transfer.md), each percent-encoded, comma-separated.

@@ -46,7 +46,7 @@ def add_admin_routes(
         add_handover_routes(app, hub.service)  # moving groups between workers with their local state
     if failures is not None:
         add_health_routes(app, failures)
-        add_routing_routes(app)  # group routing and rollouts (docs/fleet.md)
+        add_routing_routes(app)  # group routing and rollouts (docs/rollouts.md)
 
     async def start(app: web.Application) -> None:
         await hub.start()

@@ -1,4 +1,4 @@
-"""Group routing and rollouts over HTTP, on the process holding the core (docs/fleet.md).
+"""Group routing and rollouts over HTTP, on the process holding the core (docs/rollouts.md).
 
 - `GET /admin/v1/queues/{queue}/routing`: the queue's routing (pins, canary), the rollout record, per
   worker version the attempts that succeeded and failed since the routing last changed, the workers that

@@ -1,6 +1,6 @@
 """`strictq routing` and `strictq rollout`: pin group ranges to workers, and roll a new worker version out
 over a growing share of groups, gated by failure management's figures and by a replay of recorded traffic
-(docs/fleet.md). Talks to queue_core.routing_http.
+(docs/rollouts.md). Talks to queue_core.routing_http.
 
 `strictq rollout start` is the controller: it runs in the foreground and narrates, one step at a time. The
 state it leaves (the canary share, the rollout record) is the queue's, so `strictq rollout status` reads it

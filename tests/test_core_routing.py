@@ -1,4 +1,4 @@
-"""Group routing (queue_core/machine/routing.py, docs/fleet.md): pins of group ranges to workers and a
+"""Group routing (queue_core/machine/routing.py, docs/rollouts.md): pins of group ranges to workers and a
 rollout's canary share by worker version, in the sans-I/O core with a fake clock, a hypothesis property
 (a pinned range never leaves its workers, order and nothing lost), and the real SQLite store across a
 restart."""

@@ -89,7 +89,7 @@ class QueueAttributes:
     pools_per_tenant: int = 2  # pools each tenant is hashed onto
     sideline_age: float = 0.0  # seconds: an older head sends its group to the spillover lane (0: off)
     sideline_rate: float = 0.0  # messages/s per tenant: sends over it sideline their group (0: off)
-    # Group routing (queue_core/machine/routing.py, docs/fleet.md): pins of group ranges to workers and a
+    # Group routing (queue_core/machine/routing.py, docs/rollouts.md): pins of group ranges to workers and a
     # rollout's canary share by worker version, as JSON ({"pins": [...], "canary": {...}}); None: off.
     routing: Any = None
     # The queue's rollout as `strictq rollout` last wrote it ({version, steps, step, state, ...}; None: none):

@@ -1,4 +1,4 @@
-"""Group routing: which workers may take which groups (docs/fleet.md, "Routing"), sans-I/O.
+"""Group routing: which workers may take which groups (docs/rollouts.md), sans-I/O.
 
 The patent assigns queue clients values, or ranges of values, of the strict order parameter. A queue's
 `routing` attribute says so in two ways, both off by default (then every worker may take every group):
