@@ -13,6 +13,9 @@ CAPABILITIES = "X-Strictq-Capabilities"  # what a worker's poll takes part in (`
 # The software version a worker runs (the SDK's `Worker(version=...)`), on its polls: group routing gives a
 # rollout's canary share of groups only to workers of the canary version (docs/fleet.md).
 WORKER_VERSION = "X-Strictq-Worker-Version"
+# A producer's estimate of its messages' processing and pre-processing seconds, on a send (pipelining:
+# `processing=0.03, preprocessing=0.02`; queue_core.machine.estimates).
+ESTIMATE = "X-Strictq-Estimate"
 
 # The worker's tags on outbound calls (the SDK adds them, the egress proxy reads and strips them).
 QUEUE = "X-Strictq-Queue"  # the poll item's `queue_ref`

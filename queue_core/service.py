@@ -29,6 +29,7 @@ from .machine import (
     QueueCore,
     QueueError,
     QueueMetrics,
+    QueueNotFound,
     SendRequest,
     SendResult,
 )
@@ -399,7 +400,22 @@ class QueueService:
         # Bodies the cache lacks are read by the writer thread right after the claim commits.
         missing = [d.key for d in deliveries if self.cache.get(d.key) is None]
         fetched = await self._durable(self._submit(supervisor.drain_effects(self.clock()), missing))
-        return self._with_bodies(deliveries, fetched)
+        received = self._with_bodies(deliveries, fetched)
+        if received and (capabilities.results or capabilities.estimates):
+            self._estimate(queue, received, capabilities)
+        return received
+
+    def _estimate(self, queue: str, received: list[Received], capabilities: Capabilities) -> None:
+        """Pipelining (machine.estimates): remember the sizes of what goes to a worker that reports its
+        attempts (the core learns from them), and give each item its estimate when the poller asked."""
+        delivered = [(r.delivery.message_id, len(r.body), r.extra) for r in received]
+        try:
+            estimates = self.core.estimates_for(queue, delivered, self.clock(), record=capabilities.results)
+        except QueueNotFound:  # deleted while the claim committed
+            return
+        if capabilities.estimates:
+            for item, estimate in zip(received, estimates, strict=True):
+                item.estimate = estimate if estimate.known else None
 
     async def wait_ready(self, queue: str, wait: float, worker: str = "") -> bool:
         """Whether `queue` may have something for `worker` to receive, waiting up to `wait` seconds

@@ -34,6 +34,8 @@ SECONDS_FIELDS = (
     "ttl",
     "sideline_age",
     "sideline_rate",
+    "processing_estimate",
+    "preprocessing_estimate",
 )
 RETRY_FIELDS = ("retry_same_worker", "retry_backoff", "retry_backoff_max", "max_attempts", "on_exhausted")
 
@@ -84,6 +86,10 @@ class QueueAttributes:
     pools_per_tenant: int = 2  # pools each tenant is hashed onto
     sideline_age: float = 0.0  # seconds: an older head sends its group to the spillover lane (0: off)
     sideline_rate: float = 0.0  # messages/s per tenant: sends over it sideline their group (0: off)
+    # Pipelining (machine/estimates.py, docs/pipelining.md): seconds to process / pre-process a message,
+    # sent with deliveries to workers that declare `estimates`; 0: not given (learned from attempts).
+    processing_estimate: float = 0.0
+    preprocessing_estimate: float = 0.0
 
     def validate(self) -> QueueAttributes:
         _check_range("visibility_timeout", self.visibility_timeout, 0, 12 * 3600)
@@ -109,6 +115,8 @@ class QueueAttributes:
         if self.on_expiry not in ON_EXPIRY:
             raise InvalidArgument(f"on_expiry must be one of {', '.join(ON_EXPIRY)}", field="on_expiry")
         _check_scheduling(self)
+        _check_range("processing_estimate", self.processing_estimate, 0, 12 * 3600)
+        _check_range("preprocessing_estimate", self.preprocessing_estimate, 0, 12 * 3600)
         self.retry_policy().validate()
         return self
 

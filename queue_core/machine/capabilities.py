@@ -5,7 +5,8 @@ The SDK declares `results, probes` on every poll: the EmoDB face's header `X-Str
 body `"capabilities": ["results", "probes"]`. `results`: the worker reports attempt results, so its
 lapsed claims are failure evidence and it takes part in fencing, same-worker retries and probing;
 `probes`: it can also be handed probe (dummy) items; `request_ids`: its poll items carry `request_id`, the
-id of the request that sent each message (the EmoDB face's opt-in; the core itself ignores it). Unknown
+id of the request that sent each message (the EmoDB face's opt-in; the core itself ignores it);
+`estimates`: its poll items carry `estimate` (seconds to process and pre-process; machine.estimates). Unknown
 tokens are ignored (forward compatibility);
 a malformed declaration is refused with a 400 naming the header (or field). A client that declares
 nothing (boto3, the AWS CLI, curl, any EmoDB client) gets plain queue semantics.
@@ -27,7 +28,8 @@ FIELD = "capabilities"  # the internal API's receive body
 RESULTS = "results"
 PROBES = "probes"
 REQUEST_IDS = "request_ids"
-KNOWN = frozenset({RESULTS, PROBES, REQUEST_IDS})
+ESTIMATES = "estimates"
+KNOWN = frozenset({RESULTS, PROBES, REQUEST_IDS, ESTIMATES})
 MAX_TOKENS = 16
 MAX_BYTES = 256
 TOKEN_RE = re.compile(r"[a-z0-9_-]+")
@@ -40,6 +42,7 @@ class Capabilities:
     results: bool = False
     probes: bool = False
     request_ids: bool = False  # poll items name the request that sent each message (a face's rendering)
+    estimates: bool = False  # poll items carry processing-time estimates (pipelining workers)
 
     @property
     def participates(self) -> bool:
@@ -52,7 +55,7 @@ class Capabilities:
         return self.results and self.probes
 
     def tokens(self) -> list[str]:
-        return [name for name in (RESULTS, PROBES, REQUEST_IDS) if getattr(self, name)]
+        return [name for name in (RESULTS, PROBES, REQUEST_IDS, ESTIMATES) if getattr(self, name)]
 
 
 PLAIN = Capabilities()
@@ -75,7 +78,12 @@ def _from_tokens(tokens: Iterable[str], field: str) -> Capabilities:
                 field=field,
             )
         seen.add(token)
-    return Capabilities(results=RESULTS in seen, probes=PROBES in seen, request_ids=REQUEST_IDS in seen)
+    return Capabilities(
+        results=RESULTS in seen,
+        probes=PROBES in seen,
+        request_ids=REQUEST_IDS in seen,
+        estimates=ESTIMATES in seen,
+    )
 
 
 def parse_header(values: Iterable[str]) -> Capabilities:

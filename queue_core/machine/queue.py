@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .attributes import QueueAttributes
+from .estimates import QueueEstimates
 from .groups import partition_of
 from .heap import LazyHeap
 from .records import GroupState, Message
@@ -55,6 +56,7 @@ class QueueState:
         # A queue shared by tenants, split into worker pools or sidelining schedules its ready groups in
         # lanes (scheduling.py); None keeps the one `ready` heap, oldest head first.
         self.scheduler: Scheduler | None = Scheduler(self) if attributes.scheduled else None
+        self.estimates = QueueEstimates()  # learned processing times (estimates.py; not durable)
 
     def reschedule(self) -> None:
         """The scheduling attributes changed: build the lanes anew from the groups (or drop them)."""

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocol.estimates import Estimate
+
 KEY_SHIFT = 20  # key = (receipt time in ms << 20) | counter: unique, monotonic, and it dates the message
 
 
@@ -263,6 +265,8 @@ class Received:
     extra: bytes
     probe: bool = False  # a dummy message of failure management (queue_core.failures), not the core's
     request_id: str | None = None  # the id of the request that sent it (kept with the body, not the core)
+    # Seconds to process / pre-process it (machine.estimates), for pollers declaring `estimates`.
+    estimate: Estimate | None = None
 
 
 @dataclass(slots=True)
