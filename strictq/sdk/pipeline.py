@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import inspect
 import itertools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -175,6 +176,11 @@ class Pipeline:
         self.stats.prefetched += 1
         return 1
 
+    async def pause(self, seconds: float, changed: asyncio.Event) -> None:
+        """The back-off after a poll that found nothing to claim ahead: cut short when a run ends (its
+        slot is free: the worker polls for it at once) or the schedule changes."""
+        await self._wait(seconds, changed)
+
     def polled(self, seconds: float) -> None:
         """A poll's latency (an average of the recent ones: claim ahead by that much)."""
         latency = self.stats.fetch_latency
@@ -207,6 +213,7 @@ class Pipeline:
             self.stats.preprocess_seconds += prepared - started
             await self._stoppable(self.slots.acquire(), slot=True)
             acquired = True
+            self._check_stop()  # the slot freed as the worker stopped: hand it back all the same
             handler_started = loop.time()
             self.stats.waited_seconds += handler_started - prepared
             del self._waiting[entry.order]
@@ -234,7 +241,10 @@ class Pipeline:
     async def _stoppable[T](self, awaitable: Awaitable[T], *, slot: bool = False) -> T:
         """`awaitable`, unless the worker stops first (then NotStarted, and it is cancelled). `slot`: it
         acquires a processing slot, which goes back if it was taken just as the wait ended."""
-        self._check_stop()
+        if self.stopping.is_set():
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()  # never started: no "was never awaited" warning
+            self._check_stop()
         task = asyncio.ensure_future(awaitable)
         stop = asyncio.ensure_future(self.stopping.wait())
         try:

@@ -385,7 +385,8 @@ class Worker:
         backoff = MIN_BACKOFF
         while not self._stopping.is_set():
             free = self.concurrency - len(self._active)
-            if free <= 0 and self._pipeline is not None:  # every slot taken: claim ahead when it is time
+            ahead = free <= 0 and self._pipeline is not None
+            if ahead and self._pipeline is not None:  # every slot taken: claim ahead when it is time
                 self._changed.clear()
                 if await self._pipeline.prefetch(-free, self._changed) <= 0:
                     continue
@@ -431,7 +432,9 @@ class Worker:
                 self._dispatch(messages, started)
                 continue
             elapsed = loop.time() - started
-            if elapsed < backoff:  # no long poll (or it answered early): back off, bounded
+            if elapsed < backoff and ahead and self._pipeline is not None:  # nothing to claim ahead
+                await self._pipeline.pause(backoff - elapsed, self._changed)  # until a slot frees
+            elif elapsed < backoff:  # no long poll (or it answered early): back off, bounded
                 await self._sleep(backoff - elapsed)
             backoff = min(backoff * 2, MAX_BACKOFF)
 
