@@ -437,6 +437,10 @@ def render(
 
     noisy_section(results, add)
 
+    from .pipeline_bench import pipeline_section  # issue 18: throughput with and without pipelining
+
+    pipeline_section(results, add)
+
     prof = results.get("profile")
     bp = (b or {}).get("profile")
     if (prof and prof.get("tool") == "py-spy") or bp:

@@ -9,6 +9,8 @@ single-process gateway; failover and planned-move times. `geo` is issue 16's: th
 (strictq.geo_sim), send latency per region before and after placement by traffic, follow-the-sun moves per
 simulated day, messages lost (bench/geo_bench.py). `noisy` is issue 17's: a tenant flooding at 10x its
 limit beside a steady one, fairness in a shared queue, the protections' cost (bench/noisy_bench.py).
+`pipeline` is issue 18's: a workload with pre-processing, with and without pipelining
+(bench/pipeline_bench.py).
 `--splice` rewrites only the sections of the
 scenarios run (e.g. `--only cluster --splice`), keeping the rest of docs/benchmarks.md.
 Raw outputs (server logs, profiles, results.json) go to bench/out/ (ignored by git).

@@ -653,6 +653,13 @@ def scenario_noisy(st: Settings, progress: Progress) -> None:
     st.results["noisy"] = run_noisy_bench(st, progress)
 
 
+def scenario_pipeline(st: Settings, progress: Progress) -> None:
+    """Pipelining (issue 18): throughput with and without pre-processing overlapped (pipeline_bench.py)."""
+    from .pipeline_bench import run_pipeline_bench
+
+    st.results["pipeline"] = run_pipeline_bench(st, progress)
+
+
 SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "core": scenario_core,
     "e2e-100": scenario_e2e_100,
@@ -669,6 +676,7 @@ SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "cluster": scenario_cluster,
     "geo": scenario_geo,
     "noisy": scenario_noisy,
+    "pipeline": scenario_pipeline,
     "profile": scenario_profile,
 }
 ALIASES = {
