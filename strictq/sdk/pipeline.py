@@ -36,16 +36,26 @@ import inspect
 import itertools
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 
 from protocol.estimates import Estimate, Regression
 
-if TYPE_CHECKING:
-    from .worker import Message
 
-Preprocess = Callable[["Message"], Awaitable[Any]]
+class Staged(Protocol):
+    """What the pipeline reads and sets on a message (strictq.sdk.worker.Message; no import of it: the
+    worker imports this module)."""
+
+    payload: Any
+    estimate: Estimate | None
+    prepared: Any
+    preprocess_ms: float | None
+    processing_ms: float | None
+
+
+Preprocess = Callable[[Any], Awaitable[Any]]  # async fn(Message) -> prepared value
+Handler = Callable[[Any], Awaitable[Any]]
 DEFAULT_FETCH_LATENCY = 0.01  # seconds a poll takes, before any was measured
 
 
@@ -187,7 +197,7 @@ class Pipeline:
         self.stats.fetch_latency = 0.8 * latency + 0.2 * max(seconds, 0.0)
 
     # ------------------------------------------------------------------------------------- one message
-    async def run(self, message: Message, handler: Callable[[Message], Awaitable[Any]]) -> None:
+    async def run(self, message: Staged, handler: Handler) -> None:
         """Pre-process `message` when the schedule says, then run `handler` in a processing slot. Sets
         `message.estimate`, `.prepared`, `.preprocess_ms` and `.processing_ms`. Raises what the
         pre-processing or the handler raised, or `NotStarted` when the worker stops first."""
@@ -274,9 +284,7 @@ def _size(payload: Any) -> int:
         return 0
 
 
-async def inline(
-    preprocess: Preprocess, message: Message, handler: Callable[[Message], Awaitable[Any]]
-) -> None:
+async def inline(preprocess: Preprocess, message: Staged, handler: Handler) -> None:
     """Without pipelining (`Worker(pipeline=False)`): pre-process, then process, in the same slot."""
     loop = asyncio.get_running_loop()
     started = loop.time()
