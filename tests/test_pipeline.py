@@ -14,18 +14,24 @@ from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import orjson
 import pytest
 from gateway_support import Emo, Gateway, serve_gateway
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kit import T0, FakeClock, until
+from serve_support import start_serve
 from support import make_core
+from test_rate_limits import run_cli
 from test_sdk import config, running, send, size
 
 from protocol.estimates import Estimate
-from queue_core.machine import InvalidArgument, QueueAttributes, SendRequest
+from queue_core import wire
+from queue_core.machine import Delivery, InvalidArgument, QueueAttributes, SendRequest
+from queue_core.machine.capabilities import parse_list
 from queue_core.machine.estimates import MAX_SIZES, encode_extra, parse_header
 from queue_core.machine.inputs import AttemptResult
+from queue_core.machine.records import Received
 from strictq.sdk import Entry, Message, Producer, Worker
 from strictq.sdk.pipeline import start_at
 
@@ -194,6 +200,38 @@ async def test_estimates_go_only_to_pollers_that_declare_them(tmp_path: Path) ->
         finally:
             for client in (admin, worker, producer_http):
                 await client.close()
+
+
+def test_the_estimate_crosses_the_internal_api() -> None:
+    """A remote queue server's deliveries (queue_core.wire) carry the estimate, and the capability."""
+    delivery = Delivery(0x1F, "000000000000001f", "g", 1, 7, "7.000000000000001f", 1, T0, T0, T0 + 30)
+    item = Received(delivery, b"{}", "application/json", b"", estimate=Estimate(0.25, 0.125))
+    assert wire.decode_received(orjson.loads(orjson.dumps(wire.encode_received(item)))) == item
+    plain = Received(delivery, b"{}", "application/json", b"")
+    assert "estimate" not in wire.encode_received(plain)
+    assert parse_list(["results", "estimates"]).estimates and not parse_list(["results"]).estimates
+
+
+def test_estimates_cli_against_a_real_serve(tmp_path: Path) -> None:
+    serve = start_serve(tmp_path / "serve")
+    try:
+        env = {"STRICTQ_URL": serve.url, "STRICTQ_ADMIN_KEY": serve.secret("admin")}
+        assert serve.call("POST", "/queue/1/orders/send", serve.secret("producer"), {"i": 1})[0] == 200
+        done = run_cli("estimates", "orders", env=env)
+        assert (done.returncode, done.stdout) == (0, "orders: processing learned, pre-processing learned\n")
+        done = run_cli("estimates", "orders", "--processing", "0.03", "--preprocessing", "0.02", env=env)
+        assert (done.returncode, done.stdout) == (0, "orders: processing 0.03 s, pre-processing 0.02 s\n")
+        done = run_cli("estimates", "orders", "--processing", "-1", env=env)
+        assert done.returncode == 2 and "--processing -1: give seconds, 0 or more" in done.stderr
+        done = run_cli("estimates", "orders", "--preprocessing", "50000", env=env)
+        assert done.returncode == 1 and "400 invalid_argument" in done.stderr, done.stderr
+        assert "preprocessing_estimate must be between 0 and 43200" in done.stderr
+        done = run_cli("estimates", "nosuch", "--json", env=env)
+        assert done.returncode == 1 and "404 queue_not_found" in done.stderr, done.stderr
+        done = run_cli("estimates", "--help", env=env)
+        assert done.returncode == 0 and "minus the next one's pre-processing estimate" in done.stdout
+    finally:
+        serve.stop()
 
 
 # ------------------------------------------------------------------------------- the SDK's pipeline, e2e
