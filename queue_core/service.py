@@ -410,12 +410,13 @@ class QueueService:
         attempts (the core learns from them), and give each item its estimate when the poller asked."""
         delivered = [(r.delivery.message_id, len(r.body), r.extra) for r in received]
         try:
-            estimates = self.core.estimates_for(queue, delivered, self.clock(), record=capabilities.results)
+            estimates = self.core.estimates_for(
+                queue, delivered, self.clock(), record=capabilities.results, want=capabilities.estimates
+            )
         except QueueNotFound:  # deleted while the claim committed
             return
-        if capabilities.estimates:
-            for item, estimate in zip(received, estimates, strict=True):
-                item.estimate = estimate if estimate.known else None
+        for item, estimate in zip(received, estimates, strict=False):  # none unless asked for
+            item.estimate = estimate if estimate.known else None
 
     async def wait_ready(self, queue: str, wait: float, worker: str = "") -> bool:
         """Whether `queue` may have something for `worker` to receive, waiting up to `wait` seconds

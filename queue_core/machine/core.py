@@ -222,22 +222,29 @@ class QueueCore:
         return outcomes
 
     def estimates_for(
-        self, queue_name: str, delivered: Sequence[tuple[str, int, bytes]], now: float, *, record: bool = True
+        self,
+        queue_name: str,
+        delivered: Sequence[tuple[str, int, bytes]],
+        now: float,
+        *,
+        record: bool = True,
+        want: bool = True,
     ) -> list[Estimate]:
         """Each delivered message's estimate (estimates.py), from (message id, body size, extra bytes);
-        `record`: remember the sizes, to learn from the attempts' results (the poller reports them)."""
+        `record`: remember the sizes, to learn from the attempts' results (the poller reports them);
+        `want`: the poller asked for the estimates (else nothing is computed: an empty list)."""
         queue = self.state.queue(queue_name)
+        learned = queue.estimates
+        if record:
+            for message_id, size, _ in delivered:
+                learned.delivered(message_id, size)
+        if not want:
+            return []
         attributes = queue.attributes
         configured = Estimate(
             attributes.processing_estimate or None, attributes.preprocessing_estimate or None
         )
-        learned = queue.estimates
-        out = []
-        for message_id, size, extra in delivered:
-            if record:
-                learned.delivered(message_id, size)
-            out.append(estimate_of(learned, configured, size, extra))
-        return out
+        return [estimate_of(learned, configured, size, extra) for _, size, extra in delivered]
 
     def release_group(self, queue_name: str, group_name: str, now: float) -> int:
         self.handle_timer(now)
