@@ -444,6 +444,10 @@ def render(
 
     state_section(results, add)
 
+    from .pipeline_bench import pipeline_section  # issue 18: throughput with and without pipelining
+
+    pipeline_section(results, add)
+
     prof = results.get("profile")
     bp = (b or {}).get("profile")
     if (prof and prof.get("tool") == "py-spy") or bp:

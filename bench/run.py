@@ -11,6 +11,8 @@ simulated day, messages lost (bench/geo_bench.py). `noisy` is issue 17's: a tena
 limit beside a steady one, fairness in a shared queue, the protections' cost (bench/noisy_bench.py).
 `rollout` is issue 18's: a rollout step's latency to the canary, group routing's cost
 (bench/rollout_bench.py).
+`pipeline` is issue 18's: a workload with pre-processing, with and without pipelining
+(bench/pipeline_bench.py).
 `--splice` rewrites only the sections of the
 scenarios run (e.g. `--only cluster --splice`), keeping the rest of docs/benchmarks.md.
 Raw outputs (server logs, profiles, results.json) go to bench/out/ (ignored by git).

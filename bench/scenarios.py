@@ -667,6 +667,13 @@ def scenario_state(st: Settings, progress: Progress) -> None:
     st.results["state"] = run_state_bench(st, progress)
 
 
+def scenario_pipeline(st: Settings, progress: Progress) -> None:
+    """Pipelining (issue 18): throughput with and without pre-processing overlapped (pipeline_bench.py)."""
+    from .pipeline_bench import run_pipeline_bench
+
+    st.results["pipeline"] = run_pipeline_bench(st, progress)
+
+
 SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "core": scenario_core,
     "e2e-100": scenario_e2e_100,
@@ -685,6 +692,7 @@ SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "noisy": scenario_noisy,
     "rollout": scenario_rollout,
     "state": scenario_state,
+    "pipeline": scenario_pipeline,
     "profile": scenario_profile,
 }
 ALIASES = {

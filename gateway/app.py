@@ -28,6 +28,7 @@ from .admission_metrics import AdmissionCollector
 from .app_keys import BACKPRESSURE, KEYS, MAX_EDGE_BODY, ROUTER, SERVICE
 from .dashboard import StoryIndex, add_dashboard, add_dashboard_elsewhere
 from .deliveries import DELIVERIES, DeliveryLog
+from .estimates_http import add_estimate_routes
 from .limits_http import add_limit_routes
 from .rate_limits import TenantRateLimiter
 from .request_ids import add_request_ids
@@ -80,6 +81,7 @@ def make_gateway_app(
     emodb.add_routes(app)
     limiter = limiter if limiter is not None else TenantRateLimiter()
     add_limit_routes(app, limiter, keys)
+    add_estimate_routes(app)  # pipelining: a queue's processing-time estimates
     # /metrics (queue_core.metrics_http): this app's registry; the core's series only where the core runs
     # in this process (with --queue-server or --cluster, the request counts; the queue servers have theirs).
     registry = CollectorRegistry()

@@ -22,6 +22,10 @@ strictq extensions, all optional, so that plain EmoDB clients keep EmoDB's seman
   it sent a well-formed one), and error bodies carry it beside `error`. A send's id stays with each
   message it sent; a poll that declares the `request_ids` capability (`X-Strictq-Capabilities`, as the
   SDK does) gets it back as each item's `request_id`. A plain EmoDB client's poll items are as before.
+- pipelining (docs/pipelining.md): a send may give its messages' processing-time estimate,
+  `X-Strictq-Estimate: processing=<s>, preprocessing=<s>` (kept with each message); a poll declaring the
+  `estimates` capability gets each item's `estimate: {"processing", "preprocessing"}` (the message's own,
+  else the queue's attributes, else learned from past attempts; queue_core.machine.estimates).
 
 Ending a claim needs proof of holding it (ack, renew, renew ttl=0 = release, results). A `worker`
 credential acts only on messages whose newest claim went to that same credential (the core records the
@@ -83,6 +87,8 @@ from queue_core.machine.attributes import QueueAttributes
 from queue_core.machine.capabilities import HEADER as CAPABILITIES_HEADER
 from queue_core.machine.capabilities import parse_header as parse_capabilities
 from queue_core.machine.capabilities import with_version
+from queue_core.machine.estimates import encode_extra as estimate_extra
+from queue_core.machine.estimates import parse_header as parse_estimate
 from queue_core.machine.text import DECIMAL_RE, INTEGER_RE, check_name
 from queue_core.results import outcome_json, parse_results
 from queue_core.scope import internal_name
@@ -98,6 +104,7 @@ log = logging.getLogger("strictq.gateway.emodb")
 
 API_KEY_HEADER = headers.API_KEY
 GROUP_HEADER = headers.GROUP
+ESTIMATE_HEADER = headers.ESTIMATE
 LEASE_HEADER = headers.LEASE
 MAX_WAIT = 20.0
 DEFAULT_TTL = 30.0
@@ -109,7 +116,7 @@ MAX_BATCH_MESSAGES = 10_000  # messages per _sendbatch request (the body cap bou
 MAX_TOKEN = (1 << 63) - 1
 MOVE_STATUS = {"running": "IN_PROGRESS", "done": "COMPLETE", "failed": "ERROR"}
 # Headers of this face whose values reach the core or the logs.
-CHECKED_HEADERS = (GROUP_HEADER, LEASE_HEADER)
+CHECKED_HEADERS = (GROUP_HEADER, LEASE_HEADER, ESTIMATE_HEADER)
 
 
 # ---------------------------------------------------------------------------------- errors, one place
@@ -403,23 +410,38 @@ async def send_all(call: Call, batches: dict[str, list[SendRequest]], group: str
         raise first
 
 
-def send_request(message: Any, group: str | None, request_id: str | None = None) -> SendRequest:
-    """`request_id`: the sending request's (gateway.request_ids), kept with the message."""
+def send_request(
+    message: Any, group: str | None, request_id: str | None = None, extra: bytes = b""
+) -> SendRequest:
+    """`request_id`: the sending request's (gateway.request_ids), kept with the message; `extra`: the
+    producer's estimate (`extra_of`), kept with it too."""
     return SendRequest(
-        body=canonical_json(message), group=group, content_type="application/json", request_id=request_id
+        body=canonical_json(message),
+        group=group,
+        content_type="application/json",
+        request_id=request_id,
+        extra=extra,
     )
+
+
+def extra_of(request: web.Request) -> bytes:
+    """The extension header `X-Strictq-Estimate` as the messages' extra bytes (b"": none given)."""
+    raw = request.headers.get(ESTIMATE_HEADER)
+    return b"" if raw is None or not raw.strip() else estimate_extra(parse_estimate(raw))
 
 
 async def send(call: Call) -> web.StreamResponse:
     queue = call.queue()
     group = group_of(call.request)
+    extra = extra_of(call.request)
     message = await read_json(call.request)
-    await send_all(call, {queue: [send_request(message, group, request_id_of(call.request))]}, group)
+    await send_all(call, {queue: [send_request(message, group, request_id_of(call.request), extra)]}, group)
     return success()
 
 
 async def send_batch(call: Call) -> web.StreamResponse:
     group = group_of(call.request)
+    extra = extra_of(call.request)  # one estimate for every message of the request, as the group
     data = await read_json(call.request)
     if not isinstance(data, dict):
         raise InvalidArgument('the body must be a JSON object: {"<queue>": [<message>, ...], ...}')
@@ -433,7 +455,9 @@ async def send_batch(call: Call) -> web.StreamResponse:
         count += len(messages)
         if count > MAX_BATCH_MESSAGES:
             raise InvalidArgument(f"at most {MAX_BATCH_MESSAGES} messages per request")
-        batches.setdefault(call.queue(name), []).extend(send_request(m, group, request_id) for m in messages)
+        batches.setdefault(call.queue(name), []).extend(
+            send_request(m, group, request_id, extra) for m in messages
+        )
     await send_all(call, batches, group)
     return success()
 
@@ -474,6 +498,7 @@ async def poll(call: Call) -> web.StreamResponse:
                 **({"history": r.delivery.history} if r.delivery.history else {}),  # prior attempts
                 **({"request_id": r.request_id} if request_ids and r.request_id else {}),  # the send's
                 **({"state": r.state} if capabilities.state and r.state is not None else {}),  # moved
+                **({"estimate": r.estimate.to_json()} if r.estimate is not None else {}),  # pipelining
             }
             for r in received
         ]

@@ -16,6 +16,9 @@ WORKER_VERSION = "X-Strictq-Worker-Version"
 # On a poll answer to a worker declaring the `state` capability: the groups whose local state it should
 # upload now (state transfer, docs/state-transfer.md), each percent-encoded, comma-separated.
 HANDOVER = "X-Strictq-Handover"
+# A producer's estimate of its messages' processing and pre-processing seconds, on a send (pipelining:
+# `processing=0.03, preprocessing=0.02`; queue_core.machine.estimates).
+ESTIMATE = "X-Strictq-Estimate"
 
 # The worker's tags on outbound calls (the SDK adds them, the egress proxy reads and strips them).
 QUEUE = "X-Strictq-Queue"  # the poll item's `queue_ref`

@@ -2,8 +2,9 @@
 for the internal API, the EmoDB face and the remote client.
 
 A request is `{"results": [{"id", "token", "outcome", "reason"?, "signature"?, "steps"?, "partial"?,
-"fields"?, "duration_ms"?, "request_id"?}, ...]}` (`request_id`: the id of the request that sent the
-message, as its delivery carried it; log data, written into the result's wire-log `log` record); bad
+"fields"?, "duration_ms"?, "preprocess_ms"?, "request_id"?}, ...]}` (`request_id`: the id of the request
+that sent the message, as its delivery carried it; log data, written into the result's wire-log `log`
+record; `preprocess_ms`: the attempt's pre-processing, which pipelining's estimates learn from); bad
 input raises `InvalidArgument` (400) or `TooLarge` (413) for the whole request, before anything is
 applied. Unknown keys in an item are ignored (newer SDKs may add some).
 
@@ -106,6 +107,7 @@ def parse_result(item: Any, index: int = 0) -> AttemptResult:
         partial=_bounded(item, "partial", index, message_id),
         fields=_bounded(item, "fields", index, message_id),
         duration_ms=_duration(item.get("duration_ms"), index, message_id),
+        preprocess_ms=_duration(item.get("preprocess_ms"), index, message_id, "preprocess_ms"),
         request_id=_request_id(item.get("request_id"), index, message_id),
     )
 
@@ -199,13 +201,11 @@ def _steps(raw: Any, index: int, message_id: str) -> list[Any]:
     return steps
 
 
-def _duration(raw: Any, index: int, message_id: str) -> float | None:
+def _duration(raw: Any, index: int, message_id: str, name: str = "duration_ms") -> float | None:
     if raw is None:
         return None
     if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw) or raw < 0:
-        raise InvalidArgument(
-            "duration_ms must be a non-negative number", field="duration_ms", index=index, id=message_id
-        )
+        raise InvalidArgument(f"{name} must be a non-negative number", field=name, index=index, id=message_id)
     return float(raw)
 
 
@@ -226,7 +226,7 @@ def result_json(result: AttemptResult) -> dict[str, Any]:
             out[name] = getattr(result, name)
     if result.steps:
         out["steps"] = list(result.steps)
-    for name in ("partial", "fields", "duration_ms"):
+    for name in ("partial", "fields", "duration_ms", "preprocess_ms"):
         if getattr(result, name) is not None:
             out[name] = getattr(result, name)
     return out

@@ -29,6 +29,7 @@ from .machine import (
     QueueCore,
     QueueError,
     QueueMetrics,
+    QueueNotFound,
     SendRequest,
     SendResult,
 )
@@ -409,7 +410,22 @@ class QueueService:
         for item in received:
             if item.delivery.group in states:
                 item.state = states.pop(item.delivery.group)
+        if received and (capabilities.results or capabilities.estimates):
+            self._estimate(queue, received, capabilities)
         return received
+
+    def _estimate(self, queue: str, received: list[Received], capabilities: Capabilities) -> None:
+        """Pipelining (machine.estimates): remember the sizes of what goes to a worker that reports its
+        attempts (the core learns from them), and give each item its estimate when the poller asked."""
+        delivered = [(r.delivery.message_id, len(r.body), r.extra) for r in received]
+        try:
+            estimates = self.core.estimates_for(
+                queue, delivered, self.clock(), record=capabilities.results, want=capabilities.estimates
+            )
+        except QueueNotFound:  # deleted while the claim committed
+            return
+        for item, estimate in zip(received, estimates, strict=False):  # none unless asked for
+            item.estimate = estimate if estimate.known else None
 
     async def wait_ready(self, queue: str, wait: float, worker: str = "") -> bool:
         """Whether `queue` may have something for `worker` to receive, waiting up to `wait` seconds

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from protocol.estimates import Estimate
 from protocol.request_ids import RULE as REQUEST_ID_RULE
 from protocol.request_ids import is_request_id
 
@@ -281,6 +282,7 @@ def encode_received(item: Received) -> dict[str, Any]:
         **({"probe": True} if item.probe else {}),  # failure management's dummy message
         **({"history": d.history} if d.history else {}),  # prior failed attempts' log data
         **({"request_id": item.request_id} if item.request_id else {}),  # the sending request's id
+        **({"estimate": item.estimate.to_json()} if item.estimate else {}),  # pipelining (estimates)
     }
 
 
@@ -305,6 +307,7 @@ def decode_received(item: dict[str, Any]) -> Received:
         *decode_body(item),
         probe=item.get("probe") is True,
         request_id=request_id if isinstance(request_id, str) else None,
+        estimate=Estimate.from_json(item.get("estimate")),
     )
 
 

@@ -14,6 +14,7 @@ from fencing.cli import register as register_proxy_commands
 from .admin_cli import register as register_admin_commands
 from .cluster_cli import add_nats_arguments, nats_settings
 from .cluster_cli import register as register_cluster_commands
+from .estimates_cli import register_estimates
 from .handover_cli import register as register_handover_commands
 from .health_cli import add_settings_arguments as add_health_arguments
 from .health_cli import register as register_health_commands
@@ -373,6 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_limits_commands(commands)  # strictq limits [list|set|clear]
     register_protections(commands)  # strictq protections QUEUE
     register_rollout_commands(commands)  # strictq routing QUEUE, strictq rollout {start,status,revert}
+    register_estimates(commands)  # strictq estimates QUEUE (pipelining)
     register_health_commands(commands)  # strictq status / suspend / resume / unblacklist
     register_handover_commands(commands)  # strictq handover QUEUE --from W / --release G
     register_cluster_commands(commands)  # strictq cluster up / status / move / urls

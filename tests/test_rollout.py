@@ -105,6 +105,8 @@ async def test_a_rollout_that_passes_its_gates_reaches_every_group(health: Healt
     new = Worker(QUEUE, recorder(seen, "new"), config=config(h, "worker-2"), version="2.0", ttl=5, wait=0.2)
     sent: list[tuple[str, int]] = []
     async with running(old, new), producing(h, sent):
+        versions = h.service.core.queue(f"t1.{QUEUE}").worker_versions
+        await until(lambda: len(versions) == 2, what="both workers polling")  # the baseline is who polls
         code, out, err = await cli(
             h, "rollout", "start", QUEUE, "--version", "2.0", "--steps", "10,50,100",
             "--step-seconds", "0.5", "--min-attempts", "3", "--poll", "0.1",

@@ -39,6 +39,8 @@ SECONDS_FIELDS = (
     "sideline_age",
     "sideline_rate",
     "handover_timeout",
+    "processing_estimate",
+    "preprocessing_estimate",
 )
 RETRY_FIELDS = ("retry_same_worker", "retry_backoff", "retry_backoff_max", "max_attempts", "on_exhausted")
 
@@ -99,6 +101,10 @@ class QueueAttributes:
     # donor's local state, and what then: `proceed` (delivered without it) or `wait` (held until released).
     handover_timeout: float = 30.0
     handover_policy: HandoverPolicy = "proceed"
+    # Pipelining (machine/estimates.py, docs/pipelining.md): seconds to process / pre-process a message,
+    # sent with deliveries to workers that declare `estimates`; 0: not given (learned from attempts).
+    processing_estimate: float = 0.0
+    preprocessing_estimate: float = 0.0
 
     def validate(self) -> QueueAttributes:
         _check_range("visibility_timeout", self.visibility_timeout, 0, 12 * 3600)
@@ -130,6 +136,8 @@ class QueueAttributes:
             raise InvalidArgument(
                 f"handover_policy must be one of {', '.join(HANDOVER_POLICIES)}", field="handover_policy"
             )
+        _check_range("processing_estimate", self.processing_estimate, 0, 12 * 3600)
+        _check_range("preprocessing_estimate", self.preprocessing_estimate, 0, 12 * 3600)
         self.retry_policy().validate()
         return self
 

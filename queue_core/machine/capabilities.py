@@ -7,7 +7,8 @@ lapsed claims are failure evidence and it takes part in fencing, same-worker ret
 `probes`: it can also be handed probe (dummy) items; `request_ids`: its poll items carry `request_id`, the
 id of the request that sent each message (the EmoDB face's opt-in; the core itself ignores it); `state`:
 it keeps local state per group and takes part in state transfer (machine.handover: its poll items carry a
-moved group's state, its poll answers name the groups whose state it should export). Unknown
+moved group's state, its poll answers name the groups whose state it should export); `estimates`: its poll
+items carry `estimate` (seconds to process and pre-process; machine.estimates). Unknown
 tokens are ignored (forward compatibility);
 a malformed declaration is refused with a 400 naming the header (or field). A client that declares
 nothing (boto3, the AWS CLI, curl, any EmoDB client) gets plain queue semantics.
@@ -31,7 +32,8 @@ RESULTS = "results"
 PROBES = "probes"
 REQUEST_IDS = "request_ids"
 STATE = "state"
-KNOWN = frozenset({RESULTS, PROBES, REQUEST_IDS, STATE})
+ESTIMATES = "estimates"
+KNOWN = frozenset({RESULTS, PROBES, REQUEST_IDS, STATE, ESTIMATES})
 MAX_TOKENS = 16
 MAX_BYTES = 256
 TOKEN_RE = re.compile(r"[a-z0-9_-]+")
@@ -48,6 +50,7 @@ class Capabilities:
     # token but carried with the declaration, for group routing's canary share (routing.py). "": unnamed.
     version: str = ""
     state: bool = False  # local state per group: transferred state inline, export requests (handover)
+    estimates: bool = False  # poll items carry processing-time estimates (pipelining workers)
 
     @property
     def participates(self) -> bool:
@@ -60,7 +63,7 @@ class Capabilities:
         return self.results and self.probes
 
     def tokens(self) -> list[str]:
-        return [name for name in (RESULTS, PROBES, REQUEST_IDS, STATE) if getattr(self, name)]
+        return [name for name in (RESULTS, PROBES, REQUEST_IDS, STATE, ESTIMATES) if getattr(self, name)]
 
 
 PLAIN = Capabilities()
@@ -84,7 +87,11 @@ def _from_tokens(tokens: Iterable[str], field: str) -> Capabilities:
             )
         seen.add(token)
     return Capabilities(
-        results=RESULTS in seen, probes=PROBES in seen, request_ids=REQUEST_IDS in seen, state=STATE in seen
+        results=RESULTS in seen,
+        probes=PROBES in seen,
+        request_ids=REQUEST_IDS in seen,
+        state=STATE in seen,
+        estimates=ESTIMATES in seen,
     )
 
 

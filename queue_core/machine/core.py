@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from protocol.estimates import Estimate
+
 from . import inspection
 from .attributes import ROUTING_FIELDS, SCHEDULING_FIELDS, QueueAttributes, RetryPolicy
 from .claims import (
@@ -28,6 +30,7 @@ from .claims import (
 )
 from .effects import Effect, QueueDropped, QueuePurged, QueueSaved
 from .errors import LimitExceeded, QueueError
+from .estimates import estimate as estimate_of
 from .gauges import QueueGauges, queue_gauges
 from .groups import DEFAULT_PARTITIONS
 from .handover import MAX_GROUPS_PER_CALL, HandoverPolicy, Handovers
@@ -251,7 +254,36 @@ class QueueCore:
     ) -> list[AckOutcome]:
         """Workers' attempt results (docs/failure-management.md §1), applied per group in order."""
         self.handle_timer(now)
-        return self._retries.report(queue_name, worker, results, now, holder)
+        outcomes = self._retries.report(queue_name, worker, results, now, holder)
+        queue = self.state.queues.get(queue_name)
+        if queue is not None:  # pipelining's learned estimates (estimates.py)
+            queue.estimates.observe(results, [outcome.status for outcome in outcomes])
+        return outcomes
+
+    def estimates_for(
+        self,
+        queue_name: str,
+        delivered: Sequence[tuple[str, int, bytes]],
+        now: float,
+        *,
+        record: bool = True,
+        want: bool = True,
+    ) -> list[Estimate]:
+        """Each delivered message's estimate (estimates.py), from (message id, body size, extra bytes);
+        `record`: remember the sizes, to learn from the attempts' results (the poller reports them);
+        `want`: the poller asked for the estimates (else nothing is computed: an empty list)."""
+        queue = self.state.queue(queue_name)
+        learned = queue.estimates
+        if record:
+            for message_id, size, _ in delivered:
+                learned.delivered(message_id, size)
+        if not want:
+            return []
+        attributes = queue.attributes
+        configured = Estimate(
+            attributes.processing_estimate or None, attributes.preprocessing_estimate or None
+        )
+        return [estimate_of(learned, configured, size, extra) for _, size, extra in delivered]
 
     def release_group(self, queue_name: str, group_name: str, now: float) -> int:
         self.handle_timer(now)

@@ -40,6 +40,7 @@ class AttemptResult:
     partial: Any = None
     fields: Any = None  # free-form structured fields (log data only)
     duration_ms: float | None = None
+    preprocess_ms: float | None = None  # the attempt's pre-processing, when it had one (pipelining)
     request_id: str | None = None  # the id of the request that sent the message (its delivery's): log data
     # A garbled result (queue_core.results.parse_results, lenient per item): why it could not be read.
     # A probe's fails the probe; a real message's refuses the whole request with this error.

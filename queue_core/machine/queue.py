@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .attributes import QueueAttributes
+from .estimates import QueueEstimates
 from .groups import partition_of
 from .heap import LazyHeap
 from .records import GroupState, Handover, Message
@@ -68,6 +69,7 @@ class QueueState:
         self.state_holders: dict[str, str] = {}
         # A queue with routing (pins, a canary share) keeps its ready groups in one heap per route.
         self.router: Router | None = self._new_router()
+        self.estimates = QueueEstimates()  # learned processing times (estimates.py; not durable)
 
     def saw_version(self, worker: str, version: str, keeps_state: bool | None = None) -> None:
         """What a poller runs: its version, and (None: not said) whether it keeps local state per group

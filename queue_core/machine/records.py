@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from protocol.estimates import Estimate
+
 KEY_SHIFT = 20  # key = (receipt time in ms << 20) | counter: unique, monotonic, and it dates the message
 
 
@@ -265,6 +267,8 @@ class Received:
     request_id: str | None = None  # the id of the request that sent it (kept with the body, not the core)
     # The group's transferred local state (machine.handover), on its first item, for a poller taking state.
     state: Any = None
+    # Seconds to process / pre-process it (machine.estimates), for pollers declaring `estimates`.
+    estimate: Estimate | None = None
 
 
 @dataclass(slots=True)

@@ -129,6 +129,7 @@ def result_item(
     fields: Mapping[str, Any] | None = None,
     duration_ms: float | None = None,
     request_id: str | None = None,
+    preprocess_ms: float | None = None,
 ) -> dict[str, Any]:
     """One entry of `POST /queue/1/{queue}/results`, within the contract's bounds: what is over them is
     left out (and named in `fields._dropped`) rather than making the gateway refuse the whole report.
@@ -144,6 +145,8 @@ def result_item(
         item["signature"] = _truncate(signature, MAX_SIGNATURE_BYTES)
     if duration_ms is not None:
         item["duration_ms"] = round(max(duration_ms, 0.0), 3)
+    if preprocess_ms is not None:  # pipelining: the queue learns pre-processing times from it
+        item["preprocess_ms"] = round(max(preprocess_ms, 0.0), 3)
     dropped: list[str] = []
     done = [_jsonable(s) for s in (steps or [])[-MAX_STEPS:]]
     if done:

@@ -26,6 +26,7 @@ import aiohttp
 import orjson
 
 from protocol import headers
+from protocol.estimates import Estimate
 
 from .config import ClientConfig
 from .errors import (
@@ -53,6 +54,7 @@ API_KEY_HEADER = headers.API_KEY
 LEASE_HEADER = headers.LEASE
 GROUP_HEADER = headers.GROUP
 CAPABILITIES_HEADER = headers.CAPABILITIES
+ESTIMATE_HEADER = headers.ESTIMATE
 WORKER_VERSION_HEADER = headers.WORKER_VERSION
 HANDOVER_HEADER = headers.HANDOVER
 REQUEST_ID_HEADER = headers.REQUEST_ID
@@ -197,12 +199,17 @@ class EmoClient:
         *,
         group: str | None = None,
         request_id: str | None = None,
+        estimate: Estimate | None = None,
     ) -> None:
         """EmoDB `_sendbatch`: `{"<queue>": [messages]}`, one group (or none) for the whole request;
-        `request_id` as for `send` (every message of the request keeps it)."""
+        `request_id` as for `send` (every message of the request keeps it); `estimate`: the messages'
+        processing-time estimate (`X-Strictq-Estimate`, pipelining), every message's."""
         params = {"group": group} if group is not None else None
         body = {q: list(m) for q, m in batches.items()}
-        await self._call("POST", "/_sendbatch", params=params, body=body, headers=_request_id(request_id))
+        extra = _request_id(request_id) or {}
+        if estimate is not None and estimate.known:
+            extra[ESTIMATE_HEADER] = ", ".join(f"{k}={v:g}" for k, v in estimate.to_json().items())
+        await self._call("POST", "/_sendbatch", params=params, body=body, headers=extra or None)
 
     # -- worker side -----------------------------------------------------------------------------------
 

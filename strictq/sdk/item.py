@@ -4,7 +4,7 @@ clear error naming the item and the field.
 
 The EmoDB face's poll answer (gateway/emodb.py) is a list of objects:
 `{"id", "payload", "group", "seq", "token", "attempt", "queue_ref", "probe"?, "history"?, "request_id"?,
-"state"?}` (`state`: a moved group's local state, for a poll declaring `state`).
+"state"?, "estimate"?}` (`state`: a moved group's local state, for a poll declaring `state`).
 Only `id` is required (a plain EmoDB server sends `id` and `payload`): no `group` means the message is its
 own group, no `token` means an unfenced claim, no `attempt` (or `receive_count`, an older name) means the
 first. `request_id` (the id of the request that sent the message, for pollers declaring `request_ids`)
@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from protocol.estimates import Estimate
 from protocol.request_ids import is_request_id
 
 from .attempt import EMPTY_HISTORY, History
@@ -39,6 +40,9 @@ class PollItem:
     history: History = EMPTY_HISTORY
     request_id: str | None = None  # the id of the request that sent the message (None: not given)
     state: dict[str, Any] | None = None  # the group's transferred local state (it moved to this worker)
+    # Seconds to process / pre-process it, for pollers declaring `estimates` (pipelining); lenient, like
+    # request_id: a hint, never worth failing over.
+    estimate: Estimate | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -93,6 +97,7 @@ class PollItem:
             history=History.from_poll(history),
             request_id=request_id if is_request_id(request_id) else None,
             state=state,
+            estimate=Estimate.from_json(item.get("estimate")),
             raw=item,
         )
 

@@ -39,6 +39,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from protocol.estimates import Estimate
 from protocol.request_ids import new_request_id
 
 from .client import EmoClient
@@ -51,9 +52,13 @@ Status = Literal["sent", "failed", "unknown", "skipped"]
 
 @dataclass(frozen=True, slots=True)
 class Entry:
+    """`estimate`: seconds to process / pre-process this message (pipelining, opt-in), sent as
+    `X-Strictq-Estimate`; entries with different estimates go in different requests, in order."""
+
     queue: str
     payload: Any
     group: str | None = None
+    estimate: Estimate | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +138,7 @@ class Producer:
     async def _send_group(
         self, group: str | None, indexes: list[int], items: list[Entry], results: list[SendResult | None]
     ) -> None:
-        for start in range(0, len(indexes), self.max_batch):
-            chunk = indexes[start : start + self.max_batch]
+        for start, chunk in _chunks(indexes, items, self.max_batch):
             by_queue: dict[str, list[int]] = {}
             for index in chunk:
                 by_queue.setdefault(items[index].queue, []).append(index)
@@ -144,7 +148,10 @@ class Producer:
             deadline = asyncio.get_running_loop().time() + self.retry_for
             request_id = new_request_id()  # one per request, kept across its retries
             try:
-                send = functools.partial(self._client.send_batch, batch, group=group, request_id=request_id)
+                estimate = items[chunk[0]].estimate  # one per request (the chunks split where it changes)
+                send = functools.partial(
+                    self._client.send_batch, batch, group=group, request_id=request_id, estimate=estimate
+                )
                 await retry.call(send, deadline=deadline)
             except SetupError:
                 raise
@@ -152,7 +159,7 @@ class Producer:
                 for index, status in _statuses(exc, chunk, by_queue):
                     results[index] = SendResult(index, items[index], status, exc, request_id)
                 if group is not None:  # the rest of this group would overtake what did not go through
-                    for index in indexes[start + self.max_batch :]:
+                    for index in indexes[start + len(chunk) :]:
                         results[index] = SendResult(index, items[index], "skipped", exc)
                     return
                 continue
@@ -161,12 +168,15 @@ class Producer:
 
     # ------------------------------------------------------------------------------------ buffered sends
 
-    async def send(self, queue: str, payload: Any, *, group: str | None = None) -> SendResult:
+    async def send(
+        self, queue: str, payload: Any, *, group: str | None = None, estimate: Estimate | None = None
+    ) -> SendResult:
         """Buffer one message; it goes out with others after `linger` seconds or when `max_batch` are
-        waiting. Returns its result (`index` is its position in the batch it went out with)."""
+        waiting. Returns its result (`index` is its position in the batch it went out with). `estimate`:
+        its processing-time estimate (pipelining; see Entry)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[SendResult] = loop.create_future()
-        self._buffer.append((Entry(queue, payload, group), future))
+        self._buffer.append((Entry(queue, payload, group, estimate), future))
         if len(self._buffer) >= self.max_batch:
             self._start_flush()
         elif self._timer is None:
@@ -207,6 +217,22 @@ class Producer:
         for (_, future), result in zip(batch, results, strict=True):
             if not future.done():
                 future.set_result(result)
+
+
+def _chunks(indexes: list[int], items: list[Entry], size: int) -> list[tuple[int, list[int]]]:
+    """A group's entries as requests, in order: at most `size` each, split where the estimate changes
+    (a request carries one). (position of the chunk's first entry in `indexes`, the chunk)."""
+    out: list[tuple[int, list[int]]] = []
+    start = 0
+    for position, index in enumerate(indexes):
+        if position > start and (
+            position - start >= size or items[index].estimate != items[indexes[start]].estimate
+        ):
+            out.append((start, indexes[start:position]))
+            start = position
+    if start < len(indexes):
+        out.append((start, indexes[start:]))
+    return out
 
 
 def _statuses(

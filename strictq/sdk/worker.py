@@ -85,6 +85,7 @@ from typing import Any, ClassVar
 
 import aiohttp
 
+from protocol.estimates import Estimate
 from wirelog.record import ACTION_STALE_LEASE
 
 from .attempt import (
@@ -110,6 +111,7 @@ from .errors import (
 from .item import PollItem
 from .local_state import LocalState, StateDisabled, StateTooLarge
 from .outbound import CURRENT, Tags, proxy_authorization, tagged_session
+from .pipeline import NotStarted, Pipeline, Preprocess, inline
 from .retry import Retry, transient
 
 log = logging.getLogger("strictq.sdk")
@@ -121,6 +123,7 @@ CAPABILITY_RESULTS = "results"  # X-Strictq-Capabilities: the worker reports att
 CAPABILITY_PROBES = "probes"  # ... and handles probes (failure management's dummy messages)
 CAPABILITY_REQUEST_IDS = "request_ids"  # ... and wants each message's sending request id (no semantics)
 CAPABILITY_STATE = "state"  # ... and keeps local state per group, moved with the group (local_state)
+CAPABILITY_ESTIMATES = "estimates"  # ... and each message's processing-time estimate (pipelining)
 EXIT_SIGINT = 130  # 128 + SIGINT, the shell's convention for Ctrl-C
 EXIT_FAILED = 1  # a worker could not go on (WorkerError)
 EXIT_CONFIG = 2  # settings missing or invalid (ConfigError), as the CLI's usage errors
@@ -150,6 +153,12 @@ class Message:
     fields: dict[str, Any] = field(default_factory=dict)  # free-form structured fields for the log data
     # The group's local state on this worker (Worker(state_limit=...); strictq.sdk.local_state).
     state: dict[str, Any] = field(default_factory=StateDisabled)
+    # Pipelining (strictq.sdk.pipeline; with `Worker(preprocess=...)`): what the pre-processing returned,
+    # the estimate it was scheduled by, and how long each stage of this attempt took.
+    prepared: Any = None
+    estimate: Estimate | None = None
+    preprocess_ms: float | None = None
+    processing_ms: float | None = None
 
     async def step(self, name: str, result: Any = None) -> None:
         """Record that this attempt completed the step `name` (with its JSON `result`): reported with the
@@ -205,10 +214,18 @@ class Worker:
         backoff: tuple[float, float] = (0.1, 30.0),
         version: str = "",
         state_limit: int = 0,
+        preprocess: Preprocess | None = None,
+        pipeline: bool = True,
+        prefetch: int = 1,
     ) -> None:
         """`state_limit`: keep local state per group (`msg.state`), at most this many bytes of JSON each,
         moved with the group when the queue service hands it to another worker (strictq.sdk.local_state,
         docs/state-transfer.md); 0 (default): no local state, no `state` capability.
+        `preprocess`: an async function of a message whose result the handler gets as `msg.prepared`;
+        it may run in any order (fetching inputs, parsing). With it the worker pipelines (`pipeline=True`,
+        strictq.sdk.pipeline): it claims up to `prefetch` messages of other groups ahead and pre-processes
+        each while others are processed, scheduled by their estimates; `pipeline=False` pre-processes
+        just before the handler, in its slot.
         `version`: the software version this worker runs, named on its polls (`X-Strictq-Worker-Version`)
         so group routing can give a rollout's canary share only to the canary version's workers.
         `probe`: the handler for probes (failure management's dummy messages; default: `handler`).
@@ -253,6 +270,7 @@ class Worker:
         self.version = version
         self.local_state = LocalState(state_limit) if state_limit else None
         self._exporting: set[str] = set()  # groups whose state is being uploaded
+        self.preprocess = preprocess
         self._polls = Retry(f"poll of {queue}", *backoff, log_steps=True)  # gateway down, 5xx, 429
         self._refusals = Backoff(*backoff)  # calls the egress proxy refused (block, stale-lease, 407)
         self._refusal_epoch = 0  # +1 per counted refusal: claims polled before it belong to that episode
@@ -265,6 +283,9 @@ class Worker:
             self._proxy_headers = proxy_authorization(self._config.worker_id, self._config.worker_secret)
             self._proxy_url = self._config.proxy_for(self.worker_id)  # one of several proxy processes
         self._stopping = asyncio.Event()
+        self._pipeline: Pipeline | None = None
+        if preprocess is not None and pipeline:
+            self._pipeline = Pipeline(preprocess, concurrency, prefetch, self._stopping)
         self._changed = asyncio.Event()  # a run finished or stop was asked: the poller may go on
         self._stop_now = asyncio.Event()  # the grace is over (or a second stop/signal)
         self._runs: dict[str, _GroupRun] = {}  # the latest run per group
@@ -305,9 +326,10 @@ class Worker:
         sending request id. Only the last once it is known not to report (`report_results=False`, or a
         gateway without the results route): request ids change no semantics."""
         state = (CAPABILITY_STATE,) if self.local_state is not None else ()
+        estimates = (CAPABILITY_ESTIMATES,) if self.preprocess is not None else ()
         if self.report_results is False:
-            return (CAPABILITY_REQUEST_IDS, *state)
-        return (CAPABILITY_RESULTS, CAPABILITY_PROBES, CAPABILITY_REQUEST_IDS, *state)
+            return (CAPABILITY_REQUEST_IDS, *state, *estimates)
+        return (CAPABILITY_RESULTS, CAPABILITY_PROBES, CAPABILITY_REQUEST_IDS, *state, *estimates)
 
     @property
     def exit_code(self) -> int:
@@ -375,6 +397,12 @@ class Worker:
         backoff = MIN_BACKOFF
         while not self._stopping.is_set():
             free = self.concurrency - len(self._active)
+            ahead = free <= 0 and self._pipeline is not None
+            if ahead and self._pipeline is not None:  # every slot taken: claim ahead when it is time
+                self._changed.clear()
+                if await self._pipeline.prefetch(-free, self._changed) <= 0:
+                    continue
+                free = 1
             if free <= 0:
                 self._changed.clear()
                 await self._changed.wait()
@@ -412,6 +440,8 @@ class Worker:
             self.stats.received += len(messages)
             if handover:
                 self._export_state(handover)
+            if self._pipeline is not None:
+                self._pipeline.polled(loop.time() - started)
             if messages and self._stopping.is_set():
                 await self._release_polled(messages, "worker stopping")
                 break
@@ -420,7 +450,9 @@ class Worker:
                 self._dispatch(messages, started)
                 continue
             elapsed = loop.time() - started
-            if elapsed < backoff:  # no long poll (or it answered early): back off, bounded
+            if elapsed < backoff and ahead and self._pipeline is not None:  # nothing to claim ahead
+                await self._pipeline.pause(backoff - elapsed, self._changed)  # until a slot frees
+            elif elapsed < backoff:  # no long poll (or it answered early): back off, bounded
                 await self._sleep(backoff - elapsed)
             backoff = min(backoff * 2, MAX_BACKOFF)
 
@@ -589,7 +621,12 @@ class Worker:
         CURRENT.set(tags)  # this task's context: worker.http tags its calls too
         handler = self.probe_handler if message.probe and self.probe_handler is not None else self.handler
         try:
-            await handler(message)
+            if self.preprocess is None or message.probe:
+                await handler(message)
+            elif self._pipeline is not None:  # scheduled pre-processing, then a processing slot
+                await self._pipeline.run(message, handler)
+            else:
+                await inline(self.preprocess, message, handler)
         except Exception as exc:  # the handler's failure is an outcome, not the task group's
             return exc
         return None
@@ -695,6 +732,7 @@ class _GroupRun:
             probe=probe,
             history=polled.history,
             request_id=polled.request_id,
+            estimate=polled.estimate,
         )
         if worker.local_state is not None:
             message.state = worker.local_state.of(self.group)
@@ -714,9 +752,14 @@ class _GroupRun:
             self.current = None
             await session.close()
         duration_ms = (loop.time() - started) * 1000
+        if message.processing_ms is not None:  # pipelined: the handler's own time, not the waits
+            duration_ms = message.processing_ms
         if probe:
             worker.stats.probes += 1
         error = None if task.cancelled() else task.result()
+        if isinstance(error, NotStarted):  # the worker stopped before the handler began: hand it back
+            self.release_reason = str(error)
+            return False
         if error is None and not task.cancelled() and worker.local_state is not None and not probe:
             error = _state_error(worker.local_state, self.group)
         if tags.fenced is not None:  # a fenced or stale worker backs off instead of polling straight on
@@ -784,6 +827,7 @@ class _GroupRun:
             fields=fields,
             duration_ms=duration_ms,
             request_id=polled.request_id,
+            preprocess_ms=message.preprocess_ms,
         )
 
     async def _succeeded(self, polled: PollItem, message: Message, duration_ms: float) -> bool:
@@ -798,6 +842,7 @@ class _GroupRun:
                 fields=message.fields,
                 duration_ms=duration_ms,
                 request_id=polled.request_id,
+                preprocess_ms=message.preprocess_ms,
             )
             reported = await self._report([item], f"message {polled.id} succeeded")
             if reported is not None:
