@@ -14,7 +14,11 @@ strict queues in four tiers (scenarios/topn), equals the top N a Spark job compu
 from __future__ import annotations
 
 import copy
+import os
 import random
+import re
+import subprocess
+import sys
 from collections import defaultdict, deque
 from pathlib import Path
 from typing import Any
@@ -195,3 +199,28 @@ async def test_a_summarise_worker_stopped_mid_stream_leaves_the_answer_exact(
     assert report.taken_over > 0  # its groups went on from the state it had saved
     assert report.stats["summarise"].total > report.stopped.tier_handled  # the rest: the other worker
     assert_equals_spark(spark, report, posts_file, 10)
+
+
+# ------------------------------------------------------------------------------------- the entry point
+def test_the_entry_point_prints_the_tiers_top_n(tmp_path: Path) -> None:
+    """`python -m scenarios.topn` (without Spark: its check is the tests above) starts its own serve, runs
+    the tiers and prints the top N, which is the stream's."""
+    argv = ["--posts", "300", "--vocabulary", "30", "--top", "5", "--seed", "7", "--no-spark"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "scenarios.topn", *argv, "--data-dir", str(tmp_path / "run")],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    shown = re.findall(r"^\s+\d+\s+#(\w+)\s+(\d+)$", proc.stdout, re.MULTILINE)
+    posts = list(read_stream(tmp_path / "run" / "posts.jsonl"))
+    assert len(posts) == 300
+    assert [(tag, int(count)) for tag, count in shown] == top_n(count_hashtags(posts), 5)
+    usage = subprocess.run(
+        [sys.executable, "-m", "scenarios.topn", "--posts", "0"], capture_output=True, text=True, timeout=60
+    )
+    assert usage.returncode == 2 and "--posts: must be at least 1" in usage.stderr
+    assert "Traceback" not in usage.stderr

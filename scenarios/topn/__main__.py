@@ -54,7 +54,7 @@ def parser() -> argparse.ArgumentParser:
         "--no-spark", action="store_true", help="skip the Spark check (exit 0 if the tiers answered)"
     )
     p.add_argument(
-        "--timeout", type=float, default=600.0, help="seconds to wait for the answer (default %(default)s)"
+        "--timeout", type=_seconds, default=600.0, help="seconds to wait for the answer (default %(default)s)"
     )
     p.add_argument(
         "--data-dir", type=Path, help="where the stream, serve and checkpoints go (default: a temp dir)"
@@ -73,6 +73,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     created = args.data_dir is None
@@ -88,11 +98,20 @@ def main(argv: list[str] | None = None) -> int:
         code = asyncio.run(Run(data_dir, args).run())
     except KeyboardInterrupt:
         code = 130
+    _close_log()
     if args.keep or not created or code != 0:
         print(f"the run's data (posts, serve log, checkpoints) is in {data_dir}")
     else:
         shutil.rmtree(data_dir, ignore_errors=True)
     return code
+
+
+def _close_log() -> None:
+    """Close the log file before its directory may go: py4j logs from its finalisers at exit."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
 
 
 class Run:
