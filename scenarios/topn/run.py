@@ -59,9 +59,9 @@ class Stopped:
 
     worker: str
     tier: str
-    tier_handled: int  # messages its tier had handled
-    handled: int  # messages it had handled
-    adopted: int  # claims of other workers that had begun from a state it saved (normal churn)
+    tier_handled: int  # messages its tier had handled when the stop began
+    handled: int  # messages it had handled once stopped
+    adopted: int  # claims of other workers that had begun from a state it saved (normal churn), before
 
 
 @dataclass(slots=True)
@@ -193,18 +193,13 @@ async def run_tiers(
                 stop = plan.stop
                 if stop is not None and stopped is None and stats[stop.tier].total >= stop.after:
                     victim, tier = workers[stop.tier][stop.index], stats[stop.tier]
-                    stopped = Stopped(
-                        victim.name,
-                        stop.tier,
-                        tier.total,
-                        tier.handled[victim.name],
-                        tier.adopted_from[victim.name],
-                    )
                     say(
                         f"stopping {victim.name} ({stop.tier}) mid-stream after {tier.total} {stop.tier} "
                         f"message(s), {tier.handled[victim.name]} of them its own (grace {stop.grace:g} s)"
                     )
-                    await victim.stop(stop.grace)
+                    total, adopted = tier.total, tier.adopted_from[victim.name]
+                    await victim.stop(stop.grace)  # a handler finishing as the stop began still counts
+                    stopped = Stopped(victim.name, stop.tier, total, tier.handled[victim.name], adopted)
                 if time.monotonic() - last_line >= 1.0:
                     last_line = time.monotonic()
                     say(progress_line(stats, time.monotonic() - started))
