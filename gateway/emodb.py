@@ -68,6 +68,7 @@ from access.keys import Credential
 from access.permissions import Permission, allowed, ends_any_claim, require, visible_name
 from protocol import headers
 from protocol.errors import StrictqError, error_body
+from protocol.headers import WORKER_MAX_BYTES as WORKER_MAX_BYTES_HEADER
 from protocol.headers import WORKER_VERSION as WORKER_VERSION_HEADER
 from queue_core.backend import QueueBackend
 from queue_core.http_errors import client_gone, json_response
@@ -86,7 +87,7 @@ from queue_core.machine import (
 from queue_core.machine.attributes import QueueAttributes
 from queue_core.machine.capabilities import HEADER as CAPABILITIES_HEADER
 from queue_core.machine.capabilities import parse_header as parse_capabilities
-from queue_core.machine.capabilities import with_version
+from queue_core.machine.capabilities import with_max_bytes, with_version
 from queue_core.machine.estimates import encode_extra as estimate_extra
 from queue_core.machine.estimates import parse_header as parse_estimate
 from queue_core.machine.text import DECIMAL_RE, INTEGER_RE, check_name
@@ -475,6 +476,8 @@ async def poll(call: Call) -> web.StreamResponse:
     # Extension: the version the worker runs (the SDK's `Worker(version=...)`), for group routing.
     version = call.request.headers.get(WORKER_VERSION_HEADER)
     capabilities = with_version(capabilities, version, WORKER_VERSION_HEADER)
+    max_bytes = call.request.headers.get(WORKER_MAX_BYTES_HEADER)
+    capabilities = with_max_bytes(capabilities, max_bytes, WORKER_MAX_BYTES_HEADER)
     try:
         received = await call.service_for_queue(queue).receive(
             queue, limit=limit, ttl=ttl, worker=call.credential.id, wait=wait, capabilities=capabilities

@@ -13,6 +13,9 @@ CAPABILITIES = "X-Strictq-Capabilities"  # what a worker's poll takes part in (`
 # The software version a worker runs (the SDK's `Worker(version=...)`), on its polls: group routing gives a
 # rollout's canary share of groups only to workers of the canary version (docs/rollouts.md).
 WORKER_VERSION = "X-Strictq-Worker-Version"
+# The largest message body a worker takes (the SDK's `Worker(max_message_bytes=...)`), on its polls: groups
+# whose next message is bigger go to a worker that can take it, when one is polling (docs/rollouts.md).
+WORKER_MAX_BYTES = "X-Strictq-Worker-Max-Bytes"
 # On a poll answer to a worker declaring the `state` capability: the groups whose local state it should
 # upload now (state transfer, docs/state-transfer.md), each percent-encoded, comma-separated.
 HANDOVER = "X-Strictq-Handover"

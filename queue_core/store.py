@@ -325,7 +325,7 @@ class SqliteStore:
     def _message_rows(self) -> Iterator[MessageRow]:
         yield from self.db.execute(
             "SELECT key, qid, id, grp, available_at, receive_count, first_receive_at, token, claim_expires,"
-            " claim_worker, origin, digest FROM messages ORDER BY key"
+            " claim_worker, origin, digest, length(body) FROM messages ORDER BY key"
         )
 
     # ---------------------------------------------------------------------------------------- writes

@@ -38,7 +38,7 @@ from .machine import (
     error_from_dict,
     parse_receipt,
 )
-from .machine.capabilities import PLAIN, Capabilities, with_version
+from .machine.capabilities import PLAIN, Capabilities, with_max_bytes, with_version
 from .machine.capabilities import parse_list as parse_capabilities
 from .machine.inputs import AttemptResult
 from .machine.records import Received, ReportOutcome
@@ -249,6 +249,8 @@ def encode_receive(request: ReceiveRequest) -> dict[str, Any]:
         body["capabilities"] = request.capabilities.tokens()
     if request.capabilities.version:
         body["version"] = request.capabilities.version
+    if request.capabilities.max_bytes:
+        body["max_bytes"] = request.capabilities.max_bytes
     return body
 
 
@@ -259,8 +261,10 @@ def decode_receive(data: dict[str, Any]) -> ReceiveRequest:
         ttl=number(data, "ttl", None),
         wait=number(data, "wait", 0.0) or 0.0,
         probes=data.get("probes", True) is not False,
-        capabilities=with_version(
-            parse_capabilities(data.get("capabilities")), data.get("version"), "version"
+        capabilities=with_max_bytes(
+            with_version(parse_capabilities(data.get("capabilities")), data.get("version"), "version"),
+            data.get("max_bytes"),
+            "max_bytes",
         ),
     )
 

@@ -220,3 +220,35 @@ def test_a_pinned_range_never_leaves_its_workers(
             break
         now += 60.0  # lapsed claims' retries back off (doubling): let them come due
     assert dict(done) == dict(expected)  # every group complete and in send order
+
+
+# ------------------------------------------------------------------------------ selection by size
+def sized(core: QueueCore, now: float, *items: tuple[str, str, int]) -> None:
+    """Send (message id, group, body size) triples."""
+    from queue_core.machine import SendRequest
+
+    requests = [SendRequest(body=b"x" * size, group=group, message_id=mid) for mid, group, size in items]
+    core.send("q", requests, now)
+
+
+def test_a_big_message_goes_to_a_worker_that_takes_it_when_one_polls() -> None:
+    core = make_core()
+    sized(core, T0, ("big", "g1", 5000), ("small", "g2", 10))
+    small = core.receive("q", 10, 30.0, "light", T0, max_bytes=1000)
+    assert ids(small) == ["big", "small"]  # nobody bigger has polled yet: better than holding it
+    core.unclaim_all("q", T0)
+    core.receive("q", 1, 30.0, "heavy", T0 + 1, max_bytes=0)  # a worker that takes any size polls
+    core.unclaim_all("q", T0 + 1)
+    assert ids(core.receive("q", 10, 30.0, "light", T0 + 2, max_bytes=1000)) == ["small"]
+    assert ids(core.receive("q", 10, 30.0, "heavy", T0 + 2)) == ["big"]
+
+
+def test_a_claim_stops_before_a_message_bigger_than_the_worker_takes() -> None:
+    core = make_core()
+    sized(core, T0, ("a1", "g", 10), ("a2", "g", 10), ("a3", "g", 9000), ("a4", "g", 10))
+    core.receive("q", 1, 0.0, "heavy", T0)  # heavy polls (ttl 0: released at once)
+    got = core.receive("q", 10, 30.0, "light", T0 + 1, max_bytes=1000)
+    assert ids(got) == ["a1", "a2"]  # the group's order is kept: the big one waits for its turn
+    ack(core, "q", got, T0 + 1)
+    assert core.receive("q", 10, 30.0, "light", T0 + 2, max_bytes=1000) == []
+    assert ids(core.receive("q", 10, 30.0, "heavy", T0 + 2)) == ["a3", "a4"]

@@ -185,3 +185,26 @@ async def test_a_pinned_range_never_leaves_its_workers_and_bad_pins_are_refused(
 async def test_bad_steps_are_a_usage_error(health: Health, steps: str) -> None:
     code, _, err = await cli(health, "rollout", "start", QUEUE, "--version", "2", "--steps", steps)
     assert code == 2 and err.startswith("strictq: --steps") and "Traceback" not in err, err
+
+
+async def test_a_big_message_goes_to_the_worker_that_declared_it_takes_it(health: Health) -> None:
+    """Selection by message size over the real face: `Worker(max_message_bytes=...)`, declared on polls."""
+    h = health
+    seen: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    heavy = Worker(QUEUE, recorder(seen, "heavy"), config=config(h, "worker-1"), ttl=5, wait=0.2)
+    light = Worker(
+        QUEUE, recorder(seen, "light"), config=config(h, "worker-2"), ttl=5, wait=0.2, max_message_bytes=2000
+    )
+    queue = h.service.core.queue(f"t1.{QUEUE}")
+    async with running(heavy):
+        await until(lambda: "worker-1" in queue.pollers, what="the heavy worker polling")
+        async with running(light):
+            await until(lambda: queue.worker_capacity.get("worker-2") == 2000, what="the light one polling")
+            for n in range(20):
+                await h.send(f"g{n % 5}", {"n": n, "pad": "x" * (5000 if n == 7 else 0)})
+            await until(lambda: sum(map(len, seen.values())) == 20, within=30, what="every message")
+    assert 7 in [n for _, n in seen["heavy"]] and 7 not in [n for _, n in seen["light"]]
+    status, body = await h.call(
+        "GET", f"/queue/1/{QUEUE}/poll", "worker-2", headers={"X-Strictq-Worker-Max-Bytes": "lots"}
+    )
+    assert status == 400 and "X-Strictq-Worker-Max-Bytes" in str(body), body

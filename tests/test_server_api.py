@@ -754,8 +754,9 @@ async def test_claims_with_different_expiries_all_expire_after_restart(tmp_path:
     try:
         async with QueueClient(server.url) as client:
             await client.send("x", [{"body": "m1", "group": "g"}, {"body": "m2", "group": "g"}])
-            claim = await client.receive("x", limit=10, ttl=1.2)
-            renewed = await client.renew("x", [claim[1]["receipt"]], 1.8, mode="set")
+            # Seconds, not less: the claims must outlive a restart of a server process on a loaded machine.
+            claim = await client.receive("x", limit=10, ttl=6.0)
+            renewed = await client.renew("x", [claim[1]["receipt"]], 9.0, mode="set")
             assert [o["status"] for o in renewed] == ["ok"]
         server = await restart(server)
         async with QueueClient(server.url) as client:
@@ -766,7 +767,7 @@ async def test_claims_with_different_expiries_all_expire_after_restart(tmp_path:
                 got.extend(await client.receive("x", limit=10, ttl=30))
                 return bool(got)
 
-            await until(back, 6, interval=0.1)
+            await until(back, 15, interval=0.1)
             assert bodies(got) == ["m1", "m2"]
     finally:
         await stop(server)

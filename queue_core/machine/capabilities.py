@@ -49,6 +49,9 @@ class Capabilities:
     # The software version the worker runs (`X-Strictq-Worker-Version`, the internal API's `version`): not a
     # token but carried with the declaration, for group routing's canary share (routing.py). "": unnamed.
     version: str = ""
+    # The largest message body the worker takes (`X-Strictq-Worker-Max-Bytes`, the internal API's
+    # `max_bytes`): bigger heads go to a worker that can take them, when one polls. 0: any size.
+    max_bytes: int = 0
     state: bool = False  # local state per group: transferred state inline, export requests (handover)
     estimates: bool = False  # poll items carry processing-time estimates (pipelining workers)
 
@@ -109,6 +112,22 @@ def with_version(capabilities: Capabilities, value: object, field: str) -> Capab
             field=field,
         )
     return dataclasses.replace(capabilities, version=value)
+
+
+MAX_DECLARED_BYTES = 1 << 40
+
+
+def with_max_bytes(capabilities: Capabilities, value: object, field: str) -> Capabilities:
+    """The declaration with the poller's largest message (None: any); a malformed one is refused."""
+    if value is None:
+        return capabilities
+    if isinstance(value, str):
+        if not value.isdigit() or not value.isascii():
+            raise InvalidArgument(f"{field} must be a whole number of bytes", field=field)
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_DECLARED_BYTES:
+        raise InvalidArgument(f"{field} must be a whole number of bytes, 0 (any) or more", field=field)
+    return dataclasses.replace(capabilities, max_bytes=value)
 
 
 def parse_header(values: Iterable[str]) -> Capabilities:

@@ -83,7 +83,14 @@ class Claims:
 
     # ----------------------------------------------------------------------------------- receive
     def receive(
-        self, queue_name: str, limit: int, ttl: float | None, worker: str, now: float, version: str = ""
+        self,
+        queue_name: str,
+        limit: int,
+        ttl: float | None,
+        worker: str,
+        now: float,
+        version: str = "",
+        max_bytes: int = 0,
     ) -> list[Delivery]:
         """SQS FIFO delivery: oldest available group first, as many of its messages as fit, repeat."""
         state = self.state
@@ -100,6 +107,7 @@ class Claims:
         doomed: dict[int, Message] = {}
         _saw_poller(queue, worker, now)
         queue.saw_version(worker, version)
+        queue.saw_capacity(worker, max_bytes)
         mine = queue.reserved.get(worker) if queue.reserved else None
         skipped: list[GroupState] = []
         zero: list[GroupState] = []  # claimed with ttl 0 (SQS VisibilityTimeout=0): visible again at once
@@ -117,6 +125,7 @@ class Claims:
                 if claiming and (
                     len(deliveries) >= limit
                     or len(group.claimed) >= per_group
+                    or (max_bytes and message.size > max_bytes and group.claimed)  # bigger: someone else
                     or message.available_at
                     or (message.history is not None and message.history.parked)
                 ):
@@ -423,14 +432,27 @@ def _next_from(
 
 
 def _excludes(queue: QueueState, group: GroupState, worker: str, now: float) -> bool:
-    """The group's failing head excludes `worker` (same-worker retries used up) while others poll."""
-    history = group.messages[0].history
+    """The group's failing head excludes `worker` (same-worker retries used up) while others poll; or
+    its head is bigger than the worker declared it takes while a worker that can take it polls (the
+    patent's selection by message size: the group goes there for the big message, then on as usual)."""
+    head = group.messages[0]
+    capacity = queue.worker_capacity.get(worker) if queue.worker_capacity else None
+    if capacity is not None and head.size > capacity and _bigger_polling(queue, head.size, now):
+        return True
+    history = head.history
     return (
         history is not None
         and history.exclude
         and worker in history.failed_workers
         and _others_polling(queue, group, history, now)
     )
+
+
+def _bigger_polling(queue: QueueState, size: int, now: float) -> bool:
+    """Whether a worker that takes messages of `size` bytes polled in the last POLLER_WINDOW."""
+    horizon = now - POLLER_WINDOW
+    capacity = queue.worker_capacity
+    return any(at >= horizon and capacity.get(w, size) >= size for w, at in queue.pollers.items())
 
 
 def _saw_poller(queue: QueueState, worker: str, now: float) -> None:

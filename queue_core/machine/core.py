@@ -203,12 +203,20 @@ class QueueCore:
         self.state.queue(queue_name).saw_version(worker, version, keeps_state)
 
     def receive(
-        self, queue_name: str, limit: int, ttl: float | None, worker: str, now: float, version: str = ""
+        self,
+        queue_name: str,
+        limit: int,
+        ttl: float | None,
+        worker: str,
+        now: float,
+        version: str = "",
+        max_bytes: int = 0,
     ) -> list[Delivery]:
         """SQS FIFO delivery: oldest available group first, as many of its messages as fit, repeat.
-        `version`: the software version the worker polls as (group routing's canary share)."""
+        `version`: the software version the worker polls as (group routing's canary share); `max_bytes`:
+        the largest message it takes (0: any), bigger ones go to a worker that can take them."""
         self.handle_timer(now)
-        return self._claims.receive(queue_name, limit, ttl, worker, now, version)
+        return self._claims.receive(queue_name, limit, ttl, worker, now, version, max_bytes)
 
     def ack(
         self, queue_name: str, items: Sequence[tuple[str, int | None]], now: float, holder: str | None = None

@@ -58,7 +58,7 @@ class ControlRows:
     blacklists: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-MessageRow = tuple[int, int, str, str, float, int, float, int, float, str, "str | None", "bytes | None"]
+MessageRow = tuple[int, int, str, str, float, int, float, int, float, str, "str | None", "bytes | None", int]
 
 
 @dataclass(slots=True)
@@ -67,7 +67,7 @@ class Snapshot:
 
     queues: list[tuple[int, str, dict[str, Any], float]] = field(default_factory=list)
     # (key, qid, message id, group, available_at, receive_count, first_receive_at, token, claim_expires,
-    #  claim_worker, origin, content digest)
+    #  claim_worker, origin, content digest, body size)
     messages: Iterable[MessageRow] = ()
     # (qid, dedup key, message id, seq, group, expires)
     dedup: list[tuple[int, str, str, int, str, float]] = field(default_factory=list)

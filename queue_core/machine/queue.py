@@ -64,6 +64,7 @@ class QueueState:
         # routing's canary share, and what `strictq rollout` takes as the baseline.
         self.worker_versions: dict[str, str] = {}
         self.state_workers: set[str] = set()  # pollers that declared `state` (local state per group)
+        self.worker_capacity: dict[str, int] = {}  # worker -> the largest message it takes (none: any)
         # group -> the state-keeping worker that claimed it last, oldest first, bounded (the group may have
         # drained since; its state still lives there): what a routing change hands over. In memory only.
         self.state_holders: dict[str, str] = {}
@@ -87,6 +88,16 @@ class QueueState:
             for name in [w for w in versions if w not in self.pollers]:
                 del versions[name]
             self.state_workers &= set(versions)
+
+    def saw_capacity(self, worker: str, max_bytes: int) -> None:
+        """The largest message `worker` takes (0: any; only limits are kept)."""
+        if max_bytes:
+            self.worker_capacity[worker] = max_bytes
+            if len(self.worker_capacity) > 2048 and len(self.worker_capacity) > 2 * len(self.pollers):
+                for name in [w for w in self.worker_capacity if w not in self.pollers]:
+                    del self.worker_capacity[name]
+        elif self.worker_capacity:
+            self.worker_capacity.pop(worker, None)
 
     def held_state(self, group: str, worker: str) -> None:
         """`worker` (which keeps local state) claimed `group`: it holds the group's state now."""

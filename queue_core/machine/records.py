@@ -41,11 +41,15 @@ class Message:
         "key",
         "origin",
         "receive_count",
+        "size",
         "token",
     )
 
-    def __init__(self, key: int, message_id: str, group: GroupState, available_at: float = 0.0) -> None:
+    def __init__(
+        self, key: int, message_id: str, group: GroupState, available_at: float = 0.0, size: int = 0
+    ) -> None:
         self.key = key
+        self.size = size  # body bytes: a worker declaring a smaller max_bytes is passed over for it
         self.id = message_id
         self.group = group
         self.available_at = available_at  # 0.0 once deliverable (delay over)

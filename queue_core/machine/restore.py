@@ -43,13 +43,14 @@ def restore_into(core: CoreState, snapshot: Snapshot, now: float) -> None:
             worker,
             origin,
             digest,
+            size,
         ) = row
         queue = by_qid[qid]
         group = groups_of[qid].get(group_name)
         if group is None:
             group = GroupState(group_name, queue, partition_of(group_name, partitions))
             queue.groups[group_name] = group
-        message = Message(key, message_id, group, available_at if available_at > now else 0.0)
+        message = Message(key, message_id, group, available_at if available_at > now else 0.0, size)
         group.messages.append(message)
         queue.by_id[message_id] = message
         if receive_count:

@@ -76,7 +76,7 @@ class Sends:
             group_name = auto_group(state.round_robin, message_id)
         group, created = queue.group(group_name, state.partitions)
         available_at = now + delay if delay > 0 else 0.0
-        message = Message(key, message_id, group, available_at)
+        message = Message(key, message_id, group, available_at, len(body))
         queue.insert(message)
         queue.sent += 1
         scheduler = queue.scheduler

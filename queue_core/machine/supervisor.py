@@ -164,7 +164,17 @@ class Supervisor:
                 return PollResult([], verdict.probe)
             if not verdict.allowed:
                 return HELD
-        return PollResult(core.receive(queue, limit, ttl, worker, now=now, version=capabilities.version))
+        return PollResult(
+            core.receive(
+                queue,
+                limit,
+                ttl,
+                worker,
+                now=now,
+                version=capabilities.version,
+                max_bytes=capabilities.max_bytes,
+            )
+        )
 
     # -------------------------------------------------------------------------------------- results
     def is_probe(self, message_id: str) -> bool:

@@ -56,6 +56,7 @@ GROUP_HEADER = headers.GROUP
 CAPABILITIES_HEADER = headers.CAPABILITIES
 ESTIMATE_HEADER = headers.ESTIMATE
 WORKER_VERSION_HEADER = headers.WORKER_VERSION
+WORKER_MAX_BYTES_HEADER = headers.WORKER_MAX_BYTES
 HANDOVER_HEADER = headers.HANDOVER
 REQUEST_ID_HEADER = headers.REQUEST_ID
 
@@ -223,6 +224,7 @@ class EmoClient:
         capabilities: Sequence[str] = (),
         version: str = "",
         handover: list[str] | None = None,
+        max_bytes: int = 0,
     ) -> list[PollItem]:
         """Claim up to `limit` messages for `ttl` seconds (None: the queue's default). `capabilities` (e.g.
         `("results", "probes")`) are declared in `X-Strictq-Capabilities`: the worker opts in to failure
@@ -234,6 +236,8 @@ class EmoClient:
         headers = {CAPABILITIES_HEADER: ", ".join(capabilities)} if capabilities else {}
         if version:
             headers[WORKER_VERSION_HEADER] = version
+        if max_bytes:
+            headers[WORKER_MAX_BYTES_HEADER] = str(max_bytes)
         timeout = None
         if wait is not None:
             params["wait"] = f"{wait:g}"

@@ -213,6 +213,7 @@ class Worker:
         report_results: bool | None = None,
         backoff: tuple[float, float] = (0.1, 30.0),
         version: str = "",
+        max_message_bytes: int = 0,
         state_limit: int = 0,
         preprocess: Preprocess | None = None,
         pipeline: bool = True,
@@ -228,6 +229,8 @@ class Worker:
         just before the handler, in its slot.
         `version`: the software version this worker runs, named on its polls (`X-Strictq-Worker-Version`)
         so group routing can give a rollout's canary share only to the canary version's workers.
+        `max_message_bytes`: the largest message body this worker should get (0: any); a group whose next
+        message is bigger goes to a worker that takes it, when one is polling (`X-Strictq-Worker-Max-Bytes`).
         `probe`: the handler for probes (failure management's dummy messages; default: `handler`).
         `report_results`: report attempt results (log data) to the gateway; None (default) does when the
         gateway has the route and falls back to acks and releases when it has not; False never does (and
@@ -268,6 +271,9 @@ class Worker:
         self.retry_backoff = retry_backoff
         self.backoff = backoff
         self.version = version
+        if max_message_bytes < 0:
+            raise ValueError("max_message_bytes must be 0 (any) or more")
+        self.max_message_bytes = max_message_bytes
         self.local_state = LocalState(state_limit) if state_limit else None
         self._exporting: set[str] = set()  # groups whose state is being uploaded
         self.preprocess = preprocess
@@ -424,6 +430,7 @@ class Worker:
                     wait=self.wait,
                     capabilities=self.capabilities,
                     version=self.version,
+                    max_bytes=self.max_message_bytes,
                     handover=handover,
                 )
 
