@@ -39,6 +39,8 @@ from queue_core.machine.effects import (
     DedupSaved,
     Effect,
     FenceSaved,
+    FleetControlSaved,
+    FleetPolicySaved,
     GroupPolicySaved,
     HistorySaved,
     MessageInserted,
@@ -175,6 +177,8 @@ _TABLE: tuple[_Spec, ...] = (
     _spec(17, FenceSaved),
     _spec(18, SuspensionSaved),
     _spec(19, BlacklistSaved),
+    _spec(20, FleetControlSaved),
+    _spec(21, FleetPolicySaved),
 )
 
 _BY_CLASS: dict[type[Any], _Spec] = {spec.cls: spec for spec in _TABLE}

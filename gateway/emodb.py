@@ -87,6 +87,7 @@ from queue_core.scope import internal_name
 
 from .app_keys import KEYS, ROUTER
 from .deliveries import deliveries_of
+from .fleet_control import control_headers
 from .limits_http import check_backlog, check_sends
 from .request_ids import request_id_of
 from .results_log import log_results
@@ -453,7 +454,7 @@ async def poll(call: Call) -> web.StreamResponse:
     if received and (deliveries := deliveries_of(call.request)) is not None:
         deliveries.delivered(call.credential, call.face.log_name, call.request.match_info["queue"], received)
     request_ids = capabilities.request_ids  # opt-in: a plain EmoDB client's items stay as they were
-    return json_response(
+    response = json_response(
         [
             {
                 "id": r.delivery.message_id,
@@ -470,6 +471,9 @@ async def poll(call: Call) -> web.StreamResponse:
             for r in received
         ]
     )
+    # Opt-in (`control`): fleet controls wait for this worker, so it heartbeats now (gateway.fleet_face).
+    response.headers.update(control_headers(call.request, call.credential.id, capabilities.control))
+    return response
 
 
 def refused(

@@ -14,6 +14,8 @@ from fencing.cli import register as register_proxy_commands
 from .admin_cli import register as register_admin_commands
 from .cluster_cli import add_nats_arguments, nats_settings
 from .cluster_cli import register as register_cluster_commands
+from .fleet_cli import add_settings_arguments as add_fleet_arguments
+from .fleet_cli import register as register_fleet_commands
 from .health_cli import add_settings_arguments as add_health_arguments
 from .health_cli import register as register_health_commands
 from .limits_cli import register as register_limits_commands
@@ -256,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --tenant-rate: messages a tenant may send at once after a quiet spell (default: the rate)",
     )
     add_health_arguments(serve)
+    add_fleet_arguments(serve)
     add_connection_arguments(serve)
     serve.set_defaults(handler=cmd_serve)
 
@@ -371,6 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_limits_commands(commands)  # strictq limits [list|set|clear]
     register_protections(commands)  # strictq protections QUEUE
     register_health_commands(commands)  # strictq status / suspend / resume / unblacklist
+    register_fleet_commands(commands)  # strictq fleet / control / fleet-policy
     register_cluster_commands(commands)  # strictq cluster up / status / move / urls
     from wirelog.cli import register as register_wirelog  # strictq wirelog tail / grep (stdlib imports only)
 
@@ -683,6 +687,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     tenant_limit = _tenant_limit(args)
     if tenant_limit is False:
         return 2
+    from .fleet_cli import settings_from_args as fleet_settings
+
+    try:
+        fleet = fleet_settings(args)
+    except ValueError as exc:
+        print(f"strictq: {exc}", file=sys.stderr)
+        return 2
     options = ServeOptions(
         host=args.host,
         port=args.port,
@@ -699,6 +710,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         upstream_ca=tuple(args.upstream_ca),
         index=args.index,
         health=health,
+        fleet=fleet,
         init=args.init,
         limits=limits,
         regions=tuple(sorted(regions or ())),

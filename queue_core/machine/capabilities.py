@@ -27,7 +27,10 @@ FIELD = "capabilities"  # the internal API's receive body
 RESULTS = "results"
 PROBES = "probes"
 REQUEST_IDS = "request_ids"
-KNOWN = frozenset({RESULTS, PROBES, REQUEST_IDS})
+CONTROL = (
+    "control"  # it follows fleet control messages: poll answers may say some are pending (docs/fleet.md)
+)
+KNOWN = frozenset({RESULTS, PROBES, REQUEST_IDS, CONTROL})
 MAX_TOKENS = 16
 MAX_BYTES = 256
 TOKEN_RE = re.compile(r"[a-z0-9_-]+")
@@ -40,6 +43,7 @@ class Capabilities:
     results: bool = False
     probes: bool = False
     request_ids: bool = False  # poll items name the request that sent each message (a face's rendering)
+    control: bool = False  # poll answers carry X-Strictq-Control: pending when controls wait (a face's)
 
     @property
     def participates(self) -> bool:
@@ -52,7 +56,7 @@ class Capabilities:
         return self.results and self.probes
 
     def tokens(self) -> list[str]:
-        return [name for name in (RESULTS, PROBES, REQUEST_IDS) if getattr(self, name)]
+        return [name for name in (RESULTS, PROBES, REQUEST_IDS, CONTROL) if getattr(self, name)]
 
 
 PLAIN = Capabilities()
@@ -75,7 +79,12 @@ def _from_tokens(tokens: Iterable[str], field: str) -> Capabilities:
                 field=field,
             )
         seen.add(token)
-    return Capabilities(results=RESULTS in seen, probes=PROBES in seen, request_ids=REQUEST_IDS in seen)
+    return Capabilities(
+        results=RESULTS in seen,
+        probes=PROBES in seen,
+        request_ids=REQUEST_IDS in seen,
+        control=CONTROL in seen,
+    )
 
 
 def parse_header(values: Iterable[str]) -> Capabilities:

@@ -235,6 +235,23 @@ class BlacklistSaved:
     state: dict[str, Any] | None
 
 
+@dataclass(slots=True)
+class FleetControlSaved:
+    """A control message for a worker (queue_core.machine.fleet.Control.to_row()), or None: acknowledged
+    or expired. Durable until then, across restarts (docs/fleet.md)."""
+
+    control_id: str
+    row: dict[str, Any] | None
+
+
+@dataclass(slots=True)
+class FleetPolicySaved:
+    """A queue's rebalancing policy (queue_core.machine.rebalance.RebalancePolicy.to_dict()), or None."""
+
+    queue: str
+    policy: dict[str, Any] | None
+
+
 Effect = (
     QueueSaved
     | QueueDropped
@@ -259,6 +276,8 @@ Effect = (
     | FenceSaved
     | SuspensionSaved
     | BlacklistSaved
+    | FleetControlSaved
+    | FleetPolicySaved
 )
 
 DURABLE_EFFECTS = (
@@ -281,4 +300,6 @@ DURABLE_EFFECTS = (
     FenceSaved,
     SuspensionSaved,
     BlacklistSaved,
+    FleetControlSaved,
+    FleetPolicySaved,
 )

@@ -18,7 +18,7 @@ included) keeps aiohttp's exception as its `__cause__` or `__context__`, for a c
 from __future__ import annotations
 
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -116,7 +116,11 @@ class EmoClient:
         body: Any = None,
         headers: Mapping[str, str] | None = None,
         request_timeout: float | None = None,
+        root: bool = False,
+        headers_seen: Callable[[Mapping[str, str]], None] | None = None,
     ) -> Any:
+        """`root`: `path` is below the gateway's URL, not the face's prefix; `headers_seen`: called with
+        the answer's headers."""
         if self._session is None:
             raise RuntimeError("EmoClient is not open (use `async with` or open())")
         data = None if body is None else orjson.dumps(body)
@@ -128,10 +132,17 @@ class EmoClient:
             kwargs["timeout"] = aiohttp.ClientTimeout(total=request_timeout)
         try:
             async with self._session.request(
-                method, self.base + path, params=params, data=data, headers=all_headers, **kwargs
+                method,
+                (self.config.url if root else self.base) + path,
+                params=params,
+                data=data,
+                headers=all_headers,
+                **kwargs,
             ) as resp:
                 raw = await resp.read()
                 status = resp.status
+                if headers_seen is not None and status < 400:
+                    headers_seen(resp.headers)
         except aiohttp.ClientSSLError as exc:
             raise self._tls_failed(exc) from None
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -208,6 +219,7 @@ class EmoClient:
         wait: float | None = None,
         capabilities: Sequence[str] = (),
         version: str = "",
+        headers_seen: Callable[[Mapping[str, str]], None] | None = None,
     ) -> list[PollItem]:
         """Claim up to `limit` messages for `ttl` seconds (None: the queue's default). `capabilities` (e.g.
         `("results", "probes")`) are declared in `X-Strictq-Capabilities`: the worker opts in to failure
@@ -223,9 +235,18 @@ class EmoClient:
             params["wait"] = f"{wait:g}"
             timeout = self._timeout + wait
         answer = await self._call(
-            "GET", f"/{_q(queue)}/poll", params=params, headers=headers, request_timeout=timeout
+            "GET",
+            f"/{_q(queue)}/poll",
+            params=params,
+            headers=headers,
+            request_timeout=timeout,
+            headers_seen=headers_seen,
         )
         return parse_poll(answer, queue)
+
+    async def heartbeat(self, body: Mapping[str, Any]) -> Any:
+        """A fleet heartbeat (`POST /fleet/v1/heartbeat`, docs/fleet.md): the answer's JSON."""
+        return await self._call("POST", "/fleet/v1/heartbeat", body=dict(body), root=True)
 
     async def ack(self, queue: str, ids: Sequence[str], token: int | str | None) -> None:
         await self._call("POST", f"/{_q(queue)}/ack", body=list(ids), headers=_lease(token))

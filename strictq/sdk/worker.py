@@ -106,6 +106,14 @@ from .errors import (
     ResultsUnsupported,
     SetupError,
 )
+from .fleet import (
+    CAPABILITY_CONTROL,
+    MAX_MESSAGE_BYTES,
+    FleetAgent,
+    UpgradeHook,
+    machine_cpus,
+    machine_memory_mib,
+)
 from .item import PollItem
 from .outbound import CURRENT, Tags, proxy_authorization, tagged_session
 from .retry import Retry, transient
@@ -199,6 +207,12 @@ class Worker:
         report_results: bool | None = None,
         backoff: tuple[float, float] = (0.1, 30.0),
         version: str = "",
+        fleet: bool = True,
+        fleet_interval: float = 5.0,
+        cpus: int | None = None,
+        memory_mib: int | None = None,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        upgrade: UpgradeHook | None = None,
     ) -> None:
         """`version`: the software version this worker runs, named on its polls (`X-Strictq-Worker-Version`)
         so group routing can give a rollout's canary share only to the canary version's workers.
@@ -207,7 +221,11 @@ class Worker:
         gateway has the route and falls back to acks and releases when it has not; False never does (and
         the worker then declares no capability: plain EmoDB semantics, no failure management).
         `backoff`: (base, cap) seconds of the full-jitter backoff after a failing poll or a call the egress
-        proxy refused."""
+        proxy refused.
+        `fleet`: send heartbeats every `fleet_interval` seconds and follow the queue service's control
+        messages (strictq.sdk.fleet, docs/fleet.md), declaring `cpus`, `memory_mib` (default: this
+        machine's) and `max_message_bytes`; `upgrade`: the hook an `upgrade` control runs,
+        `async fn(version, args) -> the version now running` (without it, upgrades are refused)."""
         if not 0 < heartbeat_fraction < 0.9:
             raise ValueError("heartbeat_fraction must be in (0, 0.9)")
         if ttl <= 0 or limit < 1 or concurrency < 1:
@@ -264,6 +282,16 @@ class Worker:
         self._http: aiohttp.ClientSession | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._poll_task: asyncio.Task[None] | None = None
+        if fleet_interval <= 0 or max_message_bytes < 0:
+            raise ValueError("fleet_interval must be positive, max_message_bytes >= 0")
+        self.fleet: FleetAgent | None = None
+        if fleet:
+            capacity = {
+                "cpus": cpus if cpus is not None else machine_cpus(),
+                "memory_mib": memory_mib if memory_mib is not None else machine_memory_mib(),
+                "max_message_bytes": max_message_bytes,
+            }
+            self.fleet = FleetAgent(self, fleet_interval, capacity, upgrade)
 
     # ------------------------------------------------------------------------------------- public API
 
@@ -293,9 +321,10 @@ class Worker:
         and handles probes (with `probe=` or, without one, with the handler), and it takes each message's
         sending request id. Only the last once it is known not to report (`report_results=False`, or a
         gateway without the results route): request ids change no semantics."""
+        control = (CAPABILITY_CONTROL,) if self.fleet is not None and self.fleet.confirmed else ()
         if self.report_results is False:
-            return (CAPABILITY_REQUEST_IDS,)
-        return (CAPABILITY_RESULTS, CAPABILITY_PROBES, CAPABILITY_REQUEST_IDS)
+            return (CAPABILITY_REQUEST_IDS, *control)
+        return (CAPABILITY_RESULTS, CAPABILITY_PROBES, CAPABILITY_REQUEST_IDS, *control)
 
     @property
     def exit_code(self) -> int:
@@ -341,6 +370,8 @@ class Worker:
                 self._tg = tg
                 self._poll_task = tg.create_task(self._poll_loop(), name=f"strictq-poll-{self.queue}")
                 tg.create_task(self._drain_on_stop(), name=f"strictq-drain-{self.queue}")
+                if self.fleet is not None:  # heartbeats and control messages (strictq.sdk.fleet)
+                    tg.create_task(self.fleet.run(), name=f"strictq-fleet-{self.queue}")
         except* WorkerError as group:
             raise group.exceptions[0] from None
         finally:
@@ -370,6 +401,9 @@ class Worker:
             if (paused := self._paused_until - loop.time()) > 0:  # the egress proxy refused a call
                 await self._sleep(paused)
                 continue
+            if self.fleet is not None and not self.fleet.awake.is_set():  # asleep or drained: no polls
+                await self._until_awake(self.fleet.awake)
+                continue
             started = loop.time()
             limit = min(self.limit, free)
 
@@ -381,6 +415,7 @@ class Worker:
                     wait=self.wait,
                     capabilities=self.capabilities,
                     version=self.version,
+                    headers_seen=None if self.fleet is None else self.fleet.headers_seen,
                 )
 
             try:  # transient failures are retried (full jitter, logged once per step): strictq.sdk.retry
@@ -394,6 +429,8 @@ class Worker:
                 raise WorkerError(self._refused_poll(exc)) from exc
             self.stats.polls += 1
             self.stats.received += len(messages)
+            if self.fleet is not None:
+                self.fleet.note_poll(not messages)
             if messages and self._stopping.is_set():
                 await self._release_polled(messages, "worker stopping")
                 break
@@ -415,6 +452,15 @@ class Worker:
             hint = "is STRICTQ_URL a strictq gateway?"
             return f"{who}: the gateway's poll answer cannot be read ({error}); {hint}"
         return f"the gateway refuses to let {who} poll: {error}"
+
+    async def _until_awake(self, awake: asyncio.Event) -> None:
+        """Wait until the fleet wakes the worker or it stops."""
+        waits = {asyncio.ensure_future(awake.wait()), asyncio.ensure_future(self._stopping.wait())}
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
