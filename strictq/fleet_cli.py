@@ -17,6 +17,7 @@ from .admin_cli import ENV_HELP, UsageError, _common, _json_flag, _print_json, _
 from .health_cli import _seconds, _table
 
 KINDS = ("config", "log_level", "drain", "sleep", "wake", "upgrade")
+TEXT_KEYS = frozenset({"version", "level"})  # always text: `--set version=2.0` is "2.0", not a number
 
 
 # ------------------------------------------------------------------------------------------ settings
@@ -69,7 +70,8 @@ def register(commands: Any) -> None:
         help="send workers a control message (config, log_level, drain, sleep, wake, upgrade)",
         description="Send a control message to workers: --worker (repeatable) names them, --queue Q sends "
         "it to every live worker of Q (--version narrows to those running it). KIND and its arguments "
-        "(--set KEY=VALUE; VALUE as JSON when it parses, else text): config (concurrency, limit, ttl, "
+        "(--set KEY=VALUE; VALUE as JSON when it parses, else text; version and level always text): "
+        "config (concurrency, limit, ttl, "
         "wait: `--set concurrency=4`), log_level (`--set level=DEBUG`), drain, sleep, wake (no "
         "arguments), upgrade (`--set version=2.1`, optional `--set 'args={...}'` for the worker's "
         "upgrade hook). The control is durable until the worker acknowledges it (applied, refused, failed: "
@@ -93,7 +95,7 @@ def register(commands: Any) -> None:
         help="set or clear a queue's rebalancing policy (sleep surplus idle workers, wake on backlog)",
         description="Rebalance QUEUE's workers by their heartbeats: while its backlog is empty, idle "
         "workers beyond --min-active are put to sleep (idle: --idle-heartbeats heartbeats in a row with "
-        "nothing in flight and only empty polls); sleepers are woken once the backlog reaches "
+        "nothing in flight and no message received); sleepers are woken once the backlog reaches "
         "--wake-backlog messages or its oldest message is --wake-age old. --off removes the policy "
         "(nobody is put to sleep; the default). Decisions are events in `strictq status`. " + ENV_HELP,
     )
@@ -109,7 +111,8 @@ def register(commands: Any) -> None:
 
 
 def parse_sets(pairs: list[str]) -> dict[str, Any]:
-    """`--set KEY=VALUE` pairs as the control's args: VALUE as JSON when it parses, else as text."""
+    """`--set KEY=VALUE` pairs as the control's args: VALUE as JSON when it parses, else as text (and
+    always as text for `version` and `level`)."""
     import json
 
     out: dict[str, Any] = {}
@@ -117,6 +120,9 @@ def parse_sets(pairs: list[str]) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise UsageError(f"--set {pair!r}: give KEY=VALUE")
+        if key in TEXT_KEYS:
+            out[key] = value
+            continue
         try:
             out[key] = json.loads(value)
         except ValueError:

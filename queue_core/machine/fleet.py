@@ -95,8 +95,9 @@ class Load:
 
     @property
     def idle(self) -> bool:
-        """Nothing in flight and its polls came back empty: it had nothing to do."""
-        return self.in_flight == 0 and self.empty_polls > 0 and self.empty_polls >= self.polls
+        """Nothing in flight and no poll since the last heartbeat brought a message (a worker backing off
+        after empty polls, or long-polling, may have made none): it had nothing to do."""
+        return self.in_flight == 0 and self.empty_polls >= self.polls
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -4,8 +4,8 @@ The patent: "put one or more clients to sleep if the heartbeats indicate there a
 for the current load". A queue's policy (none by default: nobody is put to sleep) sends surplus idle
 workers to sleep while the queue's backlog is empty, keeping `min_active` awake, and wakes the sleepers
 once the backlog reaches `wake_backlog` messages ready to deliver, or its oldest message is `wake_age`
-seconds old. A worker is idle after `idle_heartbeats` heartbeats in a row with nothing in flight and only
-empty polls. `decide` is the pure decision; queue_core.machine.fleet issues the sleep and wake controls.
+seconds old. A worker is idle after `idle_heartbeats` heartbeats in a row with nothing in flight and no
+message received. `decide` is the pure decision; queue_core.machine.fleet issues the sleep and wake controls.
 """
 
 from __future__ import annotations
