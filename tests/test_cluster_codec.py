@@ -37,6 +37,8 @@ from queue_core.machine.effects import (
     DedupSaved,
     Effect,
     FenceSaved,
+    FleetControlSaved,
+    FleetPolicySaved,
     FloorRaised,
     GroupEvent,
     GroupPolicySaved,
@@ -139,6 +141,8 @@ STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
     FenceSaved: st.builds(FenceSaved, worker=texts, fence=st.none() | json_objects),
     SuspensionSaved: st.builds(SuspensionSaved, queue=texts, state=st.none() | json_objects),
     BlacklistSaved: st.builds(BlacklistSaved, worker=texts, state=st.none() | json_objects),
+    FleetControlSaved: st.builds(FleetControlSaved, control_id=texts, row=st.none() | json_objects),
+    FleetPolicySaved: st.builds(FleetPolicySaved, queue=texts, policy=st.none() | json_objects),
 }
 
 any_effect = st.one_of(*STRATEGIES.values())

@@ -29,16 +29,14 @@ import logging
 import os
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from queue_core.machine import InvalidArgument
 from queue_core.machine.fleet import LOG_LEVELS, check_config
 
-from .errors import GatewayError
+from .client import EmoClient
+from .errors import GatewayError, SetupError
 from .retry import transient
-
-if TYPE_CHECKING:
-    from .worker import Worker
 
 log = logging.getLogger("strictq.sdk")
 CAPABILITY_CONTROL = "control"
@@ -59,12 +57,28 @@ def machine_memory_mib() -> int:
         return 0
 
 
+class FleetWorker(Protocol):
+    """What the agent reads and changes of its `strictq.sdk.worker.Worker` (no import: no cycle)."""
+
+    queue: str
+    version: str
+    worker_id: str
+    concurrency: int
+    _gateway: EmoClient | None
+    _active: set[Any]
+    _stopping: asyncio.Event
+    _changed: asyncio.Event
+
+    @property
+    def stopping(self) -> bool: ...
+
+
 class FleetAgent:
     """One worker's heartbeat loop and control handling; `Worker` owns it (`Worker(fleet=False)`: none)."""
 
     def __init__(
         self,
-        worker: Worker,
+        worker: FleetWorker,
         interval: float,
         capabilities: Mapping[str, int],
         upgrade: UpgradeHook | None,
@@ -148,6 +162,9 @@ class FleetAgent:
         sent = len(self._unsent)
         try:
             answer = await gateway.heartbeat(body)
+        except SetupError:  # the key or the certificate: the poller reports it (one line), then stops
+            self.enabled = False
+            return
         except GatewayError as exc:
             if transient(exc):
                 if not self._failing:
@@ -156,7 +173,7 @@ class FleetAgent:
                 return
             self.enabled = False
             self.awake.set()
-            log.warning(
+            log.info(  # an older gateway, or one in front of a queue server: not the worker's problem
                 "worker %s: the gateway takes no fleet heartbeats (%s): running without fleet control",
                 self.worker.worker_id,
                 exc,
