@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from queue_core.fleet import FleetService
+from queue_core.fleet import FleetBackend
 
 CONTROL_HEADER = "X-Strictq-Control"  # on a poll answer: controls are pending, heartbeat now
-FLEET_FACE = web.AppKey("strictq_fleet_face", FleetService)
+FLEET_FACE = web.AppKey("strictq_fleet_face", FleetBackend)
 
 
 def control_headers(request: web.Request, worker: str, declared: bool) -> dict[str, str]:

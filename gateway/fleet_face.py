@@ -13,7 +13,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from access.permissions import allowed, require
-from queue_core.fleet import FleetService
+from queue_core.fleet import FleetBackend
 from queue_core.http_errors import client_gone, json_response
 from queue_core.machine.fleet import heartbeat_from_json
 
@@ -37,6 +37,6 @@ async def heartbeat(request: web.Request) -> web.StreamResponse:
         return error_response(exc, request)
 
 
-def add_heartbeat_route(app: web.Application, fleet: FleetService) -> None:
+def add_heartbeat_route(app: web.Application, fleet: FleetBackend) -> None:
     app[FLEET_FACE] = fleet
     app.router.add_post(HEARTBEAT_PATH, heartbeat)

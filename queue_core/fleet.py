@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .machine.fleet import Answer, Control, Fleet, FleetEvent, FleetSettings, Heartbeat, WorkerEntry
 from .machine.rebalance import RebalancePolicy
@@ -31,6 +31,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("strictq.fleet")
 TICK = 0.5  # seconds between rebalancing passes and expiry sweeps
+
+
+class FleetBackend(Protocol):
+    """What the gateway's heartbeat route needs: this process's `FleetService`, or `RemoteFleet` in front
+    of a `strictq queue-server` (queue_core.fleet_remote)."""
+
+    async def heartbeat(self, beat: Heartbeat) -> Answer: ...
+    def has_pending(self, worker: str) -> bool: ...
 
 
 class FleetService:

@@ -26,6 +26,7 @@ from .admin_http import errors_as_json, known_worker, scope_of
 from .fleet import FleetService
 from .http_errors import json_response
 from .machine import InvalidArgument, NotFound
+from .machine.fleet import heartbeat_from_json
 from .machine.rebalance import RebalancePolicy
 from .scope import Scope
 
@@ -148,6 +149,27 @@ async def delete_policy(request: web.Request) -> web.StreamResponse:
         raise NotFound(f"queue {name!r} has no rebalancing policy", queue=name)
     await fleet.set_policy(queue, None)
     return json_response({"queue": name, "policy": None})
+
+
+@errors_as_json
+async def internal_heartbeat(request: web.Request) -> web.StreamResponse:
+    """The queue server's internal API (no authentication, like the rest of it): a heartbeat a gateway
+    forwards (queue_core.fleet_remote), `worker` and queues by their core names."""
+    data = await _body(request)
+    worker = data.pop("worker", None)
+    if not isinstance(worker, str) or not worker:
+        raise InvalidArgument("worker must be the worker's id", field="worker")
+    answer = await request.app[FLEET].heartbeat(heartbeat_from_json(worker, data, _core_name))
+    return json_response(answer.to_wire())
+
+
+def _core_name(name: str) -> str:
+    return name
+
+
+def add_internal_heartbeat_route(app: web.Application) -> None:
+    """`POST /v1/fleet/heartbeat` on the queue server's internal API (after `add_fleet_routes`)."""
+    app.router.add_post("/v1/fleet/heartbeat", internal_heartbeat)
 
 
 def add_fleet_routes(app: web.Application, fleet: FleetService) -> None:

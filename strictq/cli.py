@@ -155,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="JetStream replicas of a new cluster's streams (default: %(default)s)",
     )
     add_health_arguments(server)
+    add_fleet_arguments(server)
     add_connection_arguments(server)
     server.set_defaults(handler=cmd_queue_server)
 
@@ -598,9 +599,16 @@ def cmd_queue_server(args: argparse.Namespace) -> int:
         if value is not None:
             print(f"strictq: {flag} is for a queue server of a cluster: give --cluster too", file=sys.stderr)
             return 2
+    from .fleet_cli import settings_from_args as fleet_settings
+
+    try:
+        fleet = fleet_settings(args)
+    except ValueError as exc:
+        print(f"strictq: {exc}", file=sys.stderr)
+        return 2
     return run_server(
         lambda: run(
-            args.host, args.port, args.data_dir, args.partitions, args.keys, health, args.init, limits
+            args.host, args.port, args.data_dir, args.partitions, args.keys, health, args.init, limits, fleet
         )
     )
 

@@ -43,7 +43,8 @@ from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub, store_registry
 from queue_core.failures import FailureManager
 from queue_core.fences import FenceRegistry
-from queue_core.fleet import FleetService
+from queue_core.fleet import FleetBackend, FleetService
+from queue_core.fleet_remote import RemoteFleet
 from queue_core.http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
 from queue_core.machine.fleet import FleetSettings
 from queue_core.machine.health import HealthSettings
@@ -80,7 +81,7 @@ def make_edge_app(
     control: ControlHub | None = None,
     deliveries: DeliveryLog | None = None,
     failures: FailureManager | None = None,
-    fleet: FleetService | None = None,
+    fleet: FleetBackend | None = None,
     receipt_key: Path | None = None,
     sqs_regions: tuple[str, ...] = (),
     regions: RegionResolver | None = None,
@@ -268,7 +269,9 @@ async def serve(options: ServeOptions) -> None:
     # With the core in-process, this process serves the control stream and fences (in the store; a legacy
     # <data-dir>/fences.json is migrated into it).
     failures = None
-    fleet = None
+    fleet: FleetBackend | None = None
+    if isinstance(service, RemoteQueueService):  # heartbeats go on to the queue server's fleet
+        fleet = RemoteFleet(service)
     if isinstance(service, QueueService):
         control = ControlHub(service, store_registry(service, data_dir / "fences.json"))
         if options.health is not None:  # its events go to the wire log beside the gateway's records

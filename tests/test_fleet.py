@@ -463,3 +463,54 @@ async def test_pending_controls_survive_a_restart_of_the_serve(tmp_path: Path) -
         assert (await fleet_row(second, "ta-w1"))["pending"] == []
     finally:
         second.stop()
+
+
+async def test_heartbeats_reach_a_separate_queue_server(tmp_path: Path) -> None:
+    """`strictq serve --queue-server URL`: the gateway forwards heartbeats to the queue server, whose
+    registry, controls and events serve them (its admin routes, the same key file)."""
+    import json
+    import urllib.request
+
+    from conftest import start_server
+
+    keys = tmp_path / "keys.toml"
+    write_keys(keys, CREDENTIALS, "the fleet test's tenants")
+    server = start_server(tmp_path / "queue", "--keys", str(keys))
+    try:
+        gateway = start_serve(tmp_path / "edge", "--keys", str(keys), "--queue-server", server.url, tls=True)
+        try:
+
+            def admin(method: str, path: str, body: Any = None) -> tuple[int, Any]:
+                data = None if body is None else json.dumps(body).encode()
+                request = urllib.request.Request(server.url + path, data=data, method=method)
+                request.add_header("X-BV-API-Key", SECRET["ta-admin"])
+                request.add_header("Content-Type", "application/json")
+                try:
+                    with urllib.request.urlopen(request, timeout=30) as answer:
+                        return answer.status, json.loads(answer.read())
+                except urllib.error.HTTPError as exc:
+                    return exc.code, json.loads(exc.read())
+
+            await produce(gateway, "remote", 1)
+            worker = Worker("remote", idle_handler(), config=config(gateway, "ta-w1"), fleet_interval=BEAT)
+            async with running(worker):
+
+                async def registered() -> bool:
+                    status, view = await asyncio.to_thread(admin, "GET", "/admin/v1/fleet")
+                    return status == 200 and any(w["worker"] == "ta-w1" for w in view["workers"])
+
+                await until(registered, WAIT, interval=0.1, what="ta-w1 in the queue server's fleet")
+                body = {"kind": "config", "args": {"limit": 2}, "queue": "remote"}
+                status, answer = await asyncio.to_thread(admin, "POST", "/admin/v1/fleet/control", body)
+                assert status == 200 and [c["worker"] for c in answer["controls"]] == ["ta-w1"], answer
+                await until(lambda: worker.limit == 2, WAIT, what="the control applied through the gateway")
+
+                async def applied() -> bool:
+                    status, found = await asyncio.to_thread(admin, "GET", "/admin/v1/events")
+                    return status == 200 and any(e["event"] == "control-applied" for e in found["events"])
+
+                await until(applied, WAIT, interval=0.1, what="the event on the queue server")
+        finally:
+            gateway.stop()
+    finally:
+        server.stop()

@@ -257,6 +257,25 @@ class Answer:
             "controls": [c.to_wire() for c in self.controls],
         }
 
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> Answer:
+        """An answer as the queue server's internal API sends it (to a gateway in front of it)."""
+        controls = tuple(
+            Control(
+                id=str(c["id"]),
+                worker=str(data["worker"]),
+                kind=str(c["kind"]),
+                args=dict(c.get("args") or {}),
+                issued_at=float(c["issued_at"]),
+                expires_at=float(c["expires_at"]),
+            )
+            for c in data.get("controls") or []
+        )
+        state = data.get("state")
+        return cls(
+            str(data["worker"]), controls, float(data["interval"]), state if state in STATES else "active"
+        )
+
 
 FleetEffect = FleetControlSaved | FleetPolicySaved
 
@@ -643,3 +662,31 @@ def _number(value: Any, where: str, low: float, high: float) -> float:
     if not low <= value <= high:
         raise InvalidArgument(f"{where} must be from {low:g} to {high:g}", field=where)
     return float(value)
+
+
+def heartbeat_to_json(beat: Heartbeat) -> dict[str, Any]:
+    """A parsed heartbeat for the queue server's internal API: `heartbeat_from_json`'s body (queues by
+    their core names) plus `worker`."""
+    return {
+        "worker": beat.worker,
+        "queues": list(beat.queues),
+        "version": beat.version,
+        "interval": beat.interval,
+        "capabilities": beat.capacity.to_dict(),
+        "load": {
+            "in_flight": beat.load.in_flight,
+            "concurrency": beat.load.concurrency,
+            "polls": beat.load.polls,
+            "empty_polls": beat.load.empty_polls,
+        },
+        "state": beat.state,
+        "acks": [
+            {
+                "id": a.id,
+                "status": a.status,
+                "detail": a.detail,
+                **({"version": a.version} if a.version else {}),
+            }
+            for a in beat.acks
+        ],
+    }
