@@ -338,14 +338,24 @@ async def test_drain_finishes_held_work_and_takes_nothing_more(serve: Serve) -> 
 async def test_rebalancing_sleeps_surplus_idle_workers_and_wakes_them_on_backlog(serve: Serve) -> None:
     handled: list[Any] = []
 
-    async def handle(message: Message) -> None:
+    async def handle(message: Message) -> None:  # slow, one at a time: a backlog builds up behind it
+        await asyncio.sleep(0.1)
         handled.append(message.payload)
 
     await produce(serve, "rebal", 1)
     async with contextlib.AsyncExitStack() as stack:
         workers = [
             await stack.enter_async_context(
-                running(Worker("rebal", handle, config=config(serve, f"ta-w{i}"), fleet_interval=BEAT))
+                running(
+                    Worker(
+                        "rebal",
+                        handle,
+                        config=config(serve, f"ta-w{i}"),
+                        fleet_interval=BEAT,
+                        limit=1,
+                        concurrency=1,
+                    )
+                )
             )
             for i in (1, 2, 5)
         ]
@@ -373,11 +383,15 @@ async def test_rebalancing_sleeps_surplus_idle_workers_and_wakes_them_on_backlog
             await event_for(serve, "sleep", worker, "backlog empty")
         await asyncio.sleep(5 * BEAT)
         assert len(asleep()) == 2  # min_active stays awake, the sleepers stay asleep
+        polled = {w.worker_id: w.stats.polls for w in workers}
 
         await produce(serve, "rebal", 20)  # a backlog: the sleepers are woken
         for worker in sleepers:
             await event_for(serve, "wake", worker, "backlog")
-        await until(lambda: not asleep(), WAIT, interval=0.1, what="everyone awake")
+            await event_for(serve, "control-applied", worker, "active: polling again")
+        # Each sleeper polled again (once the backlog is gone, rebalancing may put them back to sleep).
+        for woken in (w for w in workers if w.worker_id in sleepers):
+            await until(lambda w=woken: w.stats.polls > polled[w.worker_id], WAIT, what="polls after wake")
         await until(lambda: len(handled) == 21, WAIT, what="the backlog processed")
         listed = await acli(serve, "fleet")
         assert "rebal: " in listed.stdout and "min_active=1" in listed.stdout

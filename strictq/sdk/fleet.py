@@ -1,8 +1,8 @@
 """The worker's side of the fleet (docs/fleet.md): heartbeats with load and capabilities, and control
 messages from the queue service applied at run time.
 
-Every `fleet_interval` seconds (the answer may change it) the worker posts a heartbeat to the gateway's
-`POST /fleet/v1/heartbeat`: its queue, version, declared capabilities (CPUs, memory, the largest message
+From its first answered poll on, every `fleet_interval` seconds (the answer may change it), the worker posts
+a heartbeat to the gateway's `POST /fleet/v1/heartbeat`: its queue, version, declared capabilities (CPUs, memory, the largest message
 it accepts), load (messages in flight of its concurrency, polls since the last heartbeat and how many came
 back empty) and state. The answer carries the controls pending for it; each is applied once (by id) and
 acknowledged on the next heartbeat, sent at once:
@@ -99,6 +99,7 @@ class FleetAgent:
         self._unsent: list[dict[str, Any]] = []
         self._running: dict[str, asyncio.Task[None]] = {}  # drains and upgrades in progress
         self._poke = asyncio.Event()
+        self._polled = asyncio.Event()  # a poll was answered: the key and the certificate work
         self._failing = False
 
     # ----------------------------------------------------------------------------------- the loop
@@ -107,6 +108,7 @@ class FleetAgent:
         self._poke.set()
 
     def note_poll(self, empty: bool) -> None:
+        self._polled.set()
         self.polls += 1
         self.empty_polls += empty
 
@@ -117,6 +119,9 @@ class FleetAgent:
     async def run(self) -> None:
         worker = self.worker
         try:
+            # The first heartbeat waits for the first answered poll: a key or certificate the gateway
+            # refuses is then the poller's one error line, not a heartbeat's besides.
+            await self._first(self._polled)
             while self.enabled and not worker.stopping:
                 self._poke.clear()
                 await self._beat()
@@ -129,7 +134,11 @@ class FleetAgent:
                 task.cancel()
 
     async def _poked_or_stopping(self) -> None:
-        poke = asyncio.ensure_future(self._poke.wait())
+        await self._first(self._poke)
+
+    async def _first(self, event: asyncio.Event) -> None:
+        """Until `event` is set or the worker stops."""
+        poke = asyncio.ensure_future(event.wait())
         stop = asyncio.ensure_future(self.worker._stopping.wait())
         try:
             await asyncio.wait({poke, stop}, return_when=asyncio.FIRST_COMPLETED)
