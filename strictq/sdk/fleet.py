@@ -4,8 +4,8 @@ messages from the queue service applied at run time.
 From its first answered poll on, every `fleet_interval` seconds (the answer may change it), the worker
 posts a heartbeat to the gateway's `POST /fleet/v1/heartbeat`: its queue, version, declared capabilities
 (CPUs, memory, the largest message it accepts), load (messages in flight of its concurrency, polls since
-the last heartbeat and how many came back empty) and state. The answer carries the controls pending for it; each is applied once (by id) and
-acknowledged on the next heartbeat, sent at once:
+the last heartbeat and how many came back empty) and state. The answer carries the controls pending for
+it; each is applied once (by id) and acknowledged on the next heartbeat, sent at once:
 
 - `config` {concurrency, limit, ttl, wait}: changes those Worker settings (checked again here: a value the
   worker cannot take is `refused`);
