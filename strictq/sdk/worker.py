@@ -63,6 +63,10 @@ What it does, against the gateway's EmoDB face:
   else's now). Either refusal, and a 407 from the proxy, makes the worker back off: no poll until a wait
   drawn with full jitter from `backoff` (doubling per refusal in a row, up to its cap), one log line per
   step of the backoff; a call that passes the proxy again ends it.
+- Fleet (strictq.sdk.fleet, docs/fleet.md; `fleet=False`: none): heartbeats with load and capabilities
+  every `fleet_interval`, and the queue service's control messages (config, log_level, sleep / wake, drain,
+  upgrade through the `upgrade=` hook) applied at run time; asleep or drained, it polls nothing (what a
+  poll in flight brings back is handed back at once) and finishes what it holds.
 - `stop()` (or SIGTERM / SIGINT after `install_signal_handlers()`, or `strictq.sdk.run`): no more polls;
   a poll in flight is awaited and what it claimed is released; running handlers get `grace` seconds to
   finish (and are reported), then are cancelled; everything claimed and not processed is handed back
@@ -431,6 +435,9 @@ class Worker:
             self.stats.received += len(messages)
             if self.fleet is not None:
                 self.fleet.note_poll(not messages)
+                if messages and not self.fleet.awake.is_set():  # put to sleep or drained meanwhile
+                    await self._release_polled(messages, f"worker {self.fleet.state}")
+                    continue
             if messages and self._stopping.is_set():
                 await self._release_polled(messages, "worker stopping")
                 break
