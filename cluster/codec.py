@@ -39,6 +39,8 @@ from queue_core.machine.effects import (
     DedupSaved,
     Effect,
     FenceSaved,
+    FleetControlSaved,
+    FleetPolicySaved,
     GroupPolicySaved,
     HandoverSaved,
     HistorySaved,
@@ -177,6 +179,8 @@ _TABLE: tuple[_Spec, ...] = (
     _spec(18, SuspensionSaved),
     _spec(19, BlacklistSaved),
     _spec(20, HandoverSaved),
+    _spec(21, FleetControlSaved),
+    _spec(22, FleetPolicySaved),
 )
 
 _BY_CLASS: dict[type[Any], _Spec] = {spec.cls: spec for spec in _TABLE}

@@ -141,9 +141,7 @@ def replicas_to_remove(
         removed = False
         for replica in down:
             since = memory.down_since[(stream.stream, replica.name)]
-            decisions.append(
-                _decide(stream, replica, now - since, down, live, memory, repair_after, removed)
-            )
+            decisions.append(_decide(stream, replica, now - since, down, live, memory, repair_after, removed))
             removed = removed or decisions[-1].remove
     for key in set(memory.down_since) - seen_down:  # back, or no longer a peer
         del memory.down_since[key]
@@ -303,4 +301,3 @@ class ReplicaRepair:
         """`$JS.API.STREAM.PEER.REMOVE.<stream>` (nats-py has no method for it); APIError on refusal."""
         subject = f"{self._js._prefix}.STREAM.PEER.REMOVE.{stream}"
         await self._js._api_request(subject, orjson.dumps({"peer": peer}), timeout=REQUEST_TIMEOUT)
-

@@ -38,6 +38,7 @@ class NodeDirectory(Protocol):
 
     def nodes(self) -> dict[str, NodeInfo]: ...
 
+
 log = logging.getLogger("strictq.cluster.traffic")
 
 LATENCY_SAMPLES = 512  # per partition: the ring p50/p99 are taken over (within the window)

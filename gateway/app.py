@@ -18,6 +18,8 @@ from queue_core.admin_routes import add_admin_routes
 from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
+from queue_core.fleet import FleetBackend, FleetService
+from queue_core.fleet_http import add_fleet_routes
 from queue_core.http_errors import json_http_errors
 from queue_core.metrics_export import CoreCollector
 from queue_core.metrics_http import add_metrics_route
@@ -29,6 +31,7 @@ from .app_keys import BACKPRESSURE, KEYS, MAX_EDGE_BODY, ROUTER, SERVICE
 from .dashboard import StoryIndex, add_dashboard, add_dashboard_elsewhere
 from .deliveries import DELIVERIES, DeliveryLog
 from .estimates_http import add_estimate_routes
+from .fleet_face import add_heartbeat_route
 from .limits_http import add_limit_routes
 from .rate_limits import TenantRateLimiter
 from .request_ids import add_request_ids
@@ -61,12 +64,15 @@ def make_gateway_app(
     sqs_regions: Collection[str] | None = None,
     limiter: TenantRateLimiter | None = None,
     story_index: StoryIndex | None = None,
+    fleet: FleetBackend | None = None,
 ) -> web.Application:
     """`deliveries`: write a wire-log record per message handed to a worker (gateway.deliveries).
     `receipt_key`: the file of the SQS receipt-handle key (gateway.sqs_receipts); None: in memory.
     `sqs_regions`: the regions SQS requests may be signed for (gateway.sqs_regions); None: any.
     `limiter`: per-tenant send rates (gateway.rate_limits); None: unlimited, not kept on disk.
-    `story_index`: the wire-log index the operator's dashboard searches (gateway.dashboard); None: none."""
+    `story_index`: the wire-log index the operator's dashboard searches (gateway.dashboard); None: none.
+    `fleet`: the worker fleet (queue_core.fleet): heartbeats, controls, rebalancing where the core runs;
+    in front of a queue server, `RemoteFleet` forwards the heartbeats to it (queue_core.fleet_remote)."""
     requests = RequestCounter()  # outermost: it counts the status the client gets
     app = web.Application(client_max_size=MAX_EDGE_BODY, middlewares=[requests.middleware, json_http_errors])
     add_request_ids(app)  # every answer names its request's id (X-Request-Id; SQS: x-amzn-RequestId)
@@ -90,11 +96,15 @@ def make_gateway_app(
     if isinstance(service, QueueService):  # the core is in this process: its control stream and fences too
         hub = control or (failures.hub if failures is not None else ControlHub(service))
         add_admin_routes(app, hub, keys, failures)  # failures: failure management's routes and hooks
+        if isinstance(fleet, FleetService):  # the fleet's admin routes (docs/fleet.md)
+            add_fleet_routes(app, fleet)
         registry.register(CoreCollector(service, hub, keys))
         add_dashboard(app, service, hub, keys, failures, story_index)  # GET /dashboard
     else:
         if control is not None:  # a cluster's gateway: floors from the queue servers, fences here
             add_admin_routes(app, control, keys)
         add_dashboard_elsewhere(app)  # the dashboard runs where the core runs
+    if fleet is not None:  # POST /fleet/v1/heartbeat (gateway.fleet_face)
+        add_heartbeat_route(app, fleet)
     add_metrics_route(app, registry, keys)
     return app

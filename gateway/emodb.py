@@ -96,6 +96,7 @@ from queue_core.scope import internal_name
 
 from .app_keys import KEYS, ROUTER
 from .deliveries import deliveries_of
+from .fleet_control import control_headers
 from .limits_http import check_backlog, check_sends
 from .request_ids import request_id_of
 from .results_log import log_results
@@ -508,6 +509,8 @@ async def poll(call: Call) -> web.StreamResponse:
     )
     if capabilities.state:  # opt-in: the groups whose local state this worker should upload now
         add_handover_header(response, call.service_for_queue(queue), queue, call.credential.id)
+    # Opt-in (`control`): fleet controls wait for this worker, so it heartbeats now (gateway.fleet_face).
+    response.headers.update(control_headers(call.request, call.credential.id, capabilities.control))
     return response
 
 

@@ -314,6 +314,11 @@ class RemoteQueueService:
         payload = await self._call("GET", self._q(queue) + "/peek", params={"limit": limit})
         return [wire.decode_peek(item) for item in payload["messages"]]
 
+    async def fleet_heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A worker's heartbeat for the queue server's fleet (queue_core.fleet_remote): its answer."""
+        answer = await self._call("POST", "/v1/fleet/heartbeat", body)
+        return answer if isinstance(answer, dict) else {}
+
     # ------------------------------------------------------------------------------------ moves
     async def start_move(self, source: str, destination: str) -> MoveStatus:
         body = wire.encode_move_request(source, destination)

@@ -30,6 +30,8 @@ from .machine.effects import (
     DedupSaved,
     Effect,
     FenceSaved,
+    FleetControlSaved,
+    FleetPolicySaved,
     GroupPolicySaved,
     HandoverSaved,
     HistorySaved,
@@ -84,6 +86,13 @@ CREATE TABLE IF NOT EXISTS blacklists (worker TEXT PRIMARY KEY, state BLOB NOT N
 CREATE TABLE IF NOT EXISTS handovers (
     qid INTEGER NOT NULL, grp TEXT NOT NULL, record BLOB NOT NULL, PRIMARY KEY (qid, grp)
 ) WITHOUT ROWID;
+"""
+KEY_COLUMNS = {"suspensions": "queue", "fleet_policies": "queue", "fleet_controls": "id"}
+# Tables added after a store's first release, created by `open` when an older store lacks them (IF NOT
+# EXISTS: idempotent): pending fleet control messages and rebalancing policies (docs/fleet.md).
+ADDED_TABLES = """
+CREATE TABLE IF NOT EXISTS fleet_controls (id TEXT PRIMARY KEY, row BLOB NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS fleet_policies (queue TEXT PRIMARY KEY, policy BLOB NOT NULL) WITHOUT ROWID;
 """
 
 INSERT_MESSAGE = (
@@ -216,6 +225,7 @@ class SqliteStore:
             db.execute("PRAGMA synchronous=FULL")
             db.execute("PRAGMA cache_size=-16384")  # 16 MiB page cache
             db.executescript(SCHEMA)
+            db.executescript(ADDED_TABLES)
             _add_columns(db)
             self._db = db
             db.execute("BEGIN IMMEDIATE")
@@ -310,14 +320,17 @@ class SqliteStore:
         )
 
     def _control_rows(self) -> ControlRows:
+        """The control tables' rows (each keyed by KEY_COLUMNS' column, else `worker`)."""
         db = self.db
         rows = ControlRows()
         for table, column, into in (
             ("fences", "fence", rows.fences),
             ("suspensions", "state", rows.suspensions),
             ("blacklists", "state", rows.blacklists),
+            ("fleet_controls", "row", rows.fleet_controls),
+            ("fleet_policies", "policy", rows.fleet_policies),
         ):
-            key = "queue" if table == "suspensions" else "worker"
+            key = KEY_COLUMNS.get(table, "worker")
             for name, value in db.execute(f"SELECT {key}, {column} FROM {table}"):
                 into[name] = orjson.loads(value)
         return rows
@@ -623,6 +636,22 @@ def _rows(effect: Effect) -> Iterator[tuple[str, tuple[Any, ...]]]:
                 yield (
                     "INSERT OR REPLACE INTO handovers (qid, grp, record) VALUES (?, ?, ?)",
                     (effect.qid, effect.group, _json(effect.record)),
+                )
+        case FleetControlSaved():
+            if effect.row is None:
+                yield "DELETE FROM fleet_controls WHERE id = ?", (effect.control_id,)
+            else:
+                yield (
+                    "INSERT OR REPLACE INTO fleet_controls (id, row) VALUES (?, ?)",
+                    (effect.control_id, _json(effect.row)),
+                )
+        case FleetPolicySaved():
+            if effect.policy is None:
+                yield "DELETE FROM fleet_policies WHERE queue = ?", (effect.queue,)
+            else:
+                yield (
+                    "INSERT OR REPLACE INTO fleet_policies (queue, policy) VALUES (?, ?)",
+                    (effect.queue, orjson.dumps(effect.policy)),
                 )
         case _:  # FloorRaised and other published-only effects
             return

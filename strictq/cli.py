@@ -15,6 +15,8 @@ from .admin_cli import register as register_admin_commands
 from .cluster_cli import add_nats_arguments, nats_settings
 from .cluster_cli import register as register_cluster_commands
 from .estimates_cli import register_estimates
+from .fleet_cli import add_settings_arguments as add_fleet_arguments
+from .fleet_cli import register as register_fleet_commands
 from .handover_cli import register as register_handover_commands
 from .health_cli import add_settings_arguments as add_health_arguments
 from .health_cli import register as register_health_commands
@@ -156,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="JetStream replicas of a new cluster's streams (default: %(default)s)",
     )
     add_health_arguments(server)
+    add_fleet_arguments(server)
     add_connection_arguments(server)
     server.set_defaults(handler=cmd_queue_server)
 
@@ -259,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --tenant-rate: messages a tenant may send at once after a quiet spell (default: the rate)",
     )
     add_health_arguments(serve)
+    add_fleet_arguments(serve)
     add_connection_arguments(serve)
     serve.set_defaults(handler=cmd_serve)
 
@@ -377,6 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_estimates(commands)  # strictq estimates QUEUE (pipelining)
     register_health_commands(commands)  # strictq status / suspend / resume / unblacklist
     register_handover_commands(commands)  # strictq handover QUEUE --from W / --release G
+    register_fleet_commands(commands)  # strictq fleet / control / fleet-policy
     register_cluster_commands(commands)  # strictq cluster up / status / move / urls
     from wirelog.cli import register as register_wirelog  # strictq wirelog tail / grep (stdlib imports only)
 
@@ -600,9 +605,16 @@ def cmd_queue_server(args: argparse.Namespace) -> int:
         if value is not None:
             print(f"strictq: {flag} is for a queue server of a cluster: give --cluster too", file=sys.stderr)
             return 2
+    from .fleet_cli import settings_from_args as fleet_settings
+
+    try:
+        fleet = fleet_settings(args)
+    except ValueError as exc:
+        print(f"strictq: {exc}", file=sys.stderr)
+        return 2
     return run_server(
         lambda: run(
-            args.host, args.port, args.data_dir, args.partitions, args.keys, health, args.init, limits
+            args.host, args.port, args.data_dir, args.partitions, args.keys, health, args.init, limits, fleet
         )
     )
 
@@ -689,6 +701,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     tenant_limit = _tenant_limit(args)
     if tenant_limit is False:
         return 2
+    from .fleet_cli import settings_from_args as fleet_settings
+
+    try:
+        fleet = fleet_settings(args)
+    except ValueError as exc:
+        print(f"strictq: {exc}", file=sys.stderr)
+        return 2
     options = ServeOptions(
         host=args.host,
         port=args.port,
@@ -705,6 +724,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         upstream_ca=tuple(args.upstream_ca),
         index=args.index,
         health=health,
+        fleet=fleet,
         init=args.init,
         limits=limits,
         regions=tuple(sorted(regions or ())),

@@ -19,7 +19,10 @@ from access.keys import write_development_keys
 from queue_core.admin_routes import add_admin_routes
 from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
+from queue_core.fleet import FleetService
+from queue_core.fleet_http import add_fleet_routes, add_internal_heartbeat_route
 from queue_core.http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
+from queue_core.machine.fleet import FleetSettings
 from queue_core.machine.health import HealthSettings
 from queue_core.metrics_export import core_registry
 from queue_core.metrics_http import add_metrics_route
@@ -47,6 +50,7 @@ async def serve(
     health: HealthSettings | None = None,
     init: bool = False,
     limits: ConnectionLimits = DEFAULT_LIMITS,
+    fleet: FleetSettings | None = None,
 ) -> None:
     # Start-up faults first, each a StartupError naming its file (queue_core.startup): the data dir
     # (0700, writable), the key file, a missing or empty store (refused unless `init`), fences.json.
@@ -75,6 +79,9 @@ async def serve(
     )
     # Its internal API has no tenants: untenanted queues and workers are every admin's (queue_core.scope).
     add_admin_routes(app, hub, key_ring, failures, untenanted=True)
+    # The worker fleet (docs/fleet.md): its admin routes, and the heartbeats gateways forward.
+    add_fleet_routes(app, FleetService(service, failures, fleet))
+    add_internal_heartbeat_route(app)
     add_metrics_route(app, core_registry(service, hub, key_ring), key_ring)  # GET /metrics, scoped per key
     runner = web.AppRunner(app, access_log=None, handle_signals=False, **limits.handler_args())
     await runner.setup()
@@ -120,6 +127,7 @@ def run(
     health: HealthSettings | None = None,
     init: bool = False,
     limits: ConnectionLimits = DEFAULT_LIMITS,
+    fleet: FleetSettings | None = None,
 ) -> None:
     logsafe.install()  # control characters escaped, malformed requests one WARNING line (issue 11)
     # The data dir locked first (another server on it is refused before its store is touched), then the
@@ -128,4 +136,4 @@ def run(
         check_ports(host, [Port(port, "the internal API's --port", "--port")])
         # uvloop is pinned, as for `strictq serve`; an ImportError raised while serving is a fault to
         # report, not a reason to start the server a second time on plain asyncio.
-        uvloop.run(serve(host, port, data_dir, partitions, keys, health, init, limits))
+        uvloop.run(serve(host, port, data_dir, partitions, keys, health, init, limits, fleet))

@@ -43,7 +43,10 @@ from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub, store_registry
 from queue_core.failures import FailureManager
 from queue_core.fences import FenceRegistry
+from queue_core.fleet import FleetBackend, FleetService
+from queue_core.fleet_remote import RemoteFleet
 from queue_core.http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
+from queue_core.machine.fleet import FleetSettings
 from queue_core.machine.health import HealthSettings
 from queue_core.remote import RemoteQueueService
 from queue_core.service import QueueService
@@ -78,6 +81,7 @@ def make_edge_app(
     control: ControlHub | None = None,
     deliveries: DeliveryLog | None = None,
     failures: FailureManager | None = None,
+    fleet: FleetBackend | None = None,
     receipt_key: Path | None = None,
     sqs_regions: tuple[str, ...] = (),
     regions: RegionResolver | None = None,
@@ -94,6 +98,7 @@ def make_edge_app(
         control=control,
         deliveries=deliveries,
         failures=failures,
+        fleet=fleet,
         receipt_key=receipt_key,
         sqs_regions=sqs_regions,
         limiter=limiter,
@@ -124,6 +129,7 @@ class ServeOptions:
     index: Path | None = None  # wire-log index for GET /admin/v1/search; default <data-dir>/index
     # Failure management (docs/failure-management.md §3) with the core in-process; None: off.
     health: HealthSettings | None = None
+    fleet: FleetSettings | None = None  # the worker fleet's settings (docs/fleet.md); None: the defaults
     init: bool = False  # start with an empty store although the data dir shows an earlier one
     limits: ConnectionLimits = DEFAULT_LIMITS  # head timeout, keep-alive (queue_core.http_guard)
     regions: tuple[str, ...] = ()  # SQS: the regions requests may be signed for; empty: any (--region)
@@ -263,10 +269,14 @@ async def serve(options: ServeOptions) -> None:
     # With the core in-process, this process serves the control stream and fences (in the store; a legacy
     # <data-dir>/fences.json is migrated into it).
     failures = None
+    fleet: FleetBackend | None = None
+    if isinstance(service, RemoteQueueService):  # heartbeats go on to the queue server's fleet
+        fleet = RemoteFleet(service)
     if isinstance(service, QueueService):
         control = ControlHub(service, store_registry(service, data_dir / "fences.json"))
         if options.health is not None:  # its events go to the wire log beside the gateway's records
             failures = FailureManager(service, control, options.health, wirelog=data_dir / "wirelog")
+        fleet = FleetService(service, failures, options.fleet)  # heartbeats and controls (docs/fleet.md)
     # One `delivery` record per message handed to a worker, beside the proxy's records (same redaction key).
     deliveries = DeliveryLog(data_dir / "wirelog", key_dir=data_dir)
     deliveries.start()
@@ -278,6 +288,7 @@ async def serve(options: ServeOptions) -> None:
             index=options.index or data_dir / "index",
             deliveries=deliveries,
             failures=failures,
+            fleet=fleet,
             receipt_key=data_dir / "receipt.key",  # SQS receipt handles stay valid across restarts
             sqs_regions=options.regions,
             regions=options.region_resolver(),

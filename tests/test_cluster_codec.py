@@ -37,6 +37,8 @@ from queue_core.machine.effects import (
     DedupSaved,
     Effect,
     FenceSaved,
+    FleetControlSaved,
+    FleetPolicySaved,
     FloorRaised,
     GroupEvent,
     GroupPolicySaved,
@@ -141,6 +143,8 @@ STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
     SuspensionSaved: st.builds(SuspensionSaved, queue=texts, state=st.none() | json_objects),
     BlacklistSaved: st.builds(BlacklistSaved, worker=texts, state=st.none() | json_objects),
     HandoverSaved: st.builds(HandoverSaved, qid=ints, group=texts, record=st.none() | json_objects),
+    FleetControlSaved: st.builds(FleetControlSaved, control_id=texts, row=st.none() | json_objects),
+    FleetPolicySaved: st.builds(FleetPolicySaved, queue=texts, policy=st.none() | json_objects),
 }
 
 any_effect = st.one_of(*STRATEGIES.values())
@@ -192,8 +196,22 @@ def test_every_durable_effect_round_trips_exactly(cls: type[Any], data: st.DataO
 
 def test_nan_big_integers_and_bytes_survive() -> None:
     effect = AttemptLogged(
-        1, "g", "m", "w", 1, "failed", "r", "", [2**100, -(2**90)], {"x": math.nan}, {1: b"\x00"}, None, 0,
-        1.5, 5, math.inf,
+        1,
+        "g",
+        "m",
+        "w",
+        1,
+        "failed",
+        "r",
+        "",
+        [2**100, -(2**90)],
+        {"x": math.nan},
+        {1: b"\x00"},
+        None,
+        0,
+        1.5,
+        5,
+        math.inf,
     )
     decoded = decode_frame(encode_frame(EffectsFrame((effect,))))
     assert isinstance(decoded, EffectsFrame)
@@ -249,8 +267,22 @@ def store_effects() -> list[Effect]:
         AvailabilityChanged(((2, 200.0),)),
         ReceiveCountsRestored(((3, 120.0, 1, 99.0),)),
         AttemptLogged(
-            1, "g1", "m1", "worker-a", 1, "failed", "boom", "sig", [{"step": "a"}, 2**70], {"done": 1},
-            None, 12.5, 30, 101.0, 2, 9_999.0,
+            1,
+            "g1",
+            "m1",
+            "worker-a",
+            1,
+            "failed",
+            "boom",
+            "sig",
+            [{"step": "a"}, 2**70],
+            {"done": 1},
+            None,
+            12.5,
+            30,
+            101.0,
+            2,
+            9_999.0,
         ),
         AttemptLogged(1, "g1", "m1", "w-a", 2, "failed", "", "", None, None, None, None, 30, 102.0, 2, 9e3),
         AttemptLogged(1, "g1", "m1", "w-b", 3, "expired", "", "", [], [1], {}, 1.0, 30, 103.0, 2, 9e3),
@@ -310,8 +342,18 @@ def test_decoded_frames_give_the_same_store_rows(tmp_path: Path) -> None:
     owner_rows, standby_rows = dump(tmp_path / "owner.sqlite3"), dump(tmp_path / "standby.sqlite3")
     assert owner_rows == standby_rows
     # The history did reach every table (so the comparison compares something).
-    for table in ("queues", "messages", "dedup", "message_history", "attempt_log", "group_policies",
-                  "participants", "fences", "suspensions", "blacklists"):
+    for table in (
+        "queues",
+        "messages",
+        "dedup",
+        "message_history",
+        "attempt_log",
+        "group_policies",
+        "participants",
+        "fences",
+        "suspensions",
+        "blacklists",
+    ):
         assert owner_rows[table], table
 
 

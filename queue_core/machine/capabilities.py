@@ -33,7 +33,10 @@ PROBES = "probes"
 REQUEST_IDS = "request_ids"
 STATE = "state"
 ESTIMATES = "estimates"
-KNOWN = frozenset({RESULTS, PROBES, REQUEST_IDS, STATE, ESTIMATES})
+CONTROL = (
+    "control"  # it follows fleet control messages: poll answers may say some are pending (docs/fleet.md)
+)
+KNOWN = frozenset({RESULTS, PROBES, REQUEST_IDS, STATE, ESTIMATES, CONTROL})
 MAX_TOKENS = 16
 MAX_BYTES = 256
 TOKEN_RE = re.compile(r"[a-z0-9_-]+")
@@ -54,6 +57,7 @@ class Capabilities:
     max_bytes: int = 0
     state: bool = False  # local state per group: transferred state inline, export requests (handover)
     estimates: bool = False  # poll items carry processing-time estimates (pipelining workers)
+    control: bool = False  # poll answers carry X-Strictq-Control: pending when controls wait (a face's)
 
     @property
     def participates(self) -> bool:
@@ -66,7 +70,9 @@ class Capabilities:
         return self.results and self.probes
 
     def tokens(self) -> list[str]:
-        return [name for name in (RESULTS, PROBES, REQUEST_IDS, STATE, ESTIMATES) if getattr(self, name)]
+        return [
+            name for name in (RESULTS, PROBES, REQUEST_IDS, STATE, ESTIMATES, CONTROL) if getattr(self, name)
+        ]
 
 
 PLAIN = Capabilities()
@@ -95,6 +101,7 @@ def _from_tokens(tokens: Iterable[str], field: str) -> Capabilities:
         request_ids=REQUEST_IDS in seen,
         state=STATE in seen,
         estimates=ESTIMATES in seen,
+        control=CONTROL in seen,
     )
 
 

@@ -245,6 +245,23 @@ class HandoverSaved:
     record: dict[str, Any] | None
 
 
+@dataclass(slots=True)
+class FleetControlSaved:
+    """A control message for a worker (queue_core.machine.fleet.Control.to_row()), or None: acknowledged
+    or expired. Durable until then, across restarts (docs/fleet.md)."""
+
+    control_id: str
+    row: dict[str, Any] | None
+
+
+@dataclass(slots=True)
+class FleetPolicySaved:
+    """A queue's rebalancing policy (queue_core.machine.rebalance.RebalancePolicy.to_dict()), or None."""
+
+    queue: str
+    policy: dict[str, Any] | None
+
+
 Effect = (
     QueueSaved
     | QueueDropped
@@ -270,6 +287,8 @@ Effect = (
     | SuspensionSaved
     | BlacklistSaved
     | HandoverSaved
+    | FleetControlSaved
+    | FleetPolicySaved
 )
 
 DURABLE_EFFECTS = (
@@ -293,4 +312,6 @@ DURABLE_EFFECTS = (
     SuspensionSaved,
     BlacklistSaved,
     HandoverSaved,
+    FleetControlSaved,
+    FleetPolicySaved,
 )

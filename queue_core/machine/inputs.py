@@ -56,6 +56,8 @@ class ControlRows:
     fences: dict[str, dict[str, Any]] = field(default_factory=dict)
     suspensions: dict[str, dict[str, Any]] = field(default_factory=dict)
     blacklists: dict[str, dict[str, Any]] = field(default_factory=dict)
+    fleet_controls: dict[str, dict[str, Any]] = field(default_factory=dict)  # pending, by id (docs/fleet.md)
+    fleet_policies: dict[str, dict[str, Any]] = field(default_factory=dict)  # rebalancing, by queue
 
 
 MessageRow = tuple[int, int, str, str, float, int, float, int, float, str, "str | None", "bytes | None", int]

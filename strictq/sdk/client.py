@@ -18,7 +18,7 @@ included) keeps aiohttp's exception as its `__cause__` or `__context__`, for a c
 from __future__ import annotations
 
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -121,8 +121,12 @@ class EmoClient:
         headers: Mapping[str, str] | None = None,
         request_timeout: float | None = None,
         answer_headers: dict[str, str] | None = None,
+        root: bool = False,
+        headers_seen: Callable[[Mapping[str, str]], None] | None = None,
     ) -> Any:
-        """`answer_headers`: filled with the strictq headers of a successful answer (`X-Strictq-*`)."""
+        """`answer_headers`: filled with the strictq headers of a successful answer (`X-Strictq-*`);
+        `root`: `path` is below the gateway's URL, not the face's prefix; `headers_seen`: called with
+        the answer's headers."""
         if self._session is None:
             raise RuntimeError("EmoClient is not open (use `async with` or open())")
         data = None if body is None else orjson.dumps(body)
@@ -134,7 +138,12 @@ class EmoClient:
             kwargs["timeout"] = aiohttp.ClientTimeout(total=request_timeout)
         try:
             async with self._session.request(
-                method, self.base + path, params=params, data=data, headers=all_headers, **kwargs
+                method,
+                (self.config.url if root else self.base) + path,
+                params=params,
+                data=data,
+                headers=all_headers,
+                **kwargs,
             ) as resp:
                 raw = await resp.read()
                 status = resp.status
@@ -142,6 +151,8 @@ class EmoClient:
                     answer_headers.update(
                         (k, v) for k, v in resp.headers.items() if k.lower().startswith("x-strictq-")
                     )
+                if headers_seen is not None and status < 400:
+                    headers_seen(resp.headers)
         except aiohttp.ClientSSLError as exc:
             raise self._tls_failed(exc) from None
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -225,6 +236,7 @@ class EmoClient:
         version: str = "",
         handover: list[str] | None = None,
         max_bytes: int = 0,
+        headers_seen: Callable[[Mapping[str, str]], None] | None = None,
     ) -> list[PollItem]:
         """Claim up to `limit` messages for `ttl` seconds (None: the queue's default). `capabilities` (e.g.
         `("results", "probes")`) are declared in `X-Strictq-Capabilities`: the worker opts in to failure
@@ -250,6 +262,7 @@ class EmoClient:
             headers=headers,
             request_timeout=timeout,
             answer_headers=seen,
+            headers_seen=headers_seen,
         )
         if handover is not None and seen:
             named = next((v for k, v in seen.items() if k.lower() == HANDOVER_HEADER.lower()), "")
@@ -264,6 +277,10 @@ class EmoClient:
         if not isinstance(results, list):
             raise GatewayError(f"PUT /{queue}/state: unexpected answer {str(answer)[:80]}", 200, answer)
         return {str(r.get("group")): str(r.get("status")) for r in results if isinstance(r, dict)}
+
+    async def heartbeat(self, body: Mapping[str, Any]) -> Any:
+        """A fleet heartbeat (`POST /fleet/v1/heartbeat`, docs/fleet.md): the answer's JSON."""
+        return await self._call("POST", "/fleet/v1/heartbeat", body=dict(body), root=True)
 
     async def ack(self, queue: str, ids: Sequence[str], token: int | str | None) -> None:
         await self._call("POST", f"/{_q(queue)}/ack", body=list(ids), headers=_lease(token))

@@ -63,6 +63,10 @@ What it does, against the gateway's EmoDB face:
   else's now). Either refusal, and a 407 from the proxy, makes the worker back off: no poll until a wait
   drawn with full jitter from `backoff` (doubling per refusal in a row, up to its cap), one log line per
   step of the backoff; a call that passes the proxy again ends it.
+- Fleet (strictq.sdk.fleet, docs/fleet.md; `fleet=False`: none): heartbeats with load and capabilities
+  every `fleet_interval`, and the queue service's control messages (config, log_level, sleep / wake, drain,
+  upgrade through the `upgrade=` hook) applied at run time; asleep or drained, it polls nothing (what a
+  poll in flight brings back is handed back at once) and finishes what it holds.
 - `stop()` (or SIGTERM / SIGINT after `install_signal_handlers()`, or `strictq.sdk.run`): no more polls;
   a poll in flight is awaited and what it claimed is released; running handlers get `grace` seconds to
   finish (and are reported), then are cancelled; everything claimed and not processed is handed back
@@ -107,6 +111,14 @@ from .errors import (
     MalformedPollItem,
     ResultsUnsupported,
     SetupError,
+)
+from .fleet import (
+    CAPABILITY_CONTROL,
+    MAX_MESSAGE_BYTES,
+    FleetAgent,
+    UpgradeHook,
+    machine_cpus,
+    machine_memory_mib,
 )
 from .item import PollItem
 from .local_state import LocalState, StateDisabled, StateTooLarge
@@ -218,6 +230,11 @@ class Worker:
         preprocess: Preprocess | None = None,
         pipeline: bool = True,
         prefetch: int = 1,
+        fleet: bool = True,
+        fleet_interval: float = 5.0,
+        cpus: int | None = None,
+        memory_mib: int | None = None,
+        upgrade: UpgradeHook | None = None,
     ) -> None:
         """`state_limit`: keep local state per group (`msg.state`), at most this many bytes of JSON each,
         moved with the group when the queue service hands it to another worker (strictq.sdk.local_state,
@@ -236,7 +253,11 @@ class Worker:
         gateway has the route and falls back to acks and releases when it has not; False never does (and
         the worker then declares no capability: plain EmoDB semantics, no failure management).
         `backoff`: (base, cap) seconds of the full-jitter backoff after a failing poll or a call the egress
-        proxy refused."""
+        proxy refused.
+        `fleet`: send heartbeats every `fleet_interval` seconds and follow the queue service's control
+        messages (strictq.sdk.fleet, docs/fleet.md), declaring `cpus`, `memory_mib` (default: this
+        machine's) and `max_message_bytes`; `upgrade`: the hook an `upgrade` control runs,
+        `async fn(version, args) -> the version now running` (without it, upgrades are refused)."""
         if not 0 < heartbeat_fraction < 0.9:
             raise ValueError("heartbeat_fraction must be in (0, 0.9)")
         if ttl <= 0 or limit < 1 or concurrency < 1:
@@ -302,6 +323,16 @@ class Worker:
         self._http: aiohttp.ClientSession | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._poll_task: asyncio.Task[None] | None = None
+        if fleet_interval <= 0:
+            raise ValueError("fleet_interval must be positive")
+        self.fleet: FleetAgent | None = None
+        if fleet:
+            capacity = {
+                "cpus": cpus if cpus is not None else machine_cpus(),
+                "memory_mib": memory_mib if memory_mib is not None else machine_memory_mib(),
+                "max_message_bytes": max_message_bytes or MAX_MESSAGE_BYTES,
+            }
+            self.fleet = FleetAgent(self, fleet_interval, capacity, upgrade)
 
     # ------------------------------------------------------------------------------------- public API
 
@@ -333,9 +364,11 @@ class Worker:
         gateway without the results route): request ids change no semantics."""
         state = (CAPABILITY_STATE,) if self.local_state is not None else ()
         estimates = (CAPABILITY_ESTIMATES,) if self.preprocess is not None else ()
+        control = (CAPABILITY_CONTROL,) if self.fleet is not None and self.fleet.confirmed else ()
+        extras = (*state, *estimates, *control)
         if self.report_results is False:
-            return (CAPABILITY_REQUEST_IDS, *state, *estimates)
-        return (CAPABILITY_RESULTS, CAPABILITY_PROBES, CAPABILITY_REQUEST_IDS, *state, *estimates)
+            return (CAPABILITY_REQUEST_IDS, *extras)
+        return (CAPABILITY_RESULTS, CAPABILITY_PROBES, CAPABILITY_REQUEST_IDS, *extras)
 
     @property
     def exit_code(self) -> int:
@@ -381,6 +414,8 @@ class Worker:
                 self._tg = tg
                 self._poll_task = tg.create_task(self._poll_loop(), name=f"strictq-poll-{self.queue}")
                 tg.create_task(self._drain_on_stop(), name=f"strictq-drain-{self.queue}")
+                if self.fleet is not None:  # heartbeats and control messages (strictq.sdk.fleet)
+                    tg.create_task(self.fleet.run(), name=f"strictq-fleet-{self.queue}")
         except* WorkerError as group:
             raise group.exceptions[0] from None
         finally:
@@ -416,6 +451,9 @@ class Worker:
             if (paused := self._paused_until - loop.time()) > 0:  # the egress proxy refused a call
                 await self._sleep(paused)
                 continue
+            if self.fleet is not None and not self.fleet.awake.is_set():  # asleep or drained: no polls
+                await self._until_awake(self.fleet.awake)
+                continue
             started = loop.time()
             limit = min(self.limit, free)
             handover: list[str] | None = [] if self.local_state is not None else None
@@ -432,6 +470,7 @@ class Worker:
                     version=self.version,
                     max_bytes=self.max_message_bytes,
                     handover=handover,
+                    headers_seen=None if self.fleet is None else self.fleet.headers_seen,
                 )
 
             try:  # transient failures are retried (full jitter, logged once per step): strictq.sdk.retry
@@ -449,6 +488,11 @@ class Worker:
                 self._export_state(handover)
             if self._pipeline is not None:
                 self._pipeline.polled(loop.time() - started)
+            if self.fleet is not None:
+                self.fleet.note_poll(not messages)
+                if messages and not self.fleet.awake.is_set():  # put to sleep or drained meanwhile
+                    await self._release_polled(messages, f"worker {self.fleet.state}")
+                    continue
             if messages and self._stopping.is_set():
                 await self._release_polled(messages, "worker stopping")
                 break
@@ -472,6 +516,15 @@ class Worker:
             hint = "is STRICTQ_URL a strictq gateway?"
             return f"{who}: the gateway's poll answer cannot be read ({error}); {hint}"
         return f"the gateway refuses to let {who} poll: {error}"
+
+    async def _until_awake(self, awake: asyncio.Event) -> None:
+        """Wait until the fleet wakes the worker or it stops."""
+        waits = {asyncio.ensure_future(awake.wait()), asyncio.ensure_future(self._stopping.wait())}
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

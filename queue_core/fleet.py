@@ -1,0 +1,158 @@
+"""The worker fleet's shell: the registry and control messages (queue_core.machine.fleet) in the process
+holding the core, with the clock, the store and the events (docs/fleet.md).
+
+- Heartbeats (the gateway's `POST /fleet/v1/heartbeat`, gateway.fleet_face) and operators' controls
+  (`POST /admin/v1/fleet/control`, queue_core.fleet_http) go through `Fleet` at `now`; what it decides to
+  keep (pending controls, rebalancing policies) commits through the core's group commit
+  (`QueueService.persist`) before the answer, so an issued control survives a restart until acknowledged
+  or expired.
+- Its events (control-applied / -refused / -failed / -expired, sleep, wake) are failure management's
+  events: `strictq status` shows them and they are written to the wire log as `event` records (writer
+  `core`), through `FailureManager.record`. Without failure management (`--no-health`) they are logged.
+- A tick (`tick` seconds) runs each queue's rebalancing policy against its backlog and expires controls.
+
+`version_of(worker)` and `workers()` are the registry's view for others (group routing by version,
+rollouts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .machine.fleet import Answer, Control, Fleet, FleetEvent, FleetSettings, Heartbeat, WorkerEntry
+from .machine.rebalance import RebalancePolicy
+from .service import QueueService
+
+if TYPE_CHECKING:
+    from .failures import FailureManager
+
+log = logging.getLogger("strictq.fleet")
+TICK = 0.5  # seconds between rebalancing passes and expiry sweeps
+
+
+class FleetBackend(Protocol):
+    """What the gateway's heartbeat route needs: this process's `FleetService`, or `RemoteFleet` in front
+    of a `strictq queue-server` (queue_core.fleet_remote)."""
+
+    async def heartbeat(self, beat: Heartbeat) -> Answer: ...
+    def has_pending(self, worker: str) -> bool: ...
+
+
+class FleetService:
+    """Start after the service (and failure management, whose events it publishes); close before them."""
+
+    def __init__(
+        self,
+        service: QueueService,
+        failures: FailureManager | None = None,
+        settings: FleetSettings | None = None,
+        *,
+        tick: float = TICK,
+    ) -> None:
+        self.service = service
+        self.failures = failures
+        self.settings = (settings or FleetSettings()).validate()
+        self.tick = tick
+        self.fleet = Fleet(self.settings)
+        self._task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Restore the pending controls and policies the store kept; start the rebalancing tick."""
+        self.fleet = Fleet(self.settings, id_prefix=f"{self.service.core.epoch}-")
+        saved = self.service.saved_control
+        self.fleet.restore(saved.fleet_controls.values(), saved.fleet_policies)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="strictq-fleet")
+        log.info(
+            "fleet: %d pending control(s), %d rebalancing policies",
+            len(self.fleet.controls),
+            len(self.fleet.policies),
+        )
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    # --------------------------------------------------------------------------------------- inputs
+    async def heartbeat(self, beat: Heartbeat) -> Answer:
+        answer = self.fleet.heartbeat(beat, self.service.clock())
+        for queue in beat.queues:  # the load just changed: look at once rather than at the next tick
+            await self._rebalance(queue)
+        await self._commit()
+        return answer
+
+    async def issue(
+        self,
+        kind: str,
+        args: dict[str, Any] | None,
+        workers: list[str],
+        *,
+        ttl: float | None = None,
+        queue: str | None = None,
+    ) -> list[Control]:
+        """An operator's control for each of `workers` (InvalidArgument naming the field); durable on
+        return."""
+        issued = self.fleet.issue(kind, args, workers, self.service.clock(), ttl=ttl, queue=queue)
+        await self._commit()
+        return issued
+
+    async def set_policy(self, queue: str, policy: RebalancePolicy | None) -> None:
+        self.fleet.set_policy(queue, policy)
+        await self._commit()
+
+    # ---------------------------------------------------------------------------------------- views
+    def version_of(self, worker: str) -> str | None:
+        """The software version `worker` runs, as its latest heartbeat said (None: never heard of)."""
+        return self.fleet.version_of(worker)
+
+    def workers(self) -> list[WorkerEntry]:
+        """The live workers (not stale), for routing and rollouts."""
+        return self.fleet.live(self.service.clock())
+
+    def has_pending(self, worker: str) -> bool:
+        return self.fleet.has_pending(worker, self.service.clock())
+
+    def targets(self, queue: str, version: str | None) -> list[str]:
+        return self.fleet.targets(queue, version, self.service.clock())
+
+    def view(self) -> list[dict[str, Any]]:
+        return self.fleet.view(self.service.clock())
+
+    # ------------------------------------------------------------------------------------- plumbing
+    async def _rebalance(self, queue: str) -> None:
+        if queue not in self.fleet.policies or queue not in self.service.core.queues:
+            return
+        metrics = await self.service.metrics(queue)
+        self.fleet.rebalance(queue, metrics.visible, metrics.oldest_age, self.service.clock())
+
+    async def _commit(self) -> None:
+        effects, events = self.fleet.drain()
+        if effects:
+            await asyncio.shield(self.service.persist(effects))
+        for event in events:
+            self._publish(event)
+
+    def _publish(self, event: FleetEvent) -> None:
+        if self.failures is not None:
+            self.failures.record(
+                event.event, event.reason, at=event.at, worker=event.worker, queue=event.queue
+            )
+        else:
+            log.info("%s worker=%s queue=%s: %s", event.event, event.worker, event.queue, event.reason)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick)
+            try:
+                self.fleet.expire(self.service.clock())
+                for queue in list(self.fleet.policies):
+                    await self._rebalance(queue)
+                await self._commit()
+            except Exception:  # a failed commit is the store's to report; the tick goes on
+                log.exception("fleet tick failed")
