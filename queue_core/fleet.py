@@ -22,7 +22,9 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .machine.errors import LimitExceeded
 from .machine.fleet import Answer, Control, Fleet, FleetEvent, FleetSettings, Heartbeat, WorkerEntry
+from .machine.handover import MAX_GROUPS_PER_CALL
 from .machine.rebalance import RebalancePolicy
 from .service import QueueService
 
@@ -98,9 +100,29 @@ class FleetService:
     ) -> list[Control]:
         """An operator's control for each of `workers` (InvalidArgument naming the field); durable on
         return."""
+        if kind == "drain":  # before the worker can hear of it: its uploads must find the groups moving
+            await self._hand_over_state(workers, queue)
         issued = self.fleet.issue(kind, args, workers, self.service.clock(), ttl=ttl, queue=queue)
         await self._commit()
         return issued
+
+    async def _hand_over_state(self, workers: list[str], only: str | None) -> None:
+        """A drained worker's groups go on elsewhere with their local state (state transfer): each group
+        whose state it holds is handed over (it exports the state on its next polls while it drains)."""
+        core = self.service.core
+        for name, queue in list(core.queues.items()):
+            if only is not None and name != only:
+                continue
+            for worker in workers:
+                groups = [g for g, holder in queue.state_holders.items() if holder == worker]
+                for start in range(0, len(groups), MAX_GROUPS_PER_CALL):
+                    try:
+                        await self.service.hand_over(
+                            name, groups[start : start + MAX_GROUPS_PER_CALL], worker
+                        )
+                    except LimitExceeded:  # the rest moves without its state
+                        log.warning("drain of %s: too many groups in handover on %s", worker, name)
+                        break
 
     async def set_policy(self, queue: str, policy: RebalancePolicy | None) -> None:
         self.fleet.set_policy(queue, policy)

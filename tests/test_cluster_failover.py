@@ -753,7 +753,7 @@ def test_a_planned_move_under_load_and_a_new_node(harness: Harness) -> None:
         )
 
     joined_at = time.monotonic()
-    harness.wait_status(caught_up, 30, "n4 alive and caught up on every partition")
+    harness.wait_status(caught_up, 90, "n4 alive and caught up on every partition")
     catch_up = time.monotonic() - joined_at
     done = run("cluster", "move", str(joined), "n4", "--wait", "30", "--data-dir", str(cluster.data_dir))
     assert done.returncode == 0, (done.stderr, summary(harness.status()))

@@ -335,6 +335,55 @@ async def test_drain_finishes_held_work_and_takes_nothing_more(serve: Serve) -> 
     assert status == 200 and size == 3 - worker.stats.acked  # the rest stayed in the queue
 
 
+async def test_a_drained_workers_groups_go_on_elsewhere_with_their_local_state(serve: Serve) -> None:
+    """Drain + state transfer: the drained worker uploads the local state of the groups it held (it polls
+    no more, so its polls cannot ask it to), and the worker that takes the group over continues from it."""
+    counts: list[tuple[str, int, int]] = []
+
+    def counter(name: str) -> Callable[[Message], Awaitable[None]]:
+        async def handle(message: Message) -> None:
+            message.state["count"] = message.state.get("count", 0) + 1
+            counts.append((name, message.payload["i"], message.state["count"]))
+
+        return handle
+
+    donor = Worker(
+        "stateq",
+        counter("ta-w5"),
+        config=config(serve, "ta-w5"),
+        fleet_interval=BEAT,
+        state_limit=4096,
+        ttl=30,
+    )
+    heir = Worker(
+        "stateq",
+        counter("ta-w6"),
+        config=config(serve, "ta-w6"),
+        fleet_interval=BEAT,
+        state_limit=4096,
+        ttl=30,
+    )
+    async with running(donor):
+        await produce(serve, "stateq", 1, per_group=3)
+        await until(lambda: len(counts) == 3, WAIT, what="the donor's three messages")
+        status, _ = await call(
+            serve, "POST", "/admin/v1/fleet/control", "ta-admin", {"kind": "drain", "workers": ["ta-w5"]}
+        )
+        assert status == 200
+        await event_for(serve, "control-applied", "ta-w5", "drained")
+        # Its state left with a poll's export request or with the drain's own upload, whichever came first.
+        assert donor.local_state is not None and donor.local_state.groups == {}
+        async with running(heir):
+            ca = str(serve.ca) if serve.ca is not None else None
+            async with Producer(ClientConfig(url=serve.url, ca_file=ca, api_key=SECRET["ta-producer"])) as p:
+                for i in range(3, 5):
+                    await p.send("stateq", {"g": 0, "i": i}, group="g0")
+            await until(lambda: len(counts) == 5, WAIT, what="the heir's two messages")
+    assert counts == [
+        ("ta-w5", 0, 1), ("ta-w5", 1, 2), ("ta-w5", 2, 3), ("ta-w6", 3, 4), ("ta-w6", 4, 5)
+    ]  # fmt: skip
+
+
 async def test_rebalancing_sleeps_surplus_idle_workers_and_wakes_them_on_backlog(serve: Serve) -> None:
     handled: list[Any] = []
 

@@ -120,6 +120,7 @@ def _start_index_process(wirelog: Path, index: Path, env: dict[str, str]) -> sub
 
 
 @pytest.mark.crash
+@pytest.mark.timeout(360)  # several JVM starts: slow when the suite loads the machine
 def test_killed_index_processes_then_rerun_leave_no_duplicates_or_gaps(tmp_path: Path) -> None:
     """Every run here is a real `strictq index` process (the rerun too), so this test needs no in-process
     SparkSession and runs beside the session's group instead of after it."""

@@ -72,6 +72,8 @@ class FleetWorker(Protocol):
     @property
     def stopping(self) -> bool: ...
 
+    async def hand_over_state(self) -> int: ...
+
 
 class FleetAgent:
     """One worker's heartbeat loop and control handling; `Worker` owns it (`Worker(fleet=False)`: none)."""
@@ -279,8 +281,10 @@ class FleetAgent:
         while worker._active and not worker.stopping:
             with contextlib.suppress(TimeoutError):  # a finished run sets `_changed`; bounded anyway
                 await asyncio.wait_for(worker._changed.wait(), 0.1)
+        exported = await worker.hand_over_state()
         self.state = "drained"
-        return "applied", f"drained: {held} held group(s) finished, taking nothing more"
+        moved = f"; the local state of {exported} group(s) handed over" if exported else ""
+        return "applied", f"drained: {held} held group(s) finished, taking nothing more{moved}"
 
     async def _upgrade(self, args: dict[str, Any]) -> tuple[str, str, str | None]:
         if self.upgrade is None:

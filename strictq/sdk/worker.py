@@ -552,13 +552,28 @@ class Worker:
             self._active.add(run)
             run.task = self._tg.create_task(run.run(), name=f"strictq-{self.queue}-group-{group}")
 
-    def _export_state(self, groups: Sequence[str]) -> None:
+    def _export_state(self, groups: Sequence[str]) -> asyncio.Task[None] | None:
         """Upload the local state of groups moving away from this worker (its poll answer named them)."""
         assert self._tg is not None
         fresh = [g for g in groups if g not in self._exporting]
-        if fresh:
-            self._exporting.update(fresh)
-            self._tg.create_task(self._upload_state(fresh), name=f"strictq-state-{self.queue}")
+        if not fresh:
+            return None
+        self._exporting.update(fresh)
+        return self._tg.create_task(self._upload_state(fresh), name=f"strictq-state-{self.queue}")
+
+    async def hand_over_state(self) -> int:
+        """Upload the local state of every group this worker holds, waiting (at most `gateway_timeout`)
+        for the uploads: what a drained worker does, since it polls no more and so cannot learn from its
+        polls which groups to export (docs/state-transfer.md). Returns the groups whose state was taken."""
+        local = self.local_state
+        if local is None or self._tg is None or self.stopping:
+            return 0
+        groups = list(local.groups)
+        task = self._export_state(groups) if groups else None
+        if task is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), self.gateway_timeout)
+        return len(groups) - len(local.groups)
 
     async def _upload_state(self, groups: list[str]) -> None:
         """Each batch once, with bounded retries; a group the gateway took is forgotten here. A failure is
