@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.xdist_group("fleet"), pytest.mark.timeout(180)]
 CREDENTIALS = [
     Credential("ta-admin", "ta-admin-secret-0123456789", "admin", "ta"),
     Credential("ta-producer", "ta-producer-secret-0123456789", "producer", "ta"),
-    *(Credential(f"ta-w{i}", f"ta-w{i}-secret-0123456789", "worker", "ta") for i in range(1, 7)),
+    *(Credential(f"ta-w{i}", f"ta-w{i}-secret-0123456789", "worker", "ta") for i in range(1, 9)),
     Credential("tb-admin", "tb-admin-secret-0123456789", "admin", "tb"),
     Credential("tb-w1", "tb-w1-secret-0123456789", "worker", "tb"),
     Credential("ops-1", "ops-secret-0123456789", "operator", "ops"),
@@ -349,16 +349,16 @@ async def test_a_drained_workers_groups_go_on_elsewhere_with_their_local_state(s
 
     donor = Worker(
         "stateq",
-        counter("ta-w5"),
-        config=config(serve, "ta-w5"),
+        counter("ta-w7"),
+        config=config(serve, "ta-w7"),
         fleet_interval=BEAT,
         state_limit=4096,
         ttl=30,
     )
     heir = Worker(
         "stateq",
-        counter("ta-w6"),
-        config=config(serve, "ta-w6"),
+        counter("ta-w8"),
+        config=config(serve, "ta-w8"),
         fleet_interval=BEAT,
         state_limit=4096,
         ttl=30,
@@ -367,10 +367,10 @@ async def test_a_drained_workers_groups_go_on_elsewhere_with_their_local_state(s
         await produce(serve, "stateq", 1, per_group=3)
         await until(lambda: len(counts) == 3, WAIT, what="the donor's three messages")
         status, _ = await call(
-            serve, "POST", "/admin/v1/fleet/control", "ta-admin", {"kind": "drain", "workers": ["ta-w5"]}
+            serve, "POST", "/admin/v1/fleet/control", "ta-admin", {"kind": "drain", "workers": ["ta-w7"]}
         )
         assert status == 200
-        await event_for(serve, "control-applied", "ta-w5", "drained")
+        await event_for(serve, "control-applied", "ta-w7", "drained")
         # Its state left with a poll's export request or with the drain's own upload, whichever came first.
         assert donor.local_state is not None and donor.local_state.groups == {}
         async with running(heir):
@@ -380,7 +380,7 @@ async def test_a_drained_workers_groups_go_on_elsewhere_with_their_local_state(s
                     await p.send("stateq", {"g": 0, "i": i}, group="g0")
             await until(lambda: len(counts) == 5, WAIT, what="the heir's two messages")
     assert counts == [
-        ("ta-w5", 0, 1), ("ta-w5", 1, 2), ("ta-w5", 2, 3), ("ta-w6", 3, 4), ("ta-w6", 4, 5)
+        ("ta-w7", 0, 1), ("ta-w7", 1, 2), ("ta-w7", 2, 3), ("ta-w8", 3, 4), ("ta-w8", 4, 5)
     ]  # fmt: skip
 
 
