@@ -47,10 +47,14 @@ def _view(manager: FailureManager, name: str, internal: str) -> dict[str, Any]:
         if queue.pollers.get(worker, horizon - 1) >= horizon
     }
     figures = figures_of(recent, router.attempts if router is not None else {})
+    for version in set(queue.worker_versions.values()) - set(figures):  # known, not polling lately
+        figures[version] = {"succeeded": 0, "failed": 0, "workers": 0}
     monitor = manager.service.supervisor.monitor
     for version, tally in figures.items():
-        polling = [w for w, v in recent.items() if v == version]
-        tally["fenced"] = sum(1 for w in polling if monitor is not None and monitor.blocked(w))
+        # Every worker known to run it, not only the recent pollers: a fenced worker's polls are held
+        # before they reach the claims, so it stops counting as polling while it stays fenced.
+        known = [w for w, v in queue.worker_versions.items() if v == version]
+        tally["fenced"] = sum(1 for w in known if monitor is not None and monitor.blocked(w))
     return {
         "queue": name,
         "routing": parse_routing(queue.attributes.routing).to_json(),
