@@ -27,6 +27,7 @@ from .control import KEEPALIVE_FRAME, ControlHub, StreamClosed
 from .fences import InvalidFence, UnknownWorker
 from .http_errors import error_response as render_error
 from .http_errors import json_response
+from .machine import InvalidArgument, TooLarge
 from .scope import Scope
 
 log = logging.getLogger("strictq.admin")
@@ -45,6 +46,21 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # ------------------------------------------------------------------------------------ errors, one place
 # Each error carries its status (protocol.errors, docs/errors.md); queue_core.http_errors renders it.
+async def json_object_body(request: web.Request, max_bytes: int, hint: str) -> dict[str, Any]:
+    """A route's JSON object body (empty: {}); TooLarge past `max_bytes`, InvalidArgument (`hint` says
+    what to send) for anything else."""
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise TooLarge(f"request body over {max_bytes} bytes")
+    raw = await request.read()
+    try:
+        data = orjson.loads(raw) if raw else {}
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgument(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidArgument(hint)
+    return data
+
+
 def error_response(exc: Exception) -> web.Response:
     return render_error(exc, logger=log)
 

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from access.permissions import READ_ROLES, WRITE_ROLES
 
-from .admin_http import errors_as_json, scope_of
+from .admin_http import errors_as_json, json_object_body, scope_of
 from .http_errors import json_response
-from .machine import InvalidArgument, TooLarge
+from .machine import InvalidArgument
 from .service import QueueService
 
 HANDOVER_SERVICE = web.AppKey("strictq_handover_service", QueueService)
@@ -31,16 +30,9 @@ MAX_BODY = 256 * 1024  # up to 1000 group names
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
-    if request.content_length is not None and request.content_length > MAX_BODY:
-        raise TooLarge(f"request body over {MAX_BODY} bytes")
-    raw = await request.read()
-    try:
-        data = orjson.loads(raw) if raw else {}
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgument(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidArgument('send a JSON object, e.g. {"from": "worker-1", "groups": ["g1"]}')
-    return data
+    return await json_object_body(
+        request, MAX_BODY, 'send a JSON object, e.g. {"from": "worker-1", "groups": ["g1"]}'
+    )
 
 
 def _queue(request: web.Request, roles: tuple[str, ...]) -> tuple[str, str]:

@@ -20,14 +20,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from access.permissions import READ_ROLES, WRITE_ROLES
 
-from .admin_http import errors_as_json, scope_of
+from .admin_http import errors_as_json, json_object_body, scope_of
 from .http_errors import json_response
-from .machine import InvalidArgument, TooLarge
+from .machine import InvalidArgument
 from .machine.text import INTEGER_RE
 from .service import QueueService
 
@@ -52,16 +51,7 @@ def _group(request: web.Request) -> str:
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
-    if request.content_length is not None and request.content_length > MAX_BODY:
-        raise TooLarge(f"request body over {MAX_BODY} bytes")
-    raw = await request.read()
-    try:
-        data = orjson.loads(raw) if raw else {}
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgument(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidArgument("send a JSON object of retry policy fields")
-    return data
+    return await json_object_body(request, MAX_BODY, "send a JSON object of retry policy fields")
 
 
 @errors_as_json

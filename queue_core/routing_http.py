@@ -46,9 +46,7 @@ def _view(manager: FailureManager, name: str, internal: str) -> dict[str, Any]:
         for worker, version in queue.worker_versions.items()
         if queue.pollers.get(worker, horizon - 1) >= horizon
     }
-    figures = figures_of(recent, router.attempts if router is not None else {})
-    for version in set(queue.worker_versions.values()) - set(figures):  # known, not polling lately
-        figures[version] = {"succeeded": 0, "failed": 0, "workers": 0}
+    figures = figures_of(queue.worker_versions, recent, router.attempts if router is not None else {})
     monitor = manager.service.supervisor.monitor
     for version, tally in figures.items():
         # Every worker known to run it, not only the recent pollers: a fenced worker's polls are held

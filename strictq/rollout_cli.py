@@ -297,12 +297,7 @@ class RolloutController:
         self.baseline: list[str] = []
 
     async def call(self, method: str, path: str, data: Any = None) -> Any:
-        from .admin_cli import admin_call
-        from .cli_endpoint import endpoint
-
-        return await admin_call(
-            endpoint(getattr(self.args, "queue_server", None)), admin_key(self.args), method, path, data
-        )
+        return await _call(self.args, method, path, data)
 
     async def put(self, state: str, percent: float, step: int, reason: str) -> None:
         record = {
@@ -465,11 +460,16 @@ def recorded_sample(
     return [message_id for _, message_id, _ in chosen], len({group for _, _, group in chosen})
 
 
-def _get(args: argparse.Namespace, path: str) -> dict[str, Any]:
+async def _call(args: argparse.Namespace, method: str, path: str, data: Any = None) -> Any:
+    """One admin call with the command's endpoint and admin key (admin_cli's plumbing)."""
     from .admin_cli import admin_call
     from .cli_endpoint import endpoint
 
-    result: dict[str, Any] = asyncio.run(
-        admin_call(endpoint(getattr(args, "queue_server", None)), admin_key(args), "GET", path)
+    return await admin_call(
+        endpoint(getattr(args, "queue_server", None)), admin_key(args), method, path, data
     )
+
+
+def _get(args: argparse.Namespace, path: str) -> dict[str, Any]:
+    result: dict[str, Any] = asyncio.run(_call(args, "GET", path))
     return result

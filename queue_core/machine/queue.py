@@ -84,20 +84,24 @@ class QueueState:
         if versions.get(worker) == version:
             return
         versions[worker] = version
-        if len(versions) > 2048 and len(versions) > 2 * len(self.pollers):  # workers gone quiet
-            for name in [w for w in versions if w not in self.pollers]:
-                del versions[name]
+        if self._prune(versions):
             self.state_workers &= set(versions)
 
     def saw_capacity(self, worker: str, max_bytes: int) -> None:
         """The largest message `worker` takes (0: any; only limits are kept)."""
         if max_bytes:
             self.worker_capacity[worker] = max_bytes
-            if len(self.worker_capacity) > 2048 and len(self.worker_capacity) > 2 * len(self.pollers):
-                for name in [w for w in self.worker_capacity if w not in self.pollers]:
-                    del self.worker_capacity[name]
+            self._prune(self.worker_capacity)
         elif self.worker_capacity:
             self.worker_capacity.pop(worker, None)
+
+    def _prune(self, by_worker: dict[str, Any]) -> bool:
+        """Forget workers gone quiet (no longer among the pollers) once the map has grown; True: pruned."""
+        if len(by_worker) <= 2048 or len(by_worker) <= 2 * len(self.pollers):
+            return False
+        for name in [w for w in by_worker if w not in self.pollers]:
+            del by_worker[name]
+        return True
 
     def held_state(self, group: str, worker: str) -> None:
         """`worker` (which keeps local state) claimed `group`: it holds the group's state now."""

@@ -224,11 +224,13 @@ def _name(value: Any, where: str) -> str:
     return value
 
 
-def figures_of(versions: dict[str, str], attempts: dict[str, list[int]]) -> dict[str, dict[str, int]]:
-    """Per version: attempts that succeeded and failed (since the routing last changed), and the workers
-    seen polling as it."""
+def figures_of(
+    known: dict[str, str], recent: dict[str, str], attempts: dict[str, list[int]]
+) -> dict[str, dict[str, int]]:
+    """Per version any worker is known to run: attempts that succeeded and failed (since the routing last
+    changed), and the workers seen polling as it lately (`recent`)."""
     workers: dict[str, int] = {}
-    for version in versions.values():
+    for version in recent.values():
         workers[version] = workers.get(version, 0) + 1
     return {
         version: {
@@ -236,7 +238,7 @@ def figures_of(versions: dict[str, str], attempts: dict[str, list[int]]) -> dict
             "failed": attempts.get(version, [0, 0])[1],
             "workers": workers.get(version, 0),
         }
-        for version in sorted(set(attempts) | set(workers))
+        for version in sorted(set(attempts) | set(known.values()))
     }
 
 
