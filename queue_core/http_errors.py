@@ -4,7 +4,8 @@ Every error strictq answers on purpose is a `protocol.errors.StrictqError` carry
 is retriable and its snake_case code; `error_response` turns it (or aiohttp's own 404/405/413, or an
 unexpected exception: 500 `internal`) into the one body `{"error": {"code", "message", "retriable"?,
 "details"?}}` (docs/errors.md). Each app's middleware (or the admin routes' wrapper) calls it; no API keeps
-a status table of its own. `json_http_errors` is the middleware of the gateway app and the queue server app
+a status table of its own. `json_http_errors` is the middleware of the gateway app (the queue server app's one
+middleware, queue_core.server.errors_as_json, renders the same)
 for what no handler took: an unknown route, a wrong method or a body over the cap, which aiohttp would
 answer in text/plain. The SQS face answers in AWS's dialect instead (gateway/sqs_errors.py).
 """

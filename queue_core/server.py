@@ -8,6 +8,7 @@ server keeps going.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -18,7 +19,7 @@ from aiohttp import web
 from protocol.errors import NOT_READY, error_body
 
 from . import wire
-from .http_errors import client_gone, json_http_errors, json_response
+from .http_errors import client_gone, json_response
 from .http_errors import error_response as render_error
 from .machine import (
     AckOutcome,
@@ -60,12 +61,15 @@ def error_response(exc: BaseException) -> web.Response:
 
 @web.middleware
 async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error of the handlers as JSON; aiohttp's own (404, 405, 413) go on to `json_http_errors`."""
+    """Every error of the handlers as JSON, aiohttp's own (404, 405, 413) too, as `json_http_errors`
+    renders them: one middleware rather than two, as each is a coroutine call on every request."""
     try:
         check_request(request)
         return await handler(request)
-    except web.HTTPException:
-        raise
+    except web.HTTPException as exc:
+        if exc.status < 400 or exc.content_type == "application/json":
+            raise
+        return render_error(exc, request, logger=log)
     except Exception as exc:
         if client_gone(request, exc):
             raise  # one WARNING line in http_guard, not an error with a traceback
@@ -78,11 +82,19 @@ def check_request(request: web.Request) -> None:
     be valid Unicode without control characters (400 naming the parameter). JSON bodies are parsed by
     orjson, which refuses lone surrogates (400 below); their names, ids and other text fields are checked
     with the same checker (machine.text) where they are read, and again by the core."""
-    for name, value in request.query.items():
-        check_name(name, "query")
-        check_name(value, name)
+    if request.query_string:
+        for name, value in request.query.items():
+            check_name(name, "query")
+            check_name(value, name)
     for name, value in request.match_info.items():
-        check_name(value, name)
+        checked_segment(value, name)
+
+
+@functools.lru_cache(maxsize=4096)
+def checked_segment(value: str, name: str) -> None:
+    """`check_name` of a path segment, remembered when it passes (a raise is not cached): the hot routes
+    name the same few queues request after request."""
+    check_name(value, name)
 
 
 async def read_json(request: web.Request) -> Any:
@@ -293,7 +305,7 @@ def make_app(
     service: QueueService | None, source: ServiceSource | None = None, ready: Callable[[], bool] | None = None
 ) -> web.Application:
     """`service`: the one this process serves; or a cluster node's `source` (see above) and `ready`."""
-    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[json_http_errors, errors_as_json])
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[errors_as_json])
     if service is not None:
         app[SERVICE_SOURCE_KEY] = lambda request: service
         app[READY_KEY] = lambda: service.healthy

@@ -14,7 +14,8 @@ COUNT = 203  # every chunk size at least once (203 = 3 x 64 + 8 + 2 + 1)
 
 def _insert(key: int) -> MessageInserted:
     body = bytes([key % 256]) * (key % 7 + 1)
-    return MessageInserted(1, key, f"{key:016x}", f"g{key % 5}", body, "text/plain", b"", 0.5 * key, None, None)
+    group = f"g{key % 5}"
+    return MessageInserted(1, key, f"{key:016x}", group, body, "text/plain", b"", 0.5 * key, None, None)
 
 
 def _effects() -> list[Effect]:
