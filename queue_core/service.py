@@ -274,8 +274,9 @@ class QueueService:
         self._reschedule()
         return future
 
-    @staticmethod
-    async def _durable(future: asyncio.Future[Bodies]) -> Bodies:
+    async def _durable(self, future: asyncio.Future[Bodies]) -> Bodies:
+        if getattr(self._log, "private_futures", False):  # DurableLog: the future is this caller's alone
+            return await future
         return await asyncio.shield(future)  # a client hanging up must not cancel the commit others share
 
     def _reschedule(self) -> None:
