@@ -483,7 +483,52 @@ def scenario_backlog(st: Settings, progress: Progress) -> None:
         f" {out['restart_restored']}s); RSS per queued message {out['rss_per_message']:.0f} B"
         f" (after restart: {out['rss_per_message_restarted']:.0f} B)"
     )
+    out["groups10k"] = _backlog_in_groups(st, progress, n, BACKLOG_GROUPS_WIDE)
     st.results["backlog"] = out
+
+
+BACKLOG_GROUPS_WIDE = 10_000
+
+
+def _backlog_in_groups(st: Settings, progress: Progress, n: int, groups: int) -> dict[str, Any]:
+    """The receive-rate ratio again with the backlog and the load spread over `groups` groups, beside its
+    own empty-queue baseline over as many groups (each group's head is then a few keys from the next one's
+    only every `groups` messages: body reads cannot ride on key order)."""
+    spec_changes = {"groups": groups}
+    progress(f"backlog ({groups:,} groups): baseline, same load on an empty queue")
+    server = QueueServer(
+        st.work_dir / f"empty-{groups}" / "data", st.out_dir / f"backlog-empty-{groups}.server.log"
+    )
+    try:
+        server.start()
+        _put_queue(server.url)
+        empty = _measure(
+            st, st.spec("strictq", server.url, **spec_changes), server.pid, progress, "empty queue"
+        )
+    finally:
+        server.stop()
+    progress(_load_line(f"empty queue, {groups:,} groups", empty))
+    data = st.work_dir / f"backlog-{groups}" / "data"
+    progress(f"backlog: preloading {n:,} messages of 256 bytes in {groups:,} groups")
+    info = preload(data, QUEUE, n, groups, 256)
+    server = QueueServer(data, st.out_dir / f"backlog-{groups}.server.log")
+    try:
+        server.start()
+        restored = server.restored_seconds()
+        loaded = _measure(st, st.spec("strictq", server.url, **spec_changes), server.pid, progress, "backlog")
+    finally:
+        server.stop()
+    ratio = loaded.receive_rate / empty.receive_rate if empty.receive_rate else float("nan")
+    progress(_load_line(f"{n:,} backlog, {groups:,} groups", loaded))
+    progress(f"  receive-rate ratio backlog/empty, {groups:,} groups: {ratio:.2f}")
+    return {
+        "groups": groups,
+        "preload_seconds": info.seconds,
+        "start_restored": restored,
+        "empty": _summary(empty),
+        "loaded": _summary(loaded),
+        "ratio": ratio,
+    }
 
 
 # --------------------------------------------------------------------------------------------- redis

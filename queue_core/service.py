@@ -58,6 +58,7 @@ log = logging.getLogger("strictq.queue")
 T = TypeVar("T")
 BODY_CACHE_BYTES = 32 * 1024 * 1024
 MAX_WAIT = 20.0
+FREEZE_AFTER_RESTORE = 10_000  # queued messages from which a restore freezes what it built
 
 
 # What failure management's shell hears: counted attempts and retry-workflow group events of the core,
@@ -161,6 +162,11 @@ class QueueService:
             core.restore(snapshot, now)
             self.supervisor = Supervisor(core, self.supervisor.monitor)
             self.saved_control = self._store.control
+            if sum(len(queue.by_id) for queue in core.queues.values()) >= FREEZE_AFTER_RESTORE:
+                # The restored messages live until acked and are freed by reference counting; left to the
+                # collector, its first young collections and every full one walk them all (a 1M backlog:
+                # seconds of pauses under load). Frozen, the collector never visits them again.
+                gc.freeze()
         finally:
             if collecting:
                 gc.enable()
