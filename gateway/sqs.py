@@ -1,6 +1,6 @@
 """The SQS face: the AWS JSON protocol (`POST /`, `X-Amz-Target: AmazonSQS.<Action>`) over the queue core.
 
-Requests are SigV4-verified against the key file (botocore's signer computes the expected signature), the
+Requests are SigV4-verified against the key file (sqs_auth: SigV4 as botocore signs it, keys cached), the
 credential's role is checked per action, queue URLs are `<gateway>/<tenant>/<queue>` and names are the
 credential's tenant namespace. Errors are SQS's own, in the JSON dialect (sqs_errors). Modules:
 sqs_auth (SigV4), sqs_call (a call's parameters, URLs, ARNs and the face's state), sqs_admin (queue
