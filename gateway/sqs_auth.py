@@ -28,6 +28,7 @@ from botocore.utils import normalize_url_path
 from access.keys import Credential, KeyRing
 
 from .sqs_errors import SqsError
+from .sqs_hmac import KeyedHmac
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 SERVICE_NAME = "sqs"
@@ -132,10 +133,7 @@ def verify(
         payload.encode("utf-8", "surrogateescape"), hashlib.sha256(body).hexdigest().encode("ascii")
     ):
         raise SqsError("SignatureDoesNotMatch", "X-Amz-Content-SHA256 does not match the request body.")
-    # What botocore would sign of these names: lowercased, blacklisted ones dropped, stripped, deduplicated,
-    # sorted. Unless that is SignedHeaders itself, a name could not have been signed as given.
-    signable = sorted({n.lower().strip() for n in values if n.lower() not in UNSIGNABLE})
-    if ";".join(signable) != ";".join(names):
+    if not _signable(names):
         raise SqsError("SignatureDoesNotMatch", "SignedHeaders names a header that cannot be signed.")
     # From here each name is lowercase and distinct with exactly one (joined) value, as botocore saw it.
     url = f"{request.scheme}://{request.host}{request.path}"
@@ -154,21 +152,30 @@ def verify(
         given = auth.signature.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:  # undecodable bytes in a header or the path: nothing a client could sign
         raise SqsError("SignatureDoesNotMatch", MISMATCH) from None
-    expected = hmac.new(key, to_sign, hashlib.sha256).hexdigest().encode("ascii")
+    expected = key.hexdigest(to_sign).encode("ascii")
     if not hmac.compare_digest(expected, given):
         raise SqsError("SignatureDoesNotMatch", MISMATCH)
 
 
 @lru_cache(maxsize=SIGNING_KEYS)
-def _signing_key(key_id: str, secret: str, date: str, region: str) -> bytes:
-    """SigV4's derived key, HMAC over date, region, service and `aws4_request`: the same for every request
-    of a credential on one day in one region. `key_id` and `secret` both key the cache, so a rotated
-    secret never meets a key derived from the old one."""
+def _signing_key(key_id: str, secret: str, date: str, region: str) -> KeyedHmac:
+    """SigV4's derived key (HMAC over date, region, service and `aws4_request`, pads ready: sqs_hmac): the
+    same for every request of a credential on one day in one region. `key_id` and `secret` both key the
+    cache, so a rotated secret never meets a key derived from the old one."""
     del key_id  # part of the cache key only
     key = f"AWS4{secret}".encode()
     for part in (date, region, SERVICE_NAME, "aws4_request"):
         key = hmac.digest(key, part.encode("utf-8"), "sha256")
-    return key
+    return KeyedHmac(key)
+
+
+@lru_cache(maxsize=256)
+def _signable(names: tuple[str, ...]) -> bool:
+    """Whether botocore would sign exactly these names: it lowercases, drops its blacklist, strips,
+    deduplicates and sorts; unless that gives SignedHeaders back, a name could not have been signed as
+    given. (A client sends the same few SignedHeaders every time: cached.)"""
+    signable = sorted({n.lower().strip() for n in names if n.lower() not in UNSIGNABLE})
+    return ";".join(signable) == ";".join(names)
 
 
 @lru_cache(maxsize=64)

@@ -28,6 +28,7 @@ from multidict import CIMultiDict
 from access.keys import Credential
 from gateway.sqs_auth import MISMATCH, Authorization, parse_authorization, verify
 from gateway.sqs_errors import SqsError
+from gateway.sqs_hmac import KeyedHmac
 
 CREDENTIAL = Credential("worker-1", "s3cret-s3cret-s3cret", "worker", "dev")
 HOST = "sqs.example.test:8443"
@@ -269,7 +270,16 @@ def test_the_verifier_agrees_with_botocore_on_random_requests(
     request = mocked(method, wire_path, wire)
     expected = outcome(botocore_verify, request, body)
     assert outcome(verify, request, body) == expected
-    if tamper == "none" and not any(c in query_text for c in "% "):
+    if tamper == "none" and not any(c in query_text for c in "% ") and not wire_path.startswith("//"):
         # what botocore signs is accepted (a percent-escape in the query is decoded before either
-        # verifier sees it: refused by both, as it always was)
+        # verifier sees it, and `//x` reads as a host: refused by both, as they always were)
         assert expected is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(key=st.binary(max_size=100), message=st.binary(max_size=300))
+def test_the_keyed_hmac_is_hmac_sha256(key: bytes, message: bytes) -> None:
+    keyed = KeyedHmac(key)
+    assert keyed.digest(message) == hmac.new(key, message, hashlib.sha256).digest()
+    assert keyed.hexdigest(message) == hmac.new(key, message, hashlib.sha256).hexdigest()
+    assert keyed.digest(message) == keyed.digest(message)  # the pad states are copied, never consumed
