@@ -583,7 +583,9 @@ def gateway_section(results: dict[str, Any], add: Any) -> None:
             f" {e['server_us_per_message']:.1f} µs, {extra:+.1f} µs per message, i.e."
             f" {extra / per_request:+.0f} µs per SQS request ({per_request:.2f} requests per message)."
             " This is the whole SQS face: SigV4 verification, plus per-message MD5s, content-based"
-            " deduplication (SHA-256 of each body), receipt handles and the SQS JSON shapes.",
+            " deduplication (SHA-256 of each body), receipt handles and the SQS JSON shapes, and the"
+            " core's long poll (WaitTimeSeconds 1: a waiting receive is woken by every send to the queue"
+            " and polls again), which the EmoDB load does not use (its empty polls pause client-side).",
         ]
         if sig:
             # per_request is requests per message: a request's cost times it is the cost per message
