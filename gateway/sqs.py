@@ -1,6 +1,6 @@
 """The SQS face: the AWS JSON protocol (`POST /`, `X-Amz-Target: AmazonSQS.<Action>`) over the queue core.
 
-Requests are SigV4-verified against the key file (botocore's signer computes the expected signature), the
+Requests are SigV4-verified against the key file (sqs_auth: SigV4 as botocore signs it, keys cached), the
 credential's role is checked per action, queue URLs are `<gateway>/<tenant>/<queue>` and names are the
 credential's tenant namespace. Errors are SQS's own, in the JSON dialect (sqs_errors). Modules:
 sqs_auth (SigV4), sqs_call (a call's parameters, URLs, ARNs and the face's state), sqs_admin (queue
@@ -21,7 +21,7 @@ from aiohttp import web
 from access.permissions import Permission, allowed
 from queue_core.http_errors import client_gone
 from queue_core.machine import QueueError
-from queue_core.machine.text import check_json
+from queue_core.machine.text import check_json_numbers
 
 from . import sqs_admin as admin
 from . import sqs_data as data
@@ -133,8 +133,9 @@ async def _dispatch(request: web.Request) -> dict[str, Any]:
         raise SqsError("SerializationException", f"The request body is not valid JSON: {exc}") from None
     if not isinstance(params, dict):
         raise SqsError("SerializationException", "The request body must be a JSON object.")
-    # The shared text checker (queue_core.machine.text), as on every API: orjson already refuses lone
-    # surrogates, so this is the invariant stated where the face takes its input, not a second parse.
+    # The shared checker (queue_core.machine.text), as on every API, for what orjson lets through: it
+    # refuses lone surrogates and non-finite numbers itself, but takes integers up to 2**64 - 1, beyond
+    # what the store holds. Its text walk would never fail on orjson's output, so only numbers are walked.
     # Names and ids are matched whole by their own rules (fullmatch), bodies and attributes by SQS's set.
-    check_json(params, "request body")
+    check_json_numbers(params, "request body")
     return await handler(Call(request, credential, auth.region, params))

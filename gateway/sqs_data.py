@@ -107,7 +107,9 @@ def _prepare(call: Call, queue: Queue, params: dict[str, Any]) -> Prepared:
     request = SendRequest(
         body=raw,
         group=core_group,
-        dedup_id=dedup,
+        # The content hash computed here is the core's dedup key as it would compute it (machine.sends):
+        # handed over, so that each body is hashed once.
+        dedup_id=effective_dedup,
         delay=None if delay is None else float(delay),
         content_type="text/plain",
         extra=extra,

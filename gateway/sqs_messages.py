@@ -221,26 +221,34 @@ def render_message(
     receipt handle (sqs_receipts), never the core's guessable one."""
     delivery = received.delivery
     meta = decode_extra(received.extra)
-    body = received.body.decode("utf-8", errors="replace")
+    raw = received.body
+    try:
+        body = raw.decode("utf-8")
+        digest = md5_hex(raw)  # valid UTF-8: the bytes are what the client will hash
+    except UnicodeDecodeError:  # a body from another face: shown (and hashed) with replacement characters
+        body = raw.decode("utf-8", errors="replace")
+        digest = md5_hex(body.encode())
     message: dict[str, Any] = {
         "MessageId": delivery.message_id,
         "ReceiptHandle": receipt,
-        "MD5OfBody": md5_hex(body.encode()),
+        "MD5OfBody": digest,
         "Body": body,
     }
-    every = "All" in system_names
-    values: dict[str, str | None] = {
-        "SenderId": meta.get("sender"),
-        "SentTimestamp": str(int(delivery.sent_at * 1000)),
-        "ApproximateReceiveCount": str(delivery.receive_count),
-        "ApproximateFirstReceiveTimestamp": str(int(delivery.first_receive_at * 1000)),
-        "MessageGroupId": delivery.group if fifo else meta.get("group"),
-        "SequenceNumber": str(delivery.seq) if fifo else None,
-        "MessageDeduplicationId": meta.get("dedup") if fifo else None,
-        "AWSTraceHeader": (meta.get("system") or {}).get("AWSTraceHeader", {}).get("StringValue"),
-        "DeadLetterQueueSourceArn": arn_of(delivery.origin) if delivery.origin else None,
-    }
-    attributes = {k: v for k, v in values.items() if v is not None and (every or k in system_names)}
+    attributes: dict[str, str] = {}
+    if system_names:  # most receives ask for none: nothing to format
+        every = "All" in system_names
+        values: dict[str, str | None] = {
+            "SenderId": meta.get("sender"),
+            "SentTimestamp": str(int(delivery.sent_at * 1000)),
+            "ApproximateReceiveCount": str(delivery.receive_count),
+            "ApproximateFirstReceiveTimestamp": str(int(delivery.first_receive_at * 1000)),
+            "MessageGroupId": delivery.group if fifo else meta.get("group"),
+            "SequenceNumber": str(delivery.seq) if fifo else None,
+            "MessageDeduplicationId": meta.get("dedup") if fifo else None,
+            "AWSTraceHeader": (meta.get("system") or {}).get("AWSTraceHeader", {}).get("StringValue"),
+            "DeadLetterQueueSourceArn": arn_of(delivery.origin) if delivery.origin else None,
+        }
+        attributes = {k: v for k, v in values.items() if v is not None and (every or k in system_names)}
     attributes["StrictqFencingToken"] = str(delivery.token)
     attributes["StrictqGroup"] = delivery.group
     attributes["StrictqAttempt"] = str(delivery.receive_count)

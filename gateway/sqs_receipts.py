@@ -16,7 +16,6 @@ shares the key. Without a key file (tests, tools) the key lives in memory for th
 from __future__ import annotations
 
 import base64
-import hashlib
 import hmac
 import os
 import secrets
@@ -25,6 +24,8 @@ from pathlib import Path
 from aiohttp import web
 
 from wirelog.files import StartupError, private_dir, write_private
+
+from .sqs_hmac import KeyedHmac
 
 KEY_BYTES = 32
 MAC_BYTES = 16  # 128 bits: far beyond guessing within a claim's life (at most 12 hours)
@@ -58,7 +59,7 @@ class ReceiptSigner:
     def __init__(self, key: bytes) -> None:
         if len(key) < KEY_BYTES:
             raise ValueError(f"a receipt key needs at least {KEY_BYTES} bytes")
-        self._key = key
+        self._mac_of = KeyedHmac(key)
 
     @classmethod
     def ephemeral(cls) -> ReceiptSigner:
@@ -93,7 +94,7 @@ class ReceiptSigner:
 
     def _mac(self, queue: str, token: int, message_id: str) -> str:
         data = "\x00".join((queue, f"{token:x}", message_id)).encode("utf-8", "surrogatepass")
-        digest = hmac.new(self._key, data, hashlib.sha256).digest()[:MAC_BYTES]
+        digest = self._mac_of.digest(data)[:MAC_BYTES]
         return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
     def sign(self, queue: str, token: int, message_id: str) -> str:
