@@ -357,6 +357,7 @@ class Redactor:
         self._needles = tuple(sorted(name.encode() for name in spellings))
         self._suffixes = tuple(sorted(config.secret_suffixes))
         self._scrub_re: re.Pattern[bytes] | None = None
+        self._maybe_secret_key = _maybe_secret_key_re(self._json_fields, self._suffixes)
         if self._json_fields or self._suffixes:
             # A suffix in a key, with anything before it and separators between its letters.
             between = rb'[^"\\a-z0-9]*'
@@ -469,6 +470,8 @@ class Redactor:
             return data
         if not self._json_fields and not self._suffixes:
             return data
+        if data.isascii() and b"\\" not in data and self._maybe_secret_key.search(data) is None:
+            return data  # no key here can be secret, parsed or scrubbed (see _maybe_secret_key_re)
         lowered = data.lower()
         if not self._suffixes and not any(n in lowered for n in self._needles) and b"\\u" not in data:
             return data  # no blacklisted name anywhere (and no escapes that could spell one)
@@ -678,6 +681,29 @@ def _content_type(pairs: Iterable[list[str]]) -> str | None:
         if name.lower() == "content-type":
             return value
     return None
+
+
+def _maybe_secret_key_re(json_fields: frozenset[str], suffixes: tuple[str, ...]) -> re.Pattern[bytes]:
+    """One regex over a JSON body's raw bytes that finds every key that could be secret, so a body
+    without a match is kept as is without parsing it (most bodies: the parse and walk cost ~µs each).
+
+    A key is secret when its folded name is a field name, its squashed name ends with a suffix, or its
+    parent's name and its own squashed together do (`card` + `number`). In each case the key's last ASCII
+    letter or digit (lowercased) is the last one of a field name or a suffix, or the key has none (then the
+    parent decides, and the parent is a key this finds). Sound for ASCII bodies without backslashes (no
+    `\\u` escape can spell a letter, and only ASCII lowercases to ASCII); `body` checks both first. A key
+    is a string followed by `:`, so `<last>[^"a-z0-9]*"\\s*:` (case-insensitive) finds it, and values
+    that look like keys only make the check say "maybe"."""
+    lasts: set[bytes] = set()
+    for name in (*json_fields, *suffixes):
+        alnum = squash(name)
+        if not alnum:  # a name without letters or digits: any key may be it
+            return re.compile(rb'"\s*:')
+        lasts.add(alnum[-1].encode())
+    if not lasts:
+        return re.compile(rb"(?!)")  # nothing is secret
+    chars = b"".join(sorted(lasts))
+    return re.compile(rb"(?:[" + chars + rb']|")[^"a-z0-9]*"\s*:', re.IGNORECASE)
 
 
 def _canonical(value: Any) -> bytes:
