@@ -450,7 +450,7 @@ class Redactor:
         """
         if not data:
             return data
-        media = (content_type or "").split(";", 1)[0].strip().lower()
+        media = _media(content_type)
         if media in _JSON_TYPES or media.endswith("+json") or media in ("", "text/plain"):
             charset = _foreign_charset(content_type, data)
             if charset is not None:  # UTF-16 and others: redacted as text, kept in their own charset
@@ -469,6 +469,8 @@ class Redactor:
         if not is_json and not (media in ("", "text/plain") and data.lstrip()[:1] in (b"{", b"[")):
             return data
         if not self._json_fields and not self._suffixes:
+            return data
+        if b":" not in data:  # no key at all (a JSON string or list of scalars): nothing to parse or scrub
             return data
         if data.isascii() and b"\\" not in data and self._maybe_secret_key.search(data) is None:
             return data  # no key here can be secret, parsed or scrubbed (see _maybe_secret_key_re)
@@ -666,14 +668,20 @@ WITHHELD = b"[body withheld by the wire log: its charset could not be decoded to
 def _foreign_charset(content_type: str | None, data: bytes) -> str | None:
     """The charset of a text body when it is not UTF-8: the content type's `charset`, else what JSON's own
     detection finds (a UTF-16/32 byte-order mark or NUL pattern); None for UTF-8 (the common case)."""
-    match = _CHARSET.search(content_type or "")
-    if match is not None:
-        charset = match.group(1).lower()
-        return None if charset in _UTF8 else charset
+    declared = _declared_charset(content_type)
+    if declared is not None:
+        return None if declared in _UTF8 else declared
     if b"\x00" not in data[:4] and not data.startswith((b"\xff\xfe", b"\xfe\xff")):
         return None
     detected = json.detect_encoding(data)
     return None if detected in ("utf-8", "utf-8-sig") else detected
+
+
+@functools.lru_cache(maxsize=256)
+def _declared_charset(content_type: str | None) -> str | None:
+    """The content type's `charset` parameter, lowercased (None: none); cached like `_media`."""
+    match = _CHARSET.search(content_type or "")
+    return None if match is None else match.group(1).lower()
 
 
 def _content_type(pairs: Iterable[list[str]]) -> str | None:
@@ -681,6 +689,12 @@ def _content_type(pairs: Iterable[list[str]]) -> str | None:
         if name.lower() == "content-type":
             return value
     return None
+
+
+@functools.lru_cache(maxsize=256)
+def _media(content_type: str | None) -> str:
+    """`application/json; charset=utf-8` -> `application/json` (cached: a face sends a handful of types)."""
+    return (content_type or "").split(";", 1)[0].strip().lower()
 
 
 def _maybe_secret_key_re(json_fields: frozenset[str], suffixes: tuple[str, ...]) -> re.Pattern[bytes]:
