@@ -357,6 +357,7 @@ class Redactor:
         self._needles = tuple(sorted(name.encode() for name in spellings))
         self._suffixes = tuple(sorted(config.secret_suffixes))
         self._scrub_re: re.Pattern[bytes] | None = None
+        self._maybe_secret_key = _maybe_secret_key_re(self._json_fields, self._suffixes)
         if self._json_fields or self._suffixes:
             # A suffix in a key, with anything before it and separators between its letters.
             between = rb'[^"\\a-z0-9]*'
@@ -449,7 +450,7 @@ class Redactor:
         """
         if not data:
             return data
-        media = (content_type or "").split(";", 1)[0].strip().lower()
+        media = _media(content_type)
         if media in _JSON_TYPES or media.endswith("+json") or media in ("", "text/plain"):
             charset = _foreign_charset(content_type, data)
             if charset is not None:  # UTF-16 and others: redacted as text, kept in their own charset
@@ -469,6 +470,10 @@ class Redactor:
             return data
         if not self._json_fields and not self._suffixes:
             return data
+        if b":" not in data:  # no key at all (a JSON string or list of scalars): nothing to parse or scrub
+            return data
+        if data.isascii() and b"\\" not in data and self._maybe_secret_key.search(data) is None:
+            return data  # no key here can be secret, parsed or scrubbed (see _maybe_secret_key_re)
         lowered = data.lower()
         if not self._suffixes and not any(n in lowered for n in self._needles) and b"\\u" not in data:
             return data  # no blacklisted name anywhere (and no escapes that could spell one)
@@ -663,14 +668,20 @@ WITHHELD = b"[body withheld by the wire log: its charset could not be decoded to
 def _foreign_charset(content_type: str | None, data: bytes) -> str | None:
     """The charset of a text body when it is not UTF-8: the content type's `charset`, else what JSON's own
     detection finds (a UTF-16/32 byte-order mark or NUL pattern); None for UTF-8 (the common case)."""
-    match = _CHARSET.search(content_type or "")
-    if match is not None:
-        charset = match.group(1).lower()
-        return None if charset in _UTF8 else charset
+    declared = _declared_charset(content_type)
+    if declared is not None:
+        return None if declared in _UTF8 else declared
     if b"\x00" not in data[:4] and not data.startswith((b"\xff\xfe", b"\xfe\xff")):
         return None
     detected = json.detect_encoding(data)
     return None if detected in ("utf-8", "utf-8-sig") else detected
+
+
+@functools.lru_cache(maxsize=256)
+def _declared_charset(content_type: str | None) -> str | None:
+    """The content type's `charset` parameter, lowercased (None: none); cached like `_media`."""
+    match = _CHARSET.search(content_type or "")
+    return None if match is None else match.group(1).lower()
 
 
 def _content_type(pairs: Iterable[list[str]]) -> str | None:
@@ -678,6 +689,35 @@ def _content_type(pairs: Iterable[list[str]]) -> str | None:
         if name.lower() == "content-type":
             return value
     return None
+
+
+@functools.lru_cache(maxsize=256)
+def _media(content_type: str | None) -> str:
+    """`application/json; charset=utf-8` -> `application/json` (cached: a face sends a handful of types)."""
+    return (content_type or "").split(";", 1)[0].strip().lower()
+
+
+def _maybe_secret_key_re(json_fields: frozenset[str], suffixes: tuple[str, ...]) -> re.Pattern[bytes]:
+    """One regex over a JSON body's raw bytes that finds every key that could be secret, so a body
+    without a match is kept as is without parsing it (most bodies: the parse and walk cost ~µs each).
+
+    A key is secret when its folded name is a field name, its squashed name ends with a suffix, or its
+    parent's name and its own squashed together do (`card` + `number`). In each case the key's last ASCII
+    letter or digit (lowercased) is the last one of a field name or a suffix, or the key has none (then the
+    parent decides, and the parent is a key this finds). Sound for ASCII bodies without backslashes (no
+    `\\u` escape can spell a letter, and only ASCII lowercases to ASCII); `body` checks both first. A key
+    is a string followed by `:`, so `<last>[^"a-z0-9]*"\\s*:` (case-insensitive) finds it, and values
+    that look like keys only make the check say "maybe"."""
+    lasts: set[bytes] = set()
+    for name in (*json_fields, *suffixes):
+        alnum = squash(name)
+        if not alnum:  # a name without letters or digits: any key may be it
+            return re.compile(rb'"\s*:')
+        lasts.add(alnum[-1].encode())
+    if not lasts:
+        return re.compile(rb"(?!)")  # nothing is secret
+    chars = b"".join(sorted(lasts))
+    return re.compile(rb"(?:[" + chars + rb']|")[^"a-z0-9]*"\s*:', re.IGNORECASE)
 
 
 def _canonical(value: Any) -> bytes:

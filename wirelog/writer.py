@@ -188,16 +188,20 @@ class WireLogWriter:
         now = self._clock()
         record_id = self._id_prefix + str(self._counter + 1)
         ts = record.get("ts")
+        # The writer's fields first, then the record's in its order: one C-level merge (the record's own
+        # `v`/`kind`/`ts`/... keep their place at the head) and the head's values set again after it.
         out: dict[str, Any] = {
             "v": SCHEMA_VERSION,
             "kind": kind,
             "id": record_id,
-            "ts": now if ts is None else ts,
-            "writer": self.name,
+            "ts": ts,
+            "writer": None,
+            **record,
         }
-        for key, value in record.items():
-            if key not in out:
-                out[key] = value
+        out["v"] = SCHEMA_VERSION
+        out["id"] = record_id
+        out["ts"] = now if ts is None else ts
+        out["writer"] = self.name
         line = encode(out)
         self._counter += 1
 
