@@ -21,7 +21,9 @@ proxying and are removed here, each keeping mitmproxy's behaviour:
 - `ConnectionHandler.server_event`: one `write` (a `send` syscall, and a packet for the peer to read) per
   `SendData` command, so a response's head and body went out in two. The bytes of one event for one TCP
   connection are joined into one write, in order, flushed before that connection is closed and before
-  the event's handling ends (UDP keeps one write per datagram).
+  the event's handling ends (UDP keeps one write per datagram). A blocking hook that no addon
+  implements (`responseheaders` on every request) is completed in the same pass instead of by a task
+  that waits for the handler's lock to say so.
 
 The patches replace mitmproxy internals, so they are tied to the pinned version (pyproject.toml): with
 any other version `install()` leaves mitmproxy as it is and logs one warning.
@@ -30,6 +32,7 @@ any other version `install()` leaves mitmproxy as it is and logs one warning.
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import dataclasses
 import inspect
@@ -40,7 +43,7 @@ from typing import Any
 
 from mitmproxy import exceptions, flow, hooks, http, optmanager, version
 from mitmproxy.addonmanager import AddonManager
-from mitmproxy.proxy import commands, mode_servers, server
+from mitmproxy.proxy import commands, events, mode_servers, server
 from mitmproxy.utils import asyncio_utils
 
 log = logging.getLogger("strictq.proxy")
@@ -49,6 +52,7 @@ mitm_log = logging.getLogger("mitmproxy.addonmanager")  # where mitmproxy logs a
 PATCHED_VERSION = "12.2.3"
 _installed: list[bool] = []
 _ARG_NAMES: dict[type, tuple[str, ...]] = {}
+HANDLERS_ATTR = "strictq_handlers_of"  # on the AddonManager: hook -> the callables that implement it
 _UPDATE = hooks.UpdateHook([])  # names the `update` hook in handler lookups
 
 
@@ -126,71 +130,92 @@ def _option_current(self: Any) -> Any:
 
 
 async def _server_event(self: Any, event: Any) -> None:
-    """`ConnectionHandler.server_event` of 12.2.3, with one write per TCP connection per event."""
+    """`ConnectionHandler.server_event` of 12.2.3, with one write per TCP connection per event, and the
+    hooks no addon implements completed in place (see `_nobody_handles`)."""
     async with self._server_event_lock:
         # No `await` beyond this point (see mitmproxy's comment on reentrancy with eager tasks).
         self.timeout_watchdog.register_activity()
         pending: dict[Any, list[bytes]] = {}  # TCP connection -> chunks not yet written, in order
+        queue = collections.deque([event])
         try:
-            layer_commands = self.layer.handle_event(event)
-            for command in layer_commands:
-                if isinstance(command, commands.OpenConnection):
-                    assert command.connection not in self.transports
-                    handler = asyncio_utils.create_task(
-                        self.open_connection(command),
-                        name=f"server connection handler {command.connection.address}",
-                        keep_ref=False,
-                        client=self.client.peername,
-                    )
-                    self.transports[command.connection] = server.ConnectionIO(handler=handler)
-                elif isinstance(command, commands.RequestWakeup):
-                    task = asyncio_utils.create_task(
-                        self.wakeup(command),
-                        name=f"wakeup timer ({command.delay:.1f}s)",
-                        keep_ref=False,
-                        client=self.client.peername,
-                    )
-                    assert task is not None
-                    self.wakeup_timer.add(task)
-                elif (
-                    isinstance(command, commands.ConnectionCommand)
-                    and command.connection not in self.transports
-                ):
-                    pass  # The connection has already been closed.
-                elif isinstance(command, commands.SendData):
-                    connection = command.connection
-                    writer = self.transports[connection].writer
-                    assert writer
-                    if connection.transport_protocol == "tcp":
-                        chunks = pending.get(connection)
-                        if chunks is None:
-                            pending[connection] = [command.data]
-                        else:
-                            chunks.append(command.data)
-                    elif not writer.is_closing():
-                        writer.write(command.data)
-                elif isinstance(command, commands.CloseTcpConnection):
-                    _flush(self, pending, command.connection)
-                    self.close_connection(command.connection, command.half_close)
-                elif isinstance(command, commands.CloseConnection):
-                    _flush(self, pending, command.connection)
-                    self.close_connection(command.connection, False)
-                elif isinstance(command, commands.StartHook):
-                    asyncio_utils.create_task(
-                        self.hook_task(command),
-                        name=f"handle_hook({command.name})",
-                        keep_ref=True,
-                        client=self.client.peername,
-                    )
-                elif isinstance(command, commands.Log):
-                    self.log(command.message, command.level)
-                else:
-                    raise RuntimeError(f"Unexpected command: {command}")
+            while queue:
+                layer_commands = self.layer.handle_event(queue.popleft())
+                for command in layer_commands:
+                    if isinstance(command, commands.OpenConnection):
+                        assert command.connection not in self.transports
+                        handler = asyncio_utils.create_task(
+                            self.open_connection(command),
+                            name=f"server connection handler {command.connection.address}",
+                            keep_ref=False,
+                            client=self.client.peername,
+                        )
+                        self.transports[command.connection] = server.ConnectionIO(handler=handler)
+                    elif isinstance(command, commands.RequestWakeup):
+                        task = asyncio_utils.create_task(
+                            self.wakeup(command),
+                            name=f"wakeup timer ({command.delay:.1f}s)",
+                            keep_ref=False,
+                            client=self.client.peername,
+                        )
+                        assert task is not None
+                        self.wakeup_timer.add(task)
+                    elif (
+                        isinstance(command, commands.ConnectionCommand)
+                        and command.connection not in self.transports
+                    ):
+                        pass  # The connection has already been closed.
+                    elif isinstance(command, commands.SendData):
+                        connection = command.connection
+                        writer = self.transports[connection].writer
+                        assert writer
+                        if connection.transport_protocol == "tcp":
+                            chunks = pending.get(connection)
+                            if chunks is None:
+                                pending[connection] = [command.data]
+                            else:
+                                chunks.append(command.data)
+                        elif not writer.is_closing():
+                            writer.write(command.data)
+                    elif isinstance(command, commands.CloseTcpConnection):
+                        _flush(self, pending, command.connection)
+                        self.close_connection(command.connection, command.half_close)
+                    elif isinstance(command, commands.CloseConnection):
+                        _flush(self, pending, command.connection)
+                        self.close_connection(command.connection, False)
+                    elif isinstance(command, commands.StartHook):
+                        if _nobody_handles(self, command):  # completed here: no task, no lock round trip
+                            queue.append(events.HookCompleted(command))
+                            continue
+                        asyncio_utils.create_task(
+                            self.hook_task(command),
+                            name=f"handle_hook({command.name})",
+                            keep_ref=True,
+                            client=self.client.peername,
+                        )
+                    elif isinstance(command, commands.Log):
+                        self.log(command.message, command.level)
+                    else:
+                        raise RuntimeError(f"Unexpected command: {command}")
         except Exception:
             self.log("mitmproxy has crashed!", logging.ERROR, exc_info=True)
         finally:
             for connection in list(pending):
                 _flush(self, pending, connection)
+
+
+def _nobody_handles(self: Any, hook: Any) -> bool:
+    """A blocking hook no addon implements (`responseheaders`, for one, on every request) for a flow
+    nobody holds: its HookCompleted is what the task running it would have sent, with nothing between."""
+    if not hook.blocking:
+        return False
+    master = getattr(self, "master", None)
+    lookup = getattr(master.addons, HANDLERS_ATTR, None) if master is not None else None
+    if lookup is None or lookup(hook):
+        return False
+    args = hook_args(hook)
+    if len(args) == 1 and isinstance(args[0], flow.Flow):
+        return not args[0].intercepted and not lookup(_UPDATE)
+    return len(args) == 1
 
 
 def _flush(self: Any, pending: dict[Any, list[bytes]], connection: Any) -> None:
@@ -252,6 +277,7 @@ def install_hook_cache(manager: AddonManager) -> None:
         if isinstance(message, flow.Flow) and handlers_of(_UPDATE):  # none of ours: not built per flow hook
             await trigger_event(hooks.UpdateHook([message]))
 
+    setattr(manager, HANDLERS_ATTR, handlers_of)  # for _server_event: hooks nobody implements
     # Replacing methods on the instance is the point here; mypy forbids it by default.
     manager.trigger_event = trigger_event  # type: ignore[method-assign]
     manager.handle_lifecycle = handle_lifecycle  # type: ignore[method-assign]
