@@ -77,6 +77,30 @@ class Recorder:
         self.seen.append(f"{self.name}.update")
 
 
+class Slow:
+    """An async `request` handler (as the mimic addon's while it loads recordings): the handlers after it
+    wait for it, and the request goes upstream only once the hook is complete."""
+
+    def __init__(self, seen: list[str]) -> None:
+        self.seen = seen
+
+    def request(self, flow: http.HTTPFlow) -> Any:
+        async def later() -> None:
+            await asyncio.sleep(0.05)
+            flow.request.headers["X-Slow"] = "done"
+            self.seen.append("slow.request")
+
+        return later()
+
+
+class After:
+    def __init__(self, seen: list[str]) -> None:
+        self.seen = seen
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        self.seen.append(f"after.request {flow.request.headers.get('X-Slow')}")
+
+
 class Halting:
     """Stops the `response` hook: the addons after it must not see it (mitmproxy's AddonHalt)."""
 
@@ -173,6 +197,17 @@ async def test_hooks_an_addon_implements_still_run_in_chain_order(
         "b.response",  # then Halting stops the hook: `c` never sees the response
     ]
     assert "a.update" in seen  # `update` follows flow hooks when an addon implements it
+
+
+async def test_an_async_handler_is_awaited_before_the_next_and_before_the_request_leaves(
+    tmp_path: Path, backend: str, seen: list[str]
+) -> None:
+    with Proxy(tmp_path, [Slow(seen), After(seen), Recorder("r", seen, extra=False)]) as proxy:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(2):
+                async with session.get(f"{backend}/length", proxy=proxy.url) as response:
+                    assert await response.read() == BIG
+    assert seen == ["r.requestheaders", "slow.request", "after.request done", "r.response"] * 2
 
 
 def test_option_reads_copy_mutable_values_and_hand_out_immutable_ones() -> None:
