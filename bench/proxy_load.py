@@ -17,6 +17,8 @@ import time
 import aiohttp
 import orjson
 
+from .procstat import cpu_seconds
+
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.proxy_load")
@@ -28,6 +30,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--tagged", action="store_true")
+    parser.add_argument(
+        "--watch-pid",
+        type=int,
+        action="append",
+        default=[],
+        help="a proxy process whose CPU time over the measured window is reported (repeatable)",
+    )
     return parser.parse_args()
 
 
@@ -46,6 +55,15 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     start = loop.time()
     measure_from = start + args.warmup
     stop_at = measure_from + args.duration
+    cpu: dict[str, float] = {}
+
+    async def watch() -> None:
+        """The watched processes' CPU seconds from the start to the end of the measured window: CPU per
+        request without the warm-up's connection set-up (TLS handshakes)."""
+        await asyncio.sleep(max(0.0, measure_from - loop.time()))
+        cpu["start"] = sum(cpu_seconds(pid) for pid in args.watch_pid)
+        await asyncio.sleep(max(0.0, stop_at - loop.time()))
+        cpu["end"] = sum(cpu_seconds(pid) for pid in args.watch_pid)
 
     async def worker(index: int, session: aiohttp.ClientSession) -> None:
         proxy = args.proxy[index % len(args.proxy)] if args.proxy else None
@@ -90,12 +108,17 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         async with asyncio.TaskGroup() as group:
             for i in range(args.concurrency):
                 group.create_task(worker(i, session), name=f"proxy-load-{i}")
+            if args.watch_pid:
+                group.create_task(watch(), name="proxy-load-cpu")
     latencies.sort()
 
     def pct(p: float) -> float:
         return latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000 if latencies else 0.0
 
+    proxy_cpu = cpu["end"] - cpu["start"] if "end" in cpu else None
     return {
+        "proxy_cpu_s": proxy_cpu,
+        "proxy_cpu_us_per_request": 1e6 * proxy_cpu / len(latencies) if proxy_cpu and latencies else None,
         "requests": len(latencies),
         "errors": errors,
         "rate": len(latencies) / args.duration,

@@ -81,8 +81,18 @@ def _wait_port(port: int, timeout: float = 30.0) -> None:
     raise RuntimeError(f"nothing listening on port {port} after {timeout} s")
 
 
-def _load(st: Any, target: str, proxies: list[str], cas: list[str], auth: str | None, tagged: bool) -> dict:
+def _load(
+    st: Any,
+    target: str,
+    proxies: list[str],
+    cas: list[str],
+    auth: str | None,
+    tagged: bool,
+    pids: list[int] | None = None,
+) -> dict:
     command = [sys.executable, "-m", "bench.proxy_load", "--target", target]
+    for pid in pids or ():
+        command += ["--watch-pid", str(pid)]
     command += ["--concurrency", str(CONCURRENCY), "--warmup", str(st.warmup), "--duration", str(st.duration)]
     for proxy in proxies:
         command += ["--proxy", proxy]
@@ -135,16 +145,20 @@ def scenario_proxy(st: Any, progress: Progress) -> None:
         m = backend.wait_for(r"backend http (\d+) https (\d+)")
         targets = {"http": f"http://127.0.0.1:{m[1]}", "https": f"https://127.0.0.1:{m[2]}"}
 
-        def measure(setup: str, proxies: list[str], cas: list[str], tagged: bool) -> None:
+        def measure(setup: str, proxies: list[str], cas: list[str], tagged: bool, pids: list[int]) -> None:
             for mode, target in targets.items():
-                figure = _load(st, target, proxies, [str(backend_ca), *cas], auth if tagged else None, tagged)
+                figure = _load(
+                    st, target, proxies, [str(backend_ca), *cas], auth if tagged else None, tagged, pids
+                )
                 results[mode][setup] = figure
+                cpu = figure.get("proxy_cpu_us_per_request")
                 progress(
                     f"proxy {mode:5} {setup:10} {figure['rate']:7,.0f} req/s  p50 {figure['p50_ms']:6.1f} ms"
                     f"  p99 {figure['p99_ms']:6.1f} ms  errors {sum(figure['errors'].values())}"
+                    + (f"  proxy CPU {cpu:,.0f} µs/request" if cpu else "")
                 )
 
-        measure("direct", [], [], False)
+        measure("direct", [], [], False, [])
 
         port = _free_port()
         confdir = work / "mitmdump"
@@ -159,7 +173,8 @@ def scenario_proxy(st: Any, progress: Progress) -> None:
         )
         started.append(mitmdump)
         _wait_port(port)
-        measure("mitmdump", [f"http://127.0.0.1:{port}"], [str(confdir / "mitmproxy-ca-cert.pem")], False)
+        mitm_ca = [str(confdir / "mitmproxy-ca-cert.pem")]
+        measure("mitmdump", [f"http://127.0.0.1:{port}"], mitm_ca, False, [mitmdump.proc.pid])
         mitmdump.stop()
 
         # The control stream comes from a real queue server (ready = synchronised with it).
@@ -187,7 +202,7 @@ def scenario_proxy(st: Any, progress: Progress) -> None:
             proxy_ca = ours.wait_for(r"strictq: proxy ca (\S+)")[1]
             assert len(urls) == processes, ours.lines
             _wait_ready(ours)
-            measure(setup, urls, [proxy_ca], True)
+            measure(setup, urls, [proxy_ca], True, _proxy_pids(ours.proc.pid))
             ours.stop()
             results.setdefault("records", {})[setup] = _count_records(wirelog)
     finally:
@@ -202,6 +217,15 @@ def scenario_proxy(st: Any, progress: Progress) -> None:
             if stock and setup in row:
                 row[setup]["vs_mitmdump"] = row[setup]["rate"] / stock
     st.results["proxy"] = results
+
+
+def _proxy_pids(pid: int) -> list[int]:
+    """The processes serving the proxy: `--processes N` runs N children under one parent."""
+    try:
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        children = []
+    return [pid, *children]
 
 
 def _wait_ready(proc: Proc, timeout: float = 30.0) -> None:

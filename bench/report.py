@@ -25,7 +25,8 @@ GATEWAY_WIRELOG_NOTE = (
     "`ack` event optional for deployments whose workers report attempt results (their `log` record "
     "already says it).\n"
 )
-PROXY_TARGET = 1.4  # our proxy with every addon on vs stock mitmdump, requests/s per process
+# our proxy with every addon on vs stock mitmdump, requests/s per process (issue 19)
+PROXY_TARGETS = {"http": 2.0, "https": 1.6}
 GW_LOADS = (("gw-emodb", "gateway, EmoDB face (HTTPS)"), ("gw-sqs", "gateway, SQS JSON face (HTTPS, SigV4)"))
 
 
@@ -127,8 +128,8 @@ def targets(results: dict[str, Any], quick: bool) -> list[tuple[str, str, str, s
                     " requests/s vs stock mitmdump",
                     f"{ours['vs_mitmdump']:.2f}x ({_n(ours['rate'])} / {_n(p[mode]['mitmdump']['rate'])}"
                     " req/s)",
-                    f"≥ {PROXY_TARGET:.1f}x",
-                    _status(ours["vs_mitmdump"] >= PROXY_TARGET),
+                    f"≥ {PROXY_TARGETS[mode]:.1f}x",
+                    _status(ours["vs_mitmdump"] >= PROXY_TARGETS[mode]),
                 )
             )
     q = results.get("gw-sqs")
@@ -433,8 +434,11 @@ def render(
             " capture of every call to the wire log. HTTPS means interception: the client trusts the"
             " proxy's CA and the proxy verifies the backend's certificate.\n"
         )
-        add("| over | setup | requests/s (median run) | every run | p50 / p99 ms | vs mitmdump | errors |")
-        add("|---|---|---:|---:|---:|---:|---:|")
+        add(
+            "| over | setup | requests/s (median run) | every run | p50 / p99 ms | vs mitmdump"
+            " | proxy CPU µs per request | errors |"
+        )
+        add("|---|---|---:|---:|---:|---:|---:|---:|")
         for mode in ("http", "https"):
             for setup in ("direct", "mitmdump", "strictq", "strictq x2"):
                 f = p[mode].get(setup)
@@ -442,10 +446,19 @@ def render(
                     continue
                 ratio = f"{f['vs_mitmdump']:.2f}x" if "vs_mitmdump" in f else "—"
                 runs = ", ".join(_n(r) for r in f.get("runs", []))
+                cpu = f.get("proxy_cpu_us_per_request")
                 add(
                     f"| {mode.upper()} | {setup} | **{_n(f['rate'])}** | {runs} |"
-                    f" {f['p50_ms']:.1f} / {f['p99_ms']:.1f} | {ratio} | {sum(f['errors'].values())} |"
+                    f" {f['p50_ms']:.1f} / {f['p99_ms']:.1f} | {ratio} | {_n(cpu) if cpu else '—'} |"
+                    f" {sum(f['errors'].values())} |"
                 )
+        add(
+            "\n*Proxy CPU µs per request*: the proxy processes' CPU time (/proc, every thread; with `x2` both"
+            " processes and their parent) over the measured window, divided by the requests answered in it;"
+            " the warm-up's connection set-up (TLS handshakes) is outside the window. It is the figure to"
+            " compare on a shared machine: a rate moves with everything else running, CPU per request much"
+            " less."
+        )
         records = p.get("records") or {}
         if records:
             add(

@@ -10,26 +10,25 @@ logged, so `run_master` checks `listen_addrs()` itself and fails loudly.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mitmproxy import exceptions, hooks
-from mitmproxy.addonmanager import AddonManager
+from mitmproxy import exceptions
 from mitmproxy.addons.next_layer import NextLayer
 from mitmproxy.addons.proxyserver import Proxyserver
 from mitmproxy.addons.tlsconfig import TlsConfig
 from mitmproxy.master import Master
 from mitmproxy.options import Options
 
+from fencing import mitm_fastpath
 from fencing.addons import ordered_addons
 from fencing.ca import confdir
+from fencing.mitm_fastpath import install_hook_cache
 from fencing.runtime import ProxyRuntime
 
 log = logging.getLogger("strictq.proxy")
-mitm_log = logging.getLogger("mitmproxy.addonmanager")  # where mitmproxy logs addon errors
 CONTROL_PATH = "/admin/v1/control"  # docs/control-stream.md
 DRAIN_GRACE = 5.0  # seconds calls in flight get to finish on SIGTERM
 
@@ -105,6 +104,25 @@ def control_stream_url(url: str) -> str:
     return url
 
 
+class _TlsConfig(TlsConfig):
+    """mitmproxy's TlsConfig, with the CRL path it checks every request's path against computed once per
+    CA (its `crl_path` asks the CA certificate for its serial number on every request: ~1% of the CPU)."""
+
+    name = "tlsconfig"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._crl_path: tuple[object, str] | None = None
+
+    def crl_path(self) -> str:
+        ca = self.certstore.default_ca
+        cached = self._crl_path
+        if cached is None or cached[0] is not ca:
+            cached = (ca, super().crl_path())
+            self._crl_path = cached
+        return cached[1]
+
+
 class _Started:
     """Last in the chain: its `running` hook fires once the servers are set up and every other addon's
     `running` has returned (the admin server listens), which is when the start-up lines may be printed."""
@@ -118,54 +136,14 @@ class _Started:
         self.event.set()
 
 
-def install_hook_cache(manager: AddonManager) -> None:
-    """Dispatch each hook straight to the callables that implement it.
-
-    mitmproxy's `trigger_event` walks every addon of the chain for every hook, with a context manager,
-    a generator and a `getattr` per addon, and `handle_lifecycle` walks it a second time with an
-    `update` hook after every flow hook (none of our addons implement it). With a dozen addons that walk
-    was a third of the proxy's CPU. Here the (addon, method) pairs per hook name are computed once per
-    chain (recomputed if addons are added or removed); semantics are mitmproxy's: chain order, sync or
-    async handlers, `AddonHalt` stops the hook, `OptionsError` propagates, other errors are logged
-    as "Addon error" and the next handler runs.
-    """
-    cache: dict[str, list[Any]] = {}
-    chain_size = [-1]
-
-    async def trigger_event(event: hooks.Hook) -> None:
-        if len(manager.chain) != chain_size[0]:
-            cache.clear()
-            chain_size[0] = len(manager.chain)
-        handlers = cache.get(event.name)
-        if handlers is None:
-            handlers = [func for addon in manager.chain for _, func in manager._iter_hooks(addon, event)]
-            cache[event.name] = handlers
-        if not handlers:
-            return
-        args = event.args()
-        for func in handlers:
-            try:
-                result = func(*args)
-                if result is not None and inspect.isawaitable(result):
-                    await result
-            except exceptions.AddonHalt:
-                return
-            except exceptions.OptionsError:
-                raise
-            except Exception as exc:
-                mitm_log.error(f"Addon error: {exc}", exc_info=True)
-
-    # Replacing a method on the instance is the point here; mypy forbids it by default.
-    manager.trigger_event = trigger_event  # type: ignore[method-assign]
-
-
 def build_master(settings: ProxySettings, runtime: ProxyRuntime) -> Master:
     """Must be called with the process's event loop running (mitmproxy binds the master to it)."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     # confdir first: TlsConfig loads (or creates) the CA as soon as it is added.
     opts = Options(confdir=str(confdir(settings.data_dir)))
+    mitm_fastpath.install()  # before the first flow: mitmproxy's debug-only checks off (see the module)
     master = Master(opts, with_termlog=False)
-    master.addons.add(Proxyserver(), NextLayer(), TlsConfig(), *ordered_addons(runtime), _Started())
+    master.addons.add(Proxyserver(), NextLayer(), _TlsConfig(), *ordered_addons(runtime), _Started())
     install_hook_cache(master.addons)
     try:
         opts.update(**settings.options())

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import gc
 import logging
 import os
 import signal
@@ -152,6 +153,9 @@ async def _serve(settings: ProxySettings, ca: Path) -> int:
     except StartupError as exc:
         print(f"strictq: cannot start the proxy: {exc}", file=sys.stderr, flush=True)
         return 1
+    # Everything built so far (mitmproxy, cryptography, the addons) lives as long as the process: out of
+    # the collector's way, so its full collections scan only what requests allocate.
+    gc.freeze()
     print(f"{LISTENING}{urls[0]}", flush=True)
     print(f"{PROXY_CA}{ca}", flush=True)
     if runtime.admin_url:
