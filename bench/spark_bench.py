@@ -29,6 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 SCALES = {"quick": 100_000, "default": 1_000_000, "large": 10_000_000}
 LOOKUPS = 20  # whole-process lookups per kind (present / absent)
+ROUTE_TARGET_MS = 20.0  # GET /admin/v1/search warm p50 (issue 19)
 SPARK_LOOKUPS = 10
 BUILD_TARGET = 50_000.0  # records/s
 LOOKUP_TARGET_MS = 300.0  # p50 whole process, for 10M records
@@ -242,6 +243,72 @@ def warm_lookups(index: Path, ids: list[str]) -> tuple[list[float], dict[str, An
         files += len(result.stats.files_opened)
         groups += result.stats.row_groups_read
     return times, {"files_per_lookup": files / len(ids), "row_groups_per_lookup": groups / len(ids)}
+
+
+_ROUTE_SERVER = """
+import sys
+from pathlib import Path
+from aiohttp import web
+from access.keys import Credential, KeyRing
+from spark.admin_endpoint import add_search_route
+app = web.Application()
+add_search_route(app, Path(sys.argv[1]), KeyRing([Credential("ops-bench", sys.argv[2], "operator", "ops")]))
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[3]), access_log=None, print=None)
+"""
+
+
+def route_lookups(index: Path, present: list[str], absent: list[str], progress: Progress) -> dict[str, Any]:
+    """`GET /admin/v1/search` warm: the gateway's route (spark.admin_endpoint: the lookup in a thread, the
+    index's state and footers cached) in its own process over loopback HTTP, one keep-alive client;
+    an operator key; p50/p95 per kind and the server's CPU per lookup (/proc)."""
+    import asyncio
+    import secrets
+    import socket
+
+    import aiohttp
+
+    from .procstat import cpu_seconds
+
+    secret = secrets.token_hex(16)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-c", _ROUTE_SERVER, str(index), secret, str(port)], cwd=ROOT)
+    url = f"http://127.0.0.1:{port}/admin/v1/search"
+
+    async def measure() -> tuple[dict[str, list[float]], float, int]:
+        headers = {"X-BV-API-Key": secret}
+        async with aiohttp.ClientSession() as http:
+            for _ in range(100):  # the server starting
+                try:
+                    async with http.get(url, params={"message_id": present[0]}, headers=headers) as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientConnectionError:
+                    await asyncio.sleep(0.1)
+            times: dict[str, list[float]] = {"present": [], "absent": []}
+            cpu0 = cpu_seconds(server.pid)
+            for message_id, kind in [(m, "present") for m in present] + [(m, "absent") for m in absent]:
+                started = time.perf_counter()
+                async with http.get(url, params={"message_id": message_id}, headers=headers) as r:
+                    body = await r.read()
+                    if r.status != 200 or (kind == "present") != (b'"records":[]' not in body):
+                        raise RuntimeError(f"search route: {r.status} for a {kind} id: {body[:200]!r}")
+                times[kind].append((time.perf_counter() - started) * 1000)
+            return times, cpu_seconds(server.pid) - cpu0, len(present) + len(absent)
+
+    try:
+        times, cpu, n = asyncio.run(measure())
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    result: dict[str, Any] = {k: _summary(v) for k, v in times.items()}
+    result["cpu_us_per_lookup"] = cpu / n * 1e6
+    progress(
+        f"spark: GET /admin/v1/search warm p50/p95 present {_fmt(result['present'])}, absent"
+        f" {_fmt(result['absent'])}; server CPU {result['cpu_us_per_lookup']:,.0f} us per lookup"
+    )
+    return result
 
 
 def spark_lookups(
@@ -489,6 +556,7 @@ def run_spark_bench(work_dir: Path, quick: bool, out_dir: Path, progress: Progre
         f" absent {_fmt(result['search']['process']['absent'])}; warm pyarrow p50"
         f" {result['search']['warm']['present']['p50_ms']:.1f} ms"
     )
+    result["search"]["route"] = route_lookups(index, present * 5, absent * 5, progress)  # 200 lookups
     runs = 1 if name == "large" else 2
     brute = {
         "present": brute_force(wirelog, present[0], runs),
@@ -563,6 +631,15 @@ def spark_section(results: dict[str, Any], add: Any) -> None:
         ("`strictq search` absent id, p50 / p95", _fmt(s["process"]["absent"]), "", None),
         ("warm pyarrow lookup present / absent, p50", f"{present_warm:.1f} / {absent_warm:.1f} ms", "", None),
         ("warm Spark lookup present / absent, p50", f"{spark_present:.0f} / {spark_absent:.0f} ms", "", None),
+        *(
+            [("`GET /admin/v1/search` warm (the gateway's route, own process, loopback HTTP) present /"
+              " absent, p50 / p95; server CPU per lookup",
+              f"{_fmt(s['route']['present'])} / {_fmt(s['route']['absent'])};"
+              f" {s['route']['cpu_us_per_lookup']:,.0f} µs",
+              f"<= {ROUTE_TARGET_MS:.0f} ms p50",
+              max(s["route"]["present"]["p50_ms"], s["route"]["absent"]["p50_ms"]) <= ROUTE_TARGET_MS)]
+            if "route" in s else []
+        ),
         ("files / row groups read per lookup",
          f"{s['files_per_lookup']:.1f} / {s['row_groups_per_lookup']:.1f}", "", None),
         ("brute-force scan of the raw segments", f"{r['brute_force']['median_ms'] / 1000:.1f} s", "", None),

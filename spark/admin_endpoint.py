@@ -214,13 +214,14 @@ class PageIndex:
 
 def _scoped_search(index: Path, query: Query, scope: Scope) -> SearchResult:
     """The search, keeping only records the caller's scope sees; the limit applies to those."""
-    from .search import QueryError, SearchResult, search
+    from .search import QueryError, SearchResult, cache_for, search
 
+    cache = cache_for(index)  # the gateway lives long: its footers and `_index.json` stay parsed
     if scope.operator:
-        return search(index, query, with_records=True)
+        return search(index, query, with_records=True, cache=cache)
     if query.limit is not None and query.limit < 1:
         raise QueryError("--limit must be >= 1")
-    found = search(index, dataclasses.replace(query, limit=None), with_records=True)
+    found = search(index, dataclasses.replace(query, limit=None), with_records=True, cache=cache)
     rows = [row for row in found.rows if scope.record(_record_of(row))]
     truncated = query.limit is not None and len(rows) > query.limit
     if query.limit is not None:

@@ -3,26 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
-
-from fencing.cli import register as register_proxy_commands
-
-from .admin_cli import register as register_admin_commands
-from .cluster_cli import add_nats_arguments, nats_settings
-from .cluster_cli import register as register_cluster_commands
-from .estimates_cli import register_estimates
-from .fleet_cli import add_settings_arguments as add_fleet_arguments
-from .fleet_cli import register as register_fleet_commands
-from .handover_cli import register as register_handover_commands
-from .health_cli import add_settings_arguments as add_health_arguments
-from .health_cli import register as register_health_commands
-from .limits_cli import register as register_limits_commands
-from .limits_cli import register_protections
-from .rollout_cli import register as register_rollout_commands
 
 INIT_HELP = (
     "start with an empty store although the data dir shows an earlier one (a marker, development keys, "
@@ -43,8 +27,18 @@ CLIENT_ENV_HELP = (
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     args_list = sys.argv[1:] if argv is None else list(argv)
+    # `strictq search` is a whole process per lookup: build only the wire-log commands' parser, so it
+    # imports none of the server's command modules (asyncio, aiohttp clients: ~100 ms of a ~200 ms run).
+    if _command_of(args_list) == "search":
+        if argv is None:
+            # This process is the command (not a caller of main()): pyarrow imports numpy when it is
+            # installed (~90 ms) although the lookup uses none of it (Arrow to Python lists only; numpy is
+            # optional to pyarrow). A None entry makes `import numpy` fail, so pyarrow goes without.
+            sys.modules.setdefault("numpy", None)  # type: ignore[arg-type]
+        parser = _wirelog_index_parser()
+    else:
+        parser = build_parser()
     if _command_of(args_list) == "send":
         # Bodies may follow options (`send q --group g BODY BODY`), which plain parse_args refuses.
         args, extra = parser.parse_known_args(args_list)
@@ -60,6 +54,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     handler: Callable[[argparse.Namespace], int] = args.handler
     return handler(args)
+
+
+def _wirelog_index_parser() -> argparse.ArgumentParser:
+    """`strictq index / search / errors` alone (spark.cli, stdlib imports only): the same sub-parsers
+    `build_parser` mounts, so usage, help and errors read the same."""
+    from spark.cli import register as register_spark
+
+    parser = StrictqParser(prog="strictq")
+    register_spark(parser.add_subparsers(title="commands", metavar="COMMAND"))
+    return parser
 
 
 def _command_of(argv: Sequence[str]) -> str | None:
@@ -87,6 +91,22 @@ def version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # The command modules are imported here, not at the top: `strictq search` never builds this parser.
+    from fencing.cli import register as register_proxy_commands
+
+    from .admin_cli import register as register_admin_commands
+    from .cluster_cli import add_nats_arguments
+    from .cluster_cli import register as register_cluster_commands
+    from .estimates_cli import register_estimates
+    from .fleet_cli import add_settings_arguments as add_fleet_arguments
+    from .fleet_cli import register as register_fleet_commands
+    from .handover_cli import register as register_handover_commands
+    from .health_cli import add_settings_arguments as add_health_arguments
+    from .health_cli import register as register_health_commands
+    from .limits_cli import register as register_limits_commands
+    from .limits_cli import register_protections
+    from .rollout_cli import register as register_rollout_commands
+
     parser = StrictqParser(
         prog="strictq",
         description="A strict queue with failure management: per-group order, fencing tokens, durable store.",
@@ -624,6 +644,8 @@ def _cluster_node(args: argparse.Namespace, limits: Any) -> int:
 
     from strictq.cluster_node import NodeOptions, run_node
 
+    from .cluster_cli import nats_settings
+
     settings = nats_settings(args)
     if settings is None:
         return 2
@@ -743,6 +765,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.init:
             print("strictq: --init is for a store in this process, not a cluster's gateway", file=sys.stderr)
             return 2
+        from .cluster_cli import nats_settings
+
         settings = nats_settings(args)
         if settings is None:
             return 2
@@ -807,6 +831,8 @@ def run_client(
                 return await gateway(client)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise CliError(await explain(exc, found)) from None
+
+    import asyncio
 
     try:
         return asyncio.run(go())

@@ -202,3 +202,51 @@ async def test_admin_endpoint_without_an_index_is_404(tmp_path: Path) -> None:
         service.stop_waiting()
         await runner.cleanup()
         await service.close()
+
+
+def test_search_as_the_process_command_loads_no_numpy(spark_sample: SampleIndex) -> None:
+    """`strictq search` run as the process (main() reading sys.argv) keeps pyarrow off numpy, and prints
+    the same story as a caller of main() in a process with numpy."""
+    message_id = spark_sample.traffic.message_ids[0]
+    argv = ["strictq", "search", "--index", str(spark_sample.index), "--message-id", message_id, "--json"]
+    code = (
+        "import sys, io, contextlib, json\n"
+        f"sys.argv = {argv!r}\n"
+        "from strictq.cli import main\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        "    rc = main()\n"
+        "print(rc, sys.modules.get('numpy') is None, len(json.loads(out.getvalue())['records']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    from spark.search import Query, search
+
+    expected = len(search(spark_sample.index, Query(message_id=message_id)).rows)
+    assert expected > 0 and done.stdout.split() == ["0", "True", str(expected)]
+
+
+def test_cached_search_follows_each_commit(spark_sample: SampleIndex, tmp_path: Path) -> None:
+    """A server's IndexCache answers as an uncached search does, before and after a new commit of
+    `_index.json` (here one dropping the message's bucket), and reuses footers in between."""
+    import shutil
+
+    from spark import layout
+    from spark.buckets import bucket_of
+    from spark.search import IndexCache, Query, search
+
+    index = tmp_path / "index"
+    shutil.copytree(spark_sample.index, index)
+    message_id = spark_sample.traffic.message_ids[0]
+    query = Query(message_id=message_id)
+    cache = IndexCache()
+    plain = search(index, query)
+    first = search(index, query, cache=cache)
+    assert plain.rows and first.rows == plain.rows
+    footers = dict(cache._footers)
+    assert footers and search(index, query, cache=cache).rows == plain.rows
+    assert all(cache._footers[name] is footer for name, footer in footers.items())  # not parsed again
+    state = layout.load_state(index)
+    state.files[bucket_of(message_id, state.buckets)] = []
+    layout.commit_state(index, state)
+    assert search(index, query, cache=cache).rows == search(index, query).rows == []
