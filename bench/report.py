@@ -15,17 +15,18 @@ EDGE_TARGET = 0.15  # edge cost: 1 - gateway rate / internal-API rate (EmoDB fac
 SQS_TARGET = 10_000.0  # msg/s over HTTPS, batch 10, SQS face with SigV4 (issue 19)
 REDIS_TARGET = 1.0  # our end-to-end rate / Redis Streams under the same generator (issue 19)
 GATEWAY_WIRELOG_NOTE = (
-    "The gateway under test is `strictq serve` as shipped: besides the faces it writes the wire log's "
-    "gateway side (a `delivery` record for every message handed to a worker and an `ack` event for "
-    "every acknowledged one: what replay and `strictq search` read), runs failure management's "
-    "receive gate on every poll, and starts the egress proxy child (idle here). A delivery record "
-    "measured ~10 µs in isolation; the two records per message run on the gateway's event loop "
-    "(redaction scan, orjson, buffered write), most of the +30 µs per message over the internal API; "
-    "the previous full run, before the gateway wrote them, measured 15,666 msg/s and a 10% edge cost. "
-    "What would close the gap: write the records from a writer thread fed with the already-encoded "
-    "bodies (the redaction scan only when a configured field name occurs in the body), and make the "
-    "`ack` event optional for deployments whose workers report attempt results (their `log` record "
-    "already says it).\n"
+    "The gateway under test is `strictq serve` as shipped: besides the faces it writes the wire log's"
+    " gateway side (a `delivery` record for every message handed to a worker and an `ack` event for e"
+    "very acknowledged one: what replay and `strictq search` read), runs failure management's receive"
+    " gate on every poll, and starts the egress proxy child (idle here). Issue 19 made those records "
+    "cheaper (built as one dict literal each, one merge in the writer, redaction returning before any"
+    " parse when no key in the raw bytes can end like a configured field): 28.5 -> 19.6 µs per messag"
+    "e for delivery + ack in isolation, and the delivery log 14.4% -> 8.2% of the gateway's samples u"
+    "nder this load (docs/profiles/edge-before.svg, edge-after.svg). What is left over the internal A"
+    "PI is mostly TLS, the face's request handling and the records' Python work; a writer thread woul"
+    "d not cut it (the cost is building the records under the interpreter lock, the write is a buffer"
+    " append). What would close the rest: an edge process per core (SO_REUSEPORT) and making the `ack"
+    "` event optional where workers report attempt results.\n"
 )
 # our proxy with every addon on vs stock mitmdump, requests/s per process (issue 19)
 PROXY_TARGETS = {"http": 2.0, "https": 1.6}
@@ -536,19 +537,22 @@ def render(
 
     add("## The gap to Redis Streams, and what would close it\n")
     add(
-        "The 15,000 msg/s target is met; Redis Streams under the same generator is faster. Redis spends"
-        " ~9 µs of CPU per message in C; our server ~50 µs in one Python process whose event loop and"
-        " SQLite writer thread share one interpreter lock, so it saturates one core while the second"
-        " core is half idle. From the profile, about a third of the loop's busy time is HTTP handling"
-        " (aiohttp parsing, routing, responses) for three requests per ten messages, a tenth is the state"
-        " machine, and the writer thread waits for the lock ~40% of its time because sqlite3's executemany"
-        " takes it per row. In order of expected gain: (1) move the SQLite writer into its own process"
-        " (effects are plain data; the second core then does the fsync and row work), (2) fewer"
-        " statements per commit (tried: multi-row INSERT / DELETE ... IN / UPDATE ... FROM VALUES cost"
-        " 7.5 instead of 5.5 µs of writer CPU per message in isolation, so not taken), (3) bigger batches or"
-        " a leaner internal protocol between gateway and core (e.g. ack piggy-backed on the next receive),"
-        " (4) several core processes owning disjoint partitions, which the partition design already"
-        " allows.\n"
+        "Issue 19 (2026-11-29 run, same generator, same run): our end-to-end rate is 0.58x Redis Streams "
+        "at 100 groups and 0.52x at 10,000 (0.67x in the 2026-11-22 run), so the target of 1.0x is missed"
+        ". Redis spends 33 µs of CPU per message in C on this day's machine, our server 222 µs in one Pyt"
+        "hon process. The profile under load (the section above, docs/profiles/core-before.svg and core-a"
+        "fter.svg): on the event loop aiohttp 28%, the core's state machine 26%, the handlers 11%; the SQ"
+        "Lite writer thread waits for the interpreter lock 55% of its samples. Issue 19 removed what did "
+        "not need to be there (many rows per INSERT/UPDATE/DELETE statement instead of executemany's per-"
+        "row lock hand-over: writer CPU 20.8 -> 16.7 µs per message in isolation; one error middleware; p"
+        "er-caller commit futures without asyncio.shield; the restored backlog frozen out of the garbage "
+        "collector, which brought the backlog ratio from 0.89 to 1.03), but a halving is not reached: the"
+        " remaining cost is aiohttp and the state machine's Python. In order of expected gain: (1) the SQ"
+        "Lite writer in its own process (the lock waits go, the second core does the fsync and row work),"
+        " (2) a minimal HTTP/1.1 path for send/receive/ack (keep-alive, Content-Length only) instead of a"
+        "iohttp's general one, or the gateway calling the core in-process as `strictq serve` already does"
+        ", (3) several core processes owning disjoint partitions, which the partition design already allo"
+        "ws.\n"
     )
 
     add("## Method\n")
