@@ -79,6 +79,7 @@ def parse_body(body: str) -> tuple[str, int]:
 @dataclass(frozen=True)
 class Receive:
     started: float  # monotonic time the receive call began
+    finished: float  # monotonic time its answer came back (the server chose the messages in between)
     messages: tuple[tuple[str, str, int], ...]  # (message id, group, seq) in the order answered
 
 
@@ -101,9 +102,9 @@ class Ledger:
             assert self.acked.get(group, 0) == seq, (group, seq, self.acked.get(group))
             self.acked[group] = seq + 1
 
-    def received(self, started: float, messages: list[tuple[str, str, int]]) -> None:
+    def received(self, started: float, finished: float, messages: list[tuple[str, str, int]]) -> None:
         with self.lock:
-            self.receives.append(Receive(started, tuple(messages)))
+            self.receives.append(Receive(started, finished, tuple(messages)))
             self.delivered.update((g, s) for _, g, s in messages)
 
     def deleting(self, keys: list[tuple[str, int]], when: float) -> None:
@@ -131,8 +132,10 @@ class Ledger:
         """Lost: an acknowledged send never received. Resurrected: a message received by a call that began
         after its delete was acknowledged. Order: within a group, first deliveries must be seq 0, 1, 2, ...
         (never backwards, never skipping), one answer's messages of a group ascend by one, and a message
-        delivered again comes only after its predecessor was deleted (or just before it in the same answer).
-        Duplicate: one send delivered under two message ids."""
+        delivered again comes only after its predecessor was deleted (or just before it in the same answer):
+        judged against when the answer came back, not when the call began, since the server may pick the
+        messages any time in between (a long poll, or the gateway retrying the call on a new owner while the
+        predecessor's delete lands). Duplicate: one send delivered under two message ids."""
         found: dict[str, list[str]] = {"lost": [], "resurrected": [], "order": [], "duplicate": []}
         with self.lock:
             first_id: dict[tuple[str, int], str] = {}
@@ -158,7 +161,7 @@ class Ledger:
                             found["duplicate"].append(f"{group}:{seq} as {first_id[key]} and {message_id}")
                         before = self.delete_started.get((group, seq - 1))
                         in_answer = previous.get(group) == seq - 1
-                        if seq > 0 and not in_answer and (before is None or before > receive.started):
+                        if seq > 0 and not in_answer and (before is None or before > receive.finished):
                             found["order"].append(f"{group}:{seq} again before {group}:{seq - 1} was deleted")
                     previous[group] = seq
             for group, count in self.acked.items():
@@ -250,7 +253,7 @@ class Load:
             if not messages:
                 continue
             parsed = [(m["MessageId"], *parse_body(m["Body"])) for m in messages]
-            self.ledger.received(started, parsed)
+            self.ledger.received(started, time.monotonic(), parsed)
             self.ledger.deleting([(g, s) for _, g, s in parsed], time.monotonic())
             entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)]
             try:
@@ -773,24 +776,28 @@ def test_the_ledger_sees_loss_resurrection_disorder_and_duplicates() -> None:
     fine = Ledger()
     for seq in range(3):
         fine.sent("a", seq)
-    fine.received(1.0, [("m0", "a", 0), ("m1", "a", 1)])
+    fine.received(1.0, 1.0, [("m0", "a", 0), ("m1", "a", 1)])
     fine.deleting([("a", 0), ("a", 1)], 1.1)
     fine.deleted("m0", 1.2)  # m1's delete failed: it comes again, then a:2
-    fine.received(7.0, [("m1", "a", 1), ("m2", "a", 2)])
+    # A call that began before a:0's delete but was answered after it (a long poll, or the gateway retrying
+    # it on a new owner): the server may have picked a:1 after the delete landed.
+    fine.received(0.9, 7.0, [("m1", "a", 1)])
+    fine.received(7.0, 7.0, [("m1", "a", 1), ("m2", "a", 2)])
     assert fine.problems() == {"lost": [], "resurrected": [], "order": [], "duplicate": []}
 
     ledger = Ledger()
     for group, count in (("a", 3), ("b", 1)):
         for seq in range(count):
             ledger.sent(group, seq)
-    ledger.received(1.0, [("m0", "a", 0)])
+    ledger.received(1.0, 1.0, [("m0", "a", 0)])
     ledger.deleting([("a", 0)], 1.1)
     ledger.deleted("m0", 1.2)
-    ledger.received(2.0, [("m0", "a", 0)])  # after its delete was acknowledged
-    ledger.received(3.0, [("m2", "a", 2)])  # a:1 skipped
-    ledger.received(4.0, [("m1", "a", 1), ("m2", "a", 2)])  # a:1 first delivered after a:2
-    ledger.received(5.0, [("m1b", "a", 1)])  # a:1 again, under another id
-    ledger.received(6.0, [("m2", "a", 2), ("m1", "a", 1)])  # backwards, a:1 never deleted
+    ledger.received(2.0, 2.0, [("m0", "a", 0)])  # after its delete was acknowledged
+    ledger.received(3.0, 3.0, [("m2", "a", 2)])  # a:1 skipped
+    ledger.received(4.0, 4.0, [("m1", "a", 1), ("m2", "a", 2)])  # a:1 first delivered after a:2
+    ledger.received(5.0, 5.0, [("m1b", "a", 1)])  # a:1 again, under another id
+    ledger.received(6.0, 6.0, [("m2", "a", 2), ("m1", "a", 1)])  # backwards, a:1 not deleted by then
+    ledger.deleting([("a", 1)], 6.5)  # a:1's delete began only after that answer came back
     assert ledger.problems() == {
         "lost": ["b:0"],
         "resurrected": ["a:0 (m0)"],
