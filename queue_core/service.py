@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import orjson
 
 from .durability import NO_BODIES, Bodies, CommitLog, DurableLog, LogFactory
+from .long_polls import LongPolls, MayTake, Waiter
 from .machine import (
     AckOutcome,
     AlreadyExists,
@@ -148,7 +149,7 @@ class QueueService:
         self._log: CommitLog | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
-        self._waiters: dict[str, asyncio.Event] = {}
+        self._long_polls = LongPolls()
 
     # ------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -184,9 +185,7 @@ class QueueService:
     def stop_waiting(self) -> None:
         """Start shutting down: not ready any more, and every long poll returns what it has."""
         self.ready = False
-        for event in self._waiters.values():
-            event.set()
-        self._waiters.clear()
+        self._long_polls.wake_all()
 
     async def close(self) -> None:
         self.stop_waiting()
@@ -302,23 +301,35 @@ class QueueService:
         now = self.clock()
         self.supervisor.handle_timer(now)
         self._submit(self.supervisor.drain_effects(now))
-        for name in list(self._waiters):
-            self._notify(name)
+        self._long_polls.wake_all()
 
     def has_waiters(self, queue: str) -> bool:
         """Whether a long poll is waiting on `queue` now (tests use it instead of sleeping)."""
-        return queue in self._waiters
+        return queue in self._long_polls
 
     def _notify(self, queue: str) -> None:
-        event = self._waiters.pop(queue, None)
-        if event is not None:
-            event.set()
+        """Every long poll of `queue` looks again: what changed may let any of them find something."""
+        self._long_polls.wake_all(queue)
+
+    def _notify_one(self, queue: str) -> None:
+        """A send or an ack: one waiting receive that may take something looks, and passes it on
+        (long_polls.py: a herd of woken receives polled for nothing)."""
+        self._long_polls.wake_one(queue, self._may_take(queue))
+
+    def _may_take(self, queue: str) -> MayTake:
+        state = self.core.queues.get(queue)
+        if state is None:  # deleted: every receive looks, and answers QueueNotFound
+            return lambda _: True
+
+        def may_take(waiter: Waiter) -> bool:
+            return state.has_ready(waiter.worker, waiter.version)
+
+        return may_take
 
     def wake(self, queue: str | None = None) -> None:
         """Let long polls of `queue` (None: of every queue) look again: failure management changed who
         may receive, or has a probe for one of them."""
-        for name in [queue] if queue is not None else list(self._waiters):
-            self._notify(name)
+        self._long_polls.wake_all(queue)
 
     # ------------------------------------------------------------------------------------ queues
     async def create_queue(self, name: str, attributes: dict[str, Any] | None = None) -> QueueAttributes:
@@ -367,7 +378,7 @@ class QueueService:
         self, queue: str, requests: Sequence[SendRequest], *, create: bool = False
     ) -> list[SendResult | QueueError]:
         results, future = self._apply(self.core.send, queue, requests, create=create)
-        self._notify(queue)
+        self._notify_one(queue)
         await self._durable(future)
         return results
 
@@ -388,9 +399,19 @@ class QueueService:
         loop = asyncio.get_running_loop()
         give_up = loop.time() + min(max(wait, 0.0), MAX_WAIT)
         supervisor = self.supervisor
+        turn: int | None = None  # tries to pass on when a send or an ack woke this receive (long_polls.py)
         while True:
             now = self.clock()
-            polled = supervisor.poll(queue, limit, ttl, worker, capabilities, now, probes=probes)
+            try:
+                polled = supervisor.poll(queue, limit, ttl, worker, capabilities, now, probes=probes)
+            except BaseException:
+                if turn:
+                    self._long_polls.pass_on(queue, turn, False, self._may_take(queue))
+                raise
+            if turn is not None:
+                if turn > 0:
+                    self._long_polls.pass_on(queue, turn, bool(polled.deliveries), self._may_take(queue))
+                turn = None
             deliveries = polled.deliveries
             if polled.probe is not None:
                 self._submit(supervisor.drain_effects(now))  # announces it before the worker can call
@@ -403,11 +424,7 @@ class QueueService:
                     supervisor.core.count_empty_receive(queue)
                 break
             self._submit(supervisor.drain_effects(now))  # a declaration, the gate's bookkeeping
-            event = self._waiters.setdefault(queue, asyncio.Event())
-            try:
-                await asyncio.wait_for(event.wait(), remaining)
-            except TimeoutError:
-                pass
+            turn = await self._long_polls.wait(queue, worker, capabilities.version, remaining)
         # A poller taking state gets each moved group's transferred state with the group (handover.py).
         states = supervisor.core.take_states(queue, deliveries) if capabilities.state and deliveries else {}
         # Bodies the cache lacks are read by the writer thread right after the claim commits.
@@ -443,12 +460,7 @@ class QueueService:
             return True
         if not self.ready:
             return False
-        event = self._waiters.setdefault(queue, asyncio.Event())
-        try:
-            await asyncio.wait_for(event.wait(), min(max(wait, 0.0), MAX_WAIT))
-        except TimeoutError:
-            return False
-        return True
+        return await self._long_polls.watch(queue, min(max(wait, 0.0), MAX_WAIT))
 
     def _probe_item(self, probe: Probe) -> Received:
         """A probe as a poll item: its own group (it never holds up, nor waits behind, a real one), token 1
@@ -485,7 +497,7 @@ class QueueService:
         """`holder`: the caller's worker identity, so that it ends only claims it holds (QueueCore.ack);
         None for operators and callers that proved the claim otherwise."""
         outcomes, future = self._apply(self.core.ack, queue, items, holder=holder)
-        self._notify(queue)
+        self._notify_one(queue)
         await self._durable(future)
         return outcomes
 
