@@ -505,6 +505,10 @@ def render(
 
     pipeline_section(results, add)
 
+    from .long_poll_bench import long_poll_section  # issue 19: waiting workers woken one at a time
+
+    long_poll_section(results, add)
+
     prof = results.get("profile")
     bp = (b or {}).get("profile")
     if (prof and prof.get("tool") == "py-spy") or bp:

@@ -12,7 +12,8 @@ limit beside a steady one, fairness in a shared queue, the protections' cost (be
 `rollout` is issue 18's: a rollout step's latency to the canary, group routing's cost
 (bench/rollout_bench.py).
 `pipeline` is issue 18's: a workload with pre-processing, with and without pipelining
-(bench/pipeline_bench.py).
+(bench/pipeline_bench.py). `longpoll` is issue 19's: what waiting workers cost, woken one at a time on a
+send or an ack against every one woken (bench/long_poll_bench.py).
 `--splice` rewrites only the sections of the
 scenarios run (e.g. `--only cluster --splice`), keeping the rest of docs/benchmarks.md.
 Raw outputs (server logs, profiles, results.json) go to bench/out/ (ignored by git).

@@ -741,6 +741,13 @@ def scenario_pipeline(st: Settings, progress: Progress) -> None:
     st.results["pipeline"] = run_pipeline_bench(st, progress)
 
 
+def scenario_longpoll(st: Settings, progress: Progress) -> None:
+    """Long polls (issue 19): waiting workers woken one at a time against all at once (long_poll_bench.py)."""
+    from .long_poll_bench import run_long_poll_bench
+
+    st.results["longpoll"] = run_long_poll_bench(st, progress)
+
+
 SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "core": scenario_core,
     "e2e-100": scenario_e2e_100,
@@ -760,6 +767,7 @@ SCENARIOS: dict[str, Callable[[Settings, Progress], None]] = {
     "rollout": scenario_rollout,
     "state": scenario_state,
     "pipeline": scenario_pipeline,
+    "longpoll": scenario_longpoll,
     "profile": scenario_profile,
 }
 ALIASES = {

@@ -5,6 +5,7 @@ ready, and the chain always ends. First the wait list alone, then a real QueueSe
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from queue_core.long_polls import WOKEN_BY_ALL, LongPolls, Waiter
 from queue_core.machine import SendRequest
-from queue_core.service import QueueService
+from queue_core.service import QueueService, Received
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -114,7 +115,7 @@ async def test_one_send_wakes_one_of_many_waiting_receives(service: QueueService
         return poll(*args, **kwargs)  # type: ignore[arg-type]
 
     service.supervisor.poll = counted  # type: ignore[method-assign]
-    receives = [asyncio.create_task(service.receive("q", 10, 30.0, f"w{i}", wait=5.0)) for i in range(8)]
+    receives = [asyncio.create_task(service.receive("q", 1, 30.0, f"w{i}", wait=5.0)) for i in range(8)]
     await until_waiting(service, "q")
     await asyncio.sleep(0.02)
     assert len(polls) == 8  # each looked once, found nothing, waits
@@ -134,7 +135,8 @@ async def test_one_send_wakes_one_of_many_waiting_receives(service: QueueService
     await service.ack("q", [(delivery.message_id, delivery.token)], holder=f"w{receives.index(winner)}")
     done, pending = await asyncio.wait(pending, timeout=2.0, return_when=asyncio.FIRST_COMPLETED)
     assert [[r.body for r in task.result()] for task in done] == [[b"two"]]
-    # Sends of three groups at once: three receives get one each, the chain passing the wake along.
+    # Sends of three groups at once: three receives (of one message each) get one each, the chain passing
+    # the wake along.
     await service.send("q", [SendRequest(b"x%d" % i, group=f"h{i}") for i in range(3)])
     got: list[bytes] = []
     for _ in range(100):
@@ -145,3 +147,58 @@ async def test_one_send_wakes_one_of_many_waiting_receives(service: QueueService
     assert got == [b"x0", b"x1", b"x2"]
     service.stop_waiting()
     await asyncio.gather(*receives)
+
+
+@pytest.mark.parametrize("seed", range(5))
+async def test_no_receive_waits_while_something_is_ready_for_it(service: QueueService, seed: int) -> None:
+    """Twelve workers, each with one batch at a time (receive, later ack or release it all, receive again);
+    random sends of up to four groups at once (some in flight), batches ended, receives given up by their
+    clients. Whenever things settle, either nothing is ready or no receive is waiting: a wake lost on the
+    way (given to a receive that went away, or a chain that stopped early) would leave an idle worker
+    waiting beside a ready group until its wait ended."""
+    rng = random.Random(seed)
+    busy: dict[str, list[Received]] = {}  # worker -> the batch it holds
+    receives: dict[asyncio.Task[list[Received]], str] = {}
+
+    def poll(worker: str) -> None:
+        receive = service.receive("q", rng.randint(1, 2), 30.0, worker, wait=10.0)
+        receives[asyncio.create_task(receive)] = worker
+
+    def collect() -> None:
+        for task in [t for t in receives if t.done()]:
+            worker = receives.pop(task)
+            if task.cancelled() or not task.result():
+                poll(worker)  # the client polls again
+            else:
+                busy[worker] = task.result()
+
+    for n in range(12):
+        poll(f"w{n}")
+    idle_checks = 0  # checks with a worker waiting (the test must not pass because all were busy)
+    for step in range(300):
+        action = rng.random()
+        if action < 0.3:
+            count = rng.randint(1, 4)
+            await service.send(
+                "q", [SendRequest(b"%d.%d" % (step, i), group=f"g{rng.randrange(8)}") for i in range(count)]
+            )
+        elif action < 0.9 and busy:
+            worker = rng.choice(list(busy))
+            items = [(r.delivery.message_id, r.delivery.token) for r in busy.pop(worker)]
+            ends = service.ack if rng.random() < 0.8 else service.release
+            await ends("q", items, holder=worker)
+            poll(worker)
+        elif receives:
+            rng.choice(list(receives)).cancel()  # its client went away (and comes back)
+        await asyncio.sleep(0)
+        collect()
+        if step % 10 == 9:
+            for _ in range(3):  # settle: every wake handed on has been acted upon
+                await asyncio.sleep(0.01)
+                collect()
+            waiting = sorted(w for t, w in receives.items() if not t.done())
+            assert not (service.core.queue("q").has_ready("") and waiting), (step, waiting)
+            idle_checks += bool(waiting)
+    assert idle_checks >= 10
+    service.stop_waiting()
+    await asyncio.gather(*receives, return_exceptions=True)
