@@ -314,6 +314,12 @@ class QueueService:
     def _notify_one(self, queue: str) -> None:
         """A send or an ack: one waiting receive that may take something looks, and passes it on
         (long_polls.py: a herd of woken receives polled for nothing)."""
+        state = self.core.queues.get(queue)
+        if state is not None and state.handovers:
+            # An ack may have ended a donor's claim: its long poll must answer at once with the export
+            # request (handover.py), which `has_ready` does not see. Handovers are rare: everyone looks.
+            self._long_polls.wake_all(queue)
+            return
         self._long_polls.wake_one(queue, self._may_take(queue))
 
     def _may_take(self, queue: str) -> MayTake:

@@ -13,6 +13,7 @@ import pytest
 
 from queue_core.long_polls import WOKEN_BY_ALL, LongPolls, Waiter
 from queue_core.machine import SendRequest
+from queue_core.machine.capabilities import Capabilities
 from queue_core.service import QueueService, Received
 
 pytestmark = pytest.mark.timeout(60)
@@ -202,3 +203,24 @@ async def test_no_receive_waits_while_something_is_ready_for_it(service: QueueSe
     assert idle_checks >= 10
     service.stop_waiting()
     await asyncio.gather(*receives, return_exceptions=True)
+
+
+async def test_a_donor_acking_its_last_claim_of_a_handed_over_group_is_answered_at_once(
+    service: QueueService,
+) -> None:
+    """The donor's waiting long poll answers with its export request as soon as its claim ends, even with
+    another worker waiting ahead of it (which the group, held for its state, cannot go to yet)."""
+    state = Capabilities(state=True)
+    await service.send("q", [SendRequest(b"m1", group="g")])
+    (claimed,) = await service.receive("q", 10, 30.0, "D", capabilities=state)
+    assert (await service.hand_over("q", ["g"], "D"))[0] == ["g"]
+    other = asyncio.create_task(service.receive("q", 10, 30.0, "W", wait=10.0))  # the oldest waiter
+    await until_waiting(service, "q")
+    donor = asyncio.create_task(service.receive("q", 10, 30.0, "D", wait=10.0, capabilities=state))
+    await asyncio.sleep(0.05)
+    await service.ack("q", [(claimed.delivery.message_id, claimed.delivery.token)], holder="D")
+    assert service.export_requests("q", "D") == ["g"]
+    assert await asyncio.wait_for(donor, 2.0) == []  # answered at once (its wait was 10 s): it exports
+    assert not other.done()
+    service.stop_waiting()
+    assert await other == []
