@@ -38,7 +38,7 @@ from typing import Any
 
 from .harness import LoadSummary, run_load
 from .procstat import CpuSample, cpu_sample, machine_cpu, machine_facts
-from .scenarios import Progress, Settings, _gateway_spec, _summary
+from .scenarios import Progress, Settings, _gateway_spec, _summary, measured
 from .servers import GatewayServer, QueueServer, strictq_command
 
 FACE = "emodb"  # the single-process gateway figure (gw-emodb, the gateway target) uses the EmoDB face
@@ -789,9 +789,7 @@ def cluster_section(results: dict[str, Any], add: Callable[[str], None]) -> None
     loads, fo = r["loads"], r["failover"]
     add("## Cluster: partitions on several queue servers (`strictq cluster up`)\n")
     add(
-        f"Measured {m['date']} on {m['cpu']} x {m['nproc']} ({m['memory']}, Python {m['python']}), code"
-        f" {m['code']}, with `{r['command']}`"
-        + (" (**quick sizes: indicative only**)" if r["quick"] else "")
+        measured(r)
         + f"; {s['warmup']:g} s warm-up + {s['duration']:g} s measured per load run, {s['repeat']} run(s)"
         f" per figure (median kept), {s['procs']} generator processes x ({s['producers']} producers +"
         f" {s['consumers']} consumers), at most {s['cap']:,} unacked per process. The scenario took"

@@ -30,7 +30,7 @@ from typing import Any
 from scenarios.geo_clients import Consumer, EmoClient, Order, Producer, placement_history, quantile_ms
 from strictq.geo_sim import GeoWorld
 
-from .scenarios import Progress, Settings, provenance
+from .scenarios import Progress, Settings, measured, provenance
 
 ORIGIN = "eu"  # every partition is owned here before placement
 SCHEDULE = "00:00=eu,08:00=us,16:00=ap"
@@ -239,16 +239,10 @@ def geo_section(results: dict[str, Any], add: Callable[[str], None]) -> None:
     r = results.get("geo")
     if not r:
         return
-    m = r["machine"]
     regions = r["regions"]
     delays = ", ".join(f"{pair.replace('-', '<->')} {ms:g} ms" for pair, ms in r["delays_ms"].items())
     add("## Regions and placement (simulated WAN, `strictq.geo_sim`)\n")
-    add(
-        f"Measured {m['date']} on {m['cpu']} x {m['nproc']} ({m['memory']}, Python {m['python']}), code"
-        f" {m['code']}, with `{r['command']}`"
-        + (" (**quick sizes: indicative only**)" if r["quick"] else "")
-        + f". The scenario took {r['seconds']:.0f} s.\n"
-    )
+    add(measured(r) + f". The scenario took {r['seconds']:.0f} s.\n")
     add(
         f"A `GeoWorld` on loopback: regions {', '.join(regions)}, each with a JetStream server, a queue"
         f" server and an edge (`strictq serve --cluster ... --region R --reach ...`); {r['partitions']}"

@@ -22,7 +22,7 @@ from queue_core.long_polls import LongPolls, MayTake
 from queue_core.machine import SendRequest
 from queue_core.service import QueueService
 
-from .scenarios import Progress, Settings, provenance
+from .scenarios import Progress, Settings, measured, provenance
 
 WORKERS = (1, 16, 64, 256)
 GROUPS = 50
@@ -111,12 +111,9 @@ def long_poll_section(results: dict[str, Any], add: Any) -> None:
     r = results.get("longpoll")
     if not r:
         return
-    m = r["machine"]
     add("## Long polls: what waiting workers cost (issue 19)\n")
     add(
-        f"Measured {m['date']} on {m['cpu']} x {m['nproc']} ({m['memory']}, Python {m['python']}), code"
-        f" {m['code']}, with `{r['command']}`"
-        + (" (**quick sizes: indicative only**)" if r["quick"] else "")
+        measured(r)
         + f". The scenario took {r['seconds']:.0f} s. In-process `QueueService` (real SQLite, durable); N"
         " workers long-poll one queue (receive 10, wait 5 s, ack what came) while"
         f" {r['messages']:,} messages are sent one at a time over {r['groups']} groups: a lightly loaded"

@@ -30,7 +30,7 @@ from typing import Any
 from scenarios.noisy_neighbour import Endpoint, TenantKeys, edge_flood, shared_queue
 from strictq.sdk.errors import GatewayError
 
-from .scenarios import Progress, Settings, provenance
+from .scenarios import Progress, Settings, measured, provenance
 from .servers import GatewayServer
 
 A_LIMIT = 100.0  # msg/s: A's (every tenant's) limit in the protected run; A offers 10x
@@ -239,12 +239,9 @@ def noisy_section(results: dict[str, Any], add: Any) -> None:
     r = results.get("noisy")
     if not r:
         return
-    m = r["machine"]
     add("## Noisy neighbour: fairness, limits and their cost (issue 17)\n")
     add(
-        f"Measured {m['date']} on {m['cpu']} x {m['nproc']} ({m['memory']}, Python {m['python']}), code"
-        f" {m['code']}, with `{r['command']}`"
-        + (" (**quick sizes: indicative only**)" if r["quick"] else "")
+        measured(r)
         + f". The scenario took {r['seconds']:.0f} s. Each run is its own `strictq serve` (HTTPS, queue core"
         " in-process, no egress proxy) with two tenants; clients are the SDK's EmoDB client"
         " (scenarios/noisy_neighbour.py), on the same machine as the server.\n"

@@ -21,7 +21,7 @@ from typing import Any
 
 from strictq.sdk import ClientConfig, Entry, Message, Producer, Worker
 
-from .scenarios import Progress, Settings, provenance
+from .scenarios import Progress, Settings, measured, provenance
 from .servers import GatewayServer
 
 PREPROCESS = 0.020
@@ -139,12 +139,9 @@ def pipeline_section(results: dict[str, Any], add: Any) -> None:
     r = results.get("pipeline")
     if not r:
         return
-    m = r["machine"]
     add("## Pipelining: pre-processing the next group while one is processed (issue 18)\n")
     add(
-        f"Measured {m['date']} on {m['cpu']} x {m['nproc']} ({m['memory']}, Python {m['python']}), code"
-        f" {m['code']}, with `{r['command']}`"
-        + (" (**quick sizes: indicative only**)" if r["quick"] else "")
+        measured(r)
         + f". The scenario took {r['seconds']:.0f} s. One `strictq serve` (HTTPS, queue core in-process,"
         f" no egress proxy); per run a fresh queue of {r['messages']} messages over {r['groups']} groups,"
         f" drained by one SDK worker with one processing slot: {r['preprocess_ms']:g} ms of pre-processing"

@@ -26,7 +26,7 @@ from queue_core.machine import QueueCore, SendRequest
 from queue_core.machine.routing import in_share
 from strictq.sdk import ClientConfig, Message, Worker
 
-from .scenarios import Progress, Settings, provenance
+from .scenarios import Progress, Settings, measured, provenance
 from .servers import GatewayServer
 
 STEPS = (1.0, 2.0, 5.0, 25.0, 100.0)
@@ -193,14 +193,8 @@ def rollout_section(results: dict[str, Any], add: Any) -> None:
     r = results.get("rollout")
     if not r:
         return
-    m = r["machine"]
     add("## Rollouts: step latency and routing's cost (issue 18)\n")
-    add(
-        f"Measured {m['date']} on {m['cpu']} x {m['nproc']} ({m['memory']}, Python {m['python']}), code"
-        f" {m['code']}, with `{r['command']}`"
-        + (" (**quick sizes: indicative only**)" if r["quick"] else "")
-        + f". The scenario took {r['seconds']:.0f} s.\n"
-    )
+    add(measured(r) + f". The scenario took {r['seconds']:.0f} s.\n")
     add(
         "**Step latency.** `strictq serve` (HTTPS, core in-process) with one message in each of"
         f" {r['groups']} groups and one SDK worker of the new version long-polling (1 s). Each step is the"

@@ -59,6 +59,15 @@ class Settings:
         return replace(base, **changes)
 
 
+def measured(r: dict[str, Any]) -> str:
+    """The opening of a section from `provenance`'s fields: when, where, which code, which command."""
+    m = r["machine"]
+    return (
+        f"Measured {m['date']} on {m['cpu']} x {m['nproc']} ({m['memory']}, Python {m['python']}), code"
+        f" {m['code']}, with `{r['command']}`" + (" (**quick sizes: indicative only**)" if r["quick"] else "")
+    )
+
+
 def provenance(st: Settings, started: float) -> dict[str, Any]:
     """Where a scenario's figures come from (its report section prints them: `--splice` may put it
     beside older sections): quick or not, its duration, the machine, the code and the command line."""

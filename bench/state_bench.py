@@ -23,7 +23,7 @@ from typing import Any
 
 from strictq.sdk import ClientConfig, EmoClient, Message, Worker
 
-from .scenarios import Progress, Settings, provenance
+from .scenarios import Progress, Settings, measured, provenance
 from .servers import GatewayServer
 
 GROUP_STATE = 64 * 1024  # bytes of local state per group
@@ -135,12 +135,9 @@ def state_section(results: dict[str, Any], add: Any) -> None:
     r = results.get("state")
     if not r:
         return
-    m = r["machine"]
     add("## State transfer: local state moving with its groups (issue 18)\n")
     add(
-        f"Measured {m['date']} on {m['cpu']} x {m['nproc']} ({m['memory']}, Python {m['python']}), code"
-        f" {m['code']}, with `{r['command']}`"
-        + (" (**quick sizes: indicative only**)" if r["quick"] else "")
+        measured(r)
         + f". The scenario took {r['seconds']:.0f} s. Each size is its own `strictq serve` (HTTPS, queue core"
         f" in-process, no egress proxy); {r['group_state'] // 1024} KiB of local state per group, one message"
         " waiting per group. From the admin's `handover` call to the second worker having imported every"

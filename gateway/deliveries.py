@@ -34,7 +34,7 @@ from aiohttp import web
 from access.keys import Credential
 from queue_core.machine import AckOutcome
 from queue_core.service import Received
-from wirelog.record import SCHEMA_VERSION, body_fields, event_record
+from wirelog.record import delivery_record, event_record
 from wirelog.redaction import RedactionConfig, Redactor, load_or_create_key
 from wirelog.writer import FsyncPolicy, WireLogWriter
 
@@ -158,31 +158,25 @@ class DeliveryLog:
             content_type = item.content_type or None
             shown = redact(content_type, body) if body else body
             too_big = max_bytes is not None and len(shown) > max_bytes
-            # wirelog.record.delivery_record's record, built in one literal: the builder's three dicts and
-            # keyword calls were a third of a record's cost (tests/test_deliveries.py holds them equal).
-            record = {
-                "v": SCHEMA_VERSION,
-                "kind": "delivery",
-                "ts": now,
-                "worker": worker,
-                "queue": queue,
-                "message_id": delivery.message_id,
-                "group": delivery.group,
-                "lease": delivery.token,
-                "attempt": delivery.receive_count,
-                "call": None,
-                "request_id": item.request_id,  # the id of the request that sent the message
-                **body_fields(shown, keep=not too_big),
-                "attributes": dict(attributes)
-                if (attributes := self._attributes(item.extra)) is not None
-                else None,
-                "seq": delivery.seq,
-                "receive_count": delivery.receive_count,
-                "tenant": tenant,
-                "face": face,
-                "content_type": content_type,
-                "body_redacted": shown is not body and shown != body,
-            }
+            record = delivery_record(
+                queue=queue,
+                message_id=delivery.message_id,
+                group=delivery.group,
+                body=shown,
+                keep_body=not too_big,
+                attributes=self._attributes(item.extra),
+                seq=delivery.seq,
+                receive_count=delivery.receive_count,
+                ts=now,
+                worker=worker,
+                lease=delivery.token,
+                attempt=delivery.receive_count,
+                request_id=item.request_id,  # the id of the request that sent the message
+            )
+            record["tenant"] = tenant
+            record["face"] = face
+            record["content_type"] = content_type
+            record["body_redacted"] = shown is not body and shown != body
             self._write(record)
 
     def _ended(
@@ -199,25 +193,12 @@ class DeliveryLog:
         for position, ((message_id, token), outcome) in enumerate(zip(items, outcomes, strict=False)):
             if outcome.status != "ok":
                 continue
-            # wirelog.record.event_record's record in one literal, as for deliveries above.
-            record = {
-                "v": SCHEMA_VERSION,
-                "kind": "event",
-                "ts": now,
-                "worker": worker,
-                "queue": queue,
-                "message_id": message_id,
-                "group": None,
-                "lease": token,
-                "attempt": None,
-                "call": None,
-                "request_id": None,
-                "event": event,
-                "reason": None,
-                "tenant": tenant,
-                "face": face,
-                "position": position,
-            }
+            record = event_record(
+                event=event, ts=now, worker=worker, queue=queue, message_id=message_id, lease=token
+            )
+            record["tenant"] = tenant
+            record["face"] = face
+            record["position"] = position
             self._write(record)
 
     def note(

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-WOKEN_BY_ALL = -1  # `wait`'s answer when a wake of everyone ended it: no turn to pass on
+WOKEN_BY_ALL = 0  # `wait`'s answer when a wake of everyone ended it: no tries to pass on
 
 
 @dataclass(eq=False, slots=True)

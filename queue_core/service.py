@@ -51,6 +51,7 @@ from .machine.groups import DEFAULT_PARTITIONS
 from .machine.handover import HandoverPolicy
 from .machine.health import Probe
 from .machine.inputs import AttemptResult, ControlRows
+from .machine.queue import QueueState
 from .machine.records import Received as Received  # re-exported: the faces import it from here
 from .machine.supervisor import HealthEffect, ProbeDelivered, Supervisor, SupervisorEffect
 from .store import SqliteStore, StoredBody, read_attempt_log
@@ -147,6 +148,7 @@ class QueueService:
         self.failure_listeners: list[Callable[[FailureEffect], None]] = []
         self._store = SqliteStore(self.data_dir / "queue.sqlite3", clock)
         self._log: CommitLog | None = None
+        self._private_futures = False  # the log's futures are each its caller's alone (DurableLog)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._long_polls = LongPolls()
@@ -172,6 +174,7 @@ class QueueService:
             if collecting:
                 gc.enable()
         self._log = self._log_factory(self._store, asyncio.get_running_loop(), self.cache.committed)
+        self._private_futures = getattr(self._log, "private_futures", False)
         self.restore_seconds = time.perf_counter() - started
         self.ready = True
         self._reschedule()
@@ -280,7 +283,7 @@ class QueueService:
         return future
 
     async def _durable(self, future: asyncio.Future[Bodies]) -> Bodies:
-        if getattr(self._log, "private_futures", False):  # DurableLog: the future is this caller's alone
+        if self._private_futures:  # DurableLog: the future is this caller's alone
             return await future
         return await asyncio.shield(future)  # a client hanging up must not cancel the commit others share
 
@@ -315,22 +318,17 @@ class QueueService:
         """A send or an ack: one waiting receive that may take something looks, and passes it on
         (long_polls.py: a herd of woken receives polled for nothing)."""
         state = self.core.queues.get(queue)
-        if state is not None and state.handovers:
-            # An ack may have ended a donor's claim: its long poll must answer at once with the export
-            # request (handover.py), which `has_ready` does not see. Handovers are rare: everyone looks.
+        if state is None or state.handovers:
+            # Deleted: every receive looks, and answers QueueNotFound. A handover: an ack may have ended a
+            # donor's claim, and its long poll must answer at once with the export request (handover.py),
+            # which `has_ready` does not see; handovers are rare, so everyone looks.
             self._long_polls.wake_all(queue)
             return
-        self._long_polls.wake_one(queue, self._may_take(queue))
+        self._long_polls.wake_one(queue, _may_take(state))
 
     def _may_take(self, queue: str) -> MayTake:
         state = self.core.queues.get(queue)
-        if state is None:  # deleted: every receive looks, and answers QueueNotFound
-            return lambda _: True
-
-        def may_take(waiter: Waiter) -> bool:
-            return state.has_ready(waiter.worker, waiter.version)
-
-        return may_take
+        return (lambda _: True) if state is None else _may_take(state)
 
     def wake(self, queue: str | None = None) -> None:
         """Let long polls of `queue` (None: of every queue) look again: failure management changed who
@@ -414,10 +412,8 @@ class QueueService:
                 if turn:
                     self._long_polls.pass_on(queue, turn, False, self._may_take(queue))
                 raise
-            if turn is not None:
-                if turn > 0:
-                    self._long_polls.pass_on(queue, turn, bool(polled.deliveries), self._may_take(queue))
-                turn = None
+            if turn:
+                self._long_polls.pass_on(queue, turn, bool(polled.deliveries), self._may_take(queue))
             deliveries = polled.deliveries
             if polled.probe is not None:
                 self._submit(supervisor.drain_effects(now))  # announces it before the worker can call
@@ -662,6 +658,15 @@ class QueueService:
             raise InvalidArgument("limit must be an integer from 1 to 1000", field="limit")
         await self._durable(self._submit([]))  # what was reported before this call is committed
         return await asyncio.to_thread(read_attempt_log, self._store.path, qid, group, limit)
+
+
+def _may_take(state: QueueState) -> MayTake:
+    """Whether a waiting receive may find something in `state` now (True may be spurious)."""
+
+    def may_take(waiter: Waiter) -> bool:
+        return state.has_ready(waiter.worker, waiter.version)
+
+    return may_take
 
 
 def _retrieved(future: asyncio.Future[Bodies]) -> None:

@@ -1,6 +1,6 @@
-"""The delivery log builds its `delivery` and `event` records as dict literals (the builders' keyword calls
-cost a third of a record): they must stay exactly what wirelog.record's builders give, key order included,
-so the bytes on disk are unchanged."""
+"""The delivery log's `delivery` and `event` records are exactly what wirelog.record's builders give plus
+the gateway's own fields (tenant, face, ...), key order included, so the bytes on disk stay as readers
+expect."""
 
 from __future__ import annotations
 
