@@ -250,9 +250,11 @@ import sys
 from pathlib import Path
 from aiohttp import web
 from access.keys import Credential, KeyRing
-from spark.admin_endpoint import add_search_route
+from queue_core.admin_http import search_gate
+from spark.admin_endpoint import SearchGate, add_search_route
 app = web.Application()
-add_search_route(app, Path(sys.argv[1]), KeyRing([Credential("ops-bench", sys.argv[2], "operator", "ops")]))
+keys = KeyRing([Credential("ops-bench", sys.argv[2], "operator", "ops")])
+add_search_route(app, Path(sys.argv[1]), SearchGate(*search_gate(app, keys)))
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[3]), access_log=None, print=None)
 """
 

@@ -33,7 +33,7 @@ from aiohttp import web
 
 from access.keys import Credential
 from queue_core.machine import AckOutcome
-from queue_core.service import Received
+from queue_core.machine.records import Received
 from wirelog.record import delivery_record, event_record
 from wirelog.redaction import RedactionConfig, Redactor, load_or_create_key
 from wirelog.writer import FsyncPolicy, WireLogWriter

@@ -18,8 +18,8 @@ from typing import Any
 
 import orjson
 
+from queue_core.machine.records import Received
 from queue_core.machine.text import CONTROL_RE
-from queue_core.service import Received
 
 from .sqs_errors import SqsError
 

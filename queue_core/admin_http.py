@@ -41,6 +41,7 @@ UNTENANTED = web.AppKey("strictq_untenanted", bool)
 # cookie and the session's CSRF token. The role check below still applies.
 AUTHENTICATED = web.RequestKey("strictq_authenticated", Credential)
 MAX_FENCE_BODY = 64 * 1024
+SearchGateParts = tuple[Callable[[web.Request, tuple[str, ...]], Scope], Callable[[Exception], web.Response]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -106,6 +107,14 @@ def scope_of(request: web.Request, roles: tuple[str, ...]) -> Scope:
     """The authenticated caller's scope: what it may see and change (queue_core.scope)."""
     credential = authenticate(request, roles)
     return Scope(credential, request.app[ADMIN_KEYS], request.app.get(UNTENANTED, False))
+
+
+def search_gate(app: web.Application, keys: KeyRing) -> SearchGateParts:
+    """The admin routes' check and error rendering for a route mounted from outside the core (spark's
+    search): the key ring set on `app` if the admin routes are not mounted there."""
+    if ADMIN_KEYS not in app:
+        app[ADMIN_KEYS] = keys
+    return scope_of, error_response
 
 
 def known_worker(scope: Scope, worker: str) -> None:

@@ -23,7 +23,7 @@ from .machine import (
 from .machine.capabilities import PLAIN, Capabilities
 from .machine.core import RenewMode
 from .machine.inputs import AttemptResult
-from .service import Received
+from .machine.records import Received
 
 
 class QueueBackend(Protocol):

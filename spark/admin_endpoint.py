@@ -1,8 +1,9 @@
 """`GET /admin/v1/search?message_id=...`: the `strictq search --json` document over HTTP, for a web page.
 
-Authenticated like the other admin routes (queue_core.admin_http: an `admin` or `operator` key in
-X-BV-API-Key or Authorization: Bearer; never `proxy`: records hold message bodies). An admin gets only
-records of its own tenant (their `tenant` field; queue_core.scope), as if the others did not exist; an
+Authenticated like the other admin routes (an `admin` or `operator` key in X-BV-API-Key or
+Authorization: Bearer; never `proxy`: records hold message bodies), by the admin routes' own check, which
+the composition root hands in (`SearchGate`: spark imports nothing of the queue core). An admin gets only
+records of its own tenant (their `tenant` field; access.scope), as if the others did not exist; an
 operator gets every record. Query parameters: `message_id`, `request_id`, `group`, `worker`, `status`,
 `since`, `until` (same formats as the CLI), `limit`. The lookup (pyarrow file reads) runs in a thread,
 never on the event loop. Errors are the one error body `{"error": {"code", "message", "details"?}}`
@@ -18,32 +19,42 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
 
-from access.keys import KeyRing
 from access.permissions import READ_ROLES
+from access.scope import Scope
 from protocol.errors import StrictqError
-from queue_core.admin_http import ADMIN_KEYS, error_response, scope_of
-from queue_core.scope import Scope
 
 if TYPE_CHECKING:
     from .search import Query, SearchResult
 
-SEARCH_INDEX = web.AppKey("strictq_search_index", Path)
 PATH = "/admin/v1/search"
 _PARAMS = ("message_id", "request_id", "group", "worker", "status", "since", "until", "limit")
+MAX_LIMIT_DIGITS = 19
 
 
-def add_search_route(app: web.Application, index_dir: Path, keys: KeyRing) -> None:
-    """Mount the search route; reuses the admin key ring (set here if the admin routes are not mounted)."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class SearchGate:
+    """The admin routes' authentication and error rendering, handed in by the composition root
+    (strictq.serve: queue_core.admin_http's), so search answers exactly as every admin route does."""
+
+    authorize: Callable[[web.Request, tuple[str, ...]], Scope]  # 401/403 as StrictqError, else the scope
+    render_error: Callable[[StrictqError], web.StreamResponse]  # the admin dialect's one error body
+
+
+SEARCH_INDEX = web.AppKey("strictq_search_index", Path)
+SEARCH_GATE = web.AppKey("strictq_search_gate", SearchGate)
+
+
+def add_search_route(app: web.Application, index_dir: Path, gate: SearchGate) -> None:
+    """Mount the search route over the index in `index_dir`, behind `gate`."""
     app[SEARCH_INDEX] = Path(index_dir)
-    if ADMIN_KEYS not in app:
-        app[ADMIN_KEYS] = keys
+    app[SEARCH_GATE] = gate
     app.router.add_get(PATH, search_handler)
 
 
@@ -77,9 +88,8 @@ class IndexOutOfDate(SearchError):
 
 def _limit(raw: str) -> int:
     """`limit` as plain ASCII digits (int() would also take '٣', '1_0', ' 5' and '+5'), at least 1."""
-    from queue_core.machine.text import INTEGER_RE
-
-    if not INTEGER_RE.fullmatch(raw) or int(raw) < 1:
+    digits = raw.isascii() and raw.isdigit() and len(raw) <= MAX_LIMIT_DIGITS
+    if not digits or int(raw) < 1:
         raise ValueError(f"limit must be a whole number >= 1 in plain ASCII digits, got {raw!r}")
     return int(raw)
 
@@ -98,11 +108,11 @@ async def search_handler(request: web.Request) -> web.StreamResponse:
     try:
         return await _search(request)
     except StrictqError as exc:
-        return error_response(exc)
+        return request.app[SEARCH_GATE].render_error(exc)
 
 
 async def _search(request: web.Request) -> web.StreamResponse:
-    scope = scope_of(request, READ_ROLES)
+    scope = request.app[SEARCH_GATE].authorize(request, READ_ROLES)
     from .story import story_json
 
     result = await scoped_search(request.app[SEARCH_INDEX], parse_query(request.query), scope)

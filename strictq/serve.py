@@ -39,6 +39,7 @@ from gateway.rate_limits import TenantLimit, TenantRateLimiter
 from gateway.sqs_receipts import ReceiptSigner
 from gateway.tls import TlsFiles, ensure_local_certificates, server_context
 from protocol import headers
+from queue_core.admin_http import search_gate
 from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub, store_registry
 from queue_core.failures import FailureManager
@@ -61,7 +62,7 @@ from queue_core.startup import (
     start_service,
     warn_loose_modes,
 )
-from spark.admin_endpoint import PageIndex, add_search_route
+from spark.admin_endpoint import PageIndex, SearchGate, add_search_route
 from strictq.startup_guard import Port, StartupLine, check_ports, data_dir_lock
 from wirelog import logsafe
 from wirelog.files import StartupError, file_faults, write_private
@@ -105,7 +106,7 @@ def make_edge_app(
         story_index=PageIndex(index) if index is not None else None,  # the dashboard's search box
     )
     if index is not None:
-        add_search_route(app, index, keys)
+        add_search_route(app, index, SearchGate(*search_gate(app, keys)))
     if regions is not None:
         app.middlewares.append(client_region_middleware(regions))
     return app

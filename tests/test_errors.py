@@ -25,6 +25,7 @@ from aiohttp import web
 from access.keys import Credential, KeyRing
 from gateway.app import make_gateway_app
 from protocol.errors import HTTP_ERROR_CODES, StrictqError, parse_error, snake_code
+from queue_core.admin_http import search_gate
 from queue_core.client import QueueClient, QueueClientError
 from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
@@ -46,7 +47,7 @@ from queue_core.machine.errors import Gone
 from queue_core.server import make_app
 from queue_core.service import QueueService
 from queue_core.store import StoreDataError, StoreError
-from spark.admin_endpoint import add_search_route
+from spark.admin_endpoint import SearchGate, add_search_route
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("protocol", "access", "queue_core", "gateway", "fencing", "spark", "strictq", "wirelog")
@@ -241,7 +242,8 @@ async def apps(tmp_path: Path) -> AsyncIterator[Apps]:
     keys = KeyRing(list(CREDENTIALS))
     manager = FailureManager(service, ControlHub(service), wirelog=tmp_path / "events")
     gateway_app = make_gateway_app(service, keys, failures=manager)  # + admin and failure routes
-    add_search_route(gateway_app, tmp_path / "index", keys)  # no index built: 404 no_index
+    gate = SearchGate(*search_gate(gateway_app, keys))
+    add_search_route(gateway_app, tmp_path / "index", gate)  # no index built: 404 no_index
     try:
         async with serving(make_app(service)) as internal, serving(gateway_app) as gateway:
             yield Apps(internal, gateway, service)
