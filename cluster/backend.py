@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from queue_core.backend import DedupReach
 from queue_core.machine import (
     AckOutcome,
     InvalidArgument,
@@ -95,6 +96,8 @@ class ClusterBackend:
         self.reach: dict[str, str] = dict(reach or {})
         self._on_close = on_close
         self.partitions = owners.partitions
+        # Each partition deduplicates its own sends: two groups of different partitions are never compared.
+        self.dedup_reach: DedupReach = "partition"
         self.retry_budget = retry_budget
         self._ca_file = ca_file
         self._timeout = timeout
@@ -282,9 +285,12 @@ class ClusterBackend:
     # ------------------------------------------------------------------------------------ queues
     async def create_queue(self, name: str, attributes: dict[str, Any] | None = None) -> QueueAttributes:
         # Idempotent: a retry after a partial failure creates it where it is missing.
-        return (await self._all(lambda r: r.create_queue(name, attributes)))[0]
+        wanted = {**(attributes or {}), "dedup_scope": _dedup_scope(attributes or {})}
+        return (await self._all(lambda r: r.create_queue(name, wanted)))[0]
 
     async def set_attributes(self, name: str, changes: dict[str, Any]) -> QueueAttributes:
+        if "dedup_scope" in changes:
+            _dedup_scope(changes)
         return (await self._all(lambda r: r.set_attributes(name, changes)))[0]
 
     async def delete_queue(self, name: str) -> None:
@@ -711,6 +717,21 @@ def _unavailable(partition: int, why: str) -> Unavailable:
 
 def _key(url: str, partition: int) -> tuple[str, int]:
     return url.rstrip("/"), partition
+
+
+def _dedup_scope(attributes: dict[str, Any]) -> str:
+    """A cluster's queues deduplicate per group: each partition holds its own groups' deduplication ids and
+    never sees another partition's, so a queue-wide scope could not be kept (SQS high-throughput FIFO's
+    `DeduplicationScope=messageGroup`, which the SQS face then reports). Asking for the queue-wide scope is
+    refused rather than quietly weakened."""
+    scope = attributes.get("dedup_scope", "group")
+    if scope == "queue":
+        raise InvalidArgument(
+            "a cluster deduplicates per message group (DeduplicationScope messageGroup): each partition "
+            "keeps its own groups' deduplication ids; leave the scope out or ask for the group scope",
+            field="dedup_scope",
+        )
+    return str(scope)
 
 
 def _partition_of_id(message_id: str, partitions: int) -> int | None:

@@ -160,7 +160,8 @@ async def get_queue_attributes(call: Call) -> Result:
         return {}
     created_at = await queue.service.created_at(queue.internal)
     metrics = await queue.service.metrics(queue.internal)
-    everything = describe(queue.attributes, metrics, created_at, call.arn(queue.name), call.arn_of)
+    reach = queue.service.dedup_reach
+    everything = describe(queue.attributes, metrics, created_at, call.arn(queue.name), call.arn_of, reach)
     if "All" not in names:
         everything = {k: v for k, v in everything.items() if k in names}
     return {"Attributes": everything} if everything else {}

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from queue_core.backend import DedupReach
 from queue_core.machine import QueueAttributes, QueueMetrics
 from queue_core.machine.text import CONTROL_RE, INTEGER_RE
 
@@ -200,8 +201,10 @@ def describe(
     created_at: float,
     arn: str,
     arn_of: Callable[[str], str | None],
+    dedup_reach: DedupReach = "queue",
 ) -> dict[str, str]:
-    """Every SQS attribute of a queue, as strings."""
+    """Every SQS attribute of a queue, as strings. `dedup_reach`: the backend's (queue_core.backend): in a
+    cluster a send is deduplicated within its partition only, so the scope it really has is per group."""
     labels = attributes.labels
     created = str(int(created_at))
     out = {
@@ -228,7 +231,8 @@ def describe(
     if is_fifo(attributes):
         out["FifoQueue"] = "true"
         out["ContentBasedDeduplication"] = "true" if attributes.content_based_dedup else "false"
-        out["DeduplicationScope"] = "messageGroup" if attributes.dedup_scope == "group" else "queue"
+        per_group = attributes.dedup_scope == "group" or dedup_reach == "partition"
+        out["DeduplicationScope"] = "messageGroup" if per_group else "queue"
         out["FifoThroughputLimit"] = labels.get(f"{LABEL}FifoThroughputLimit", "perQueue")
     return out
 

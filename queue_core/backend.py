@@ -8,7 +8,7 @@ talk to: `strictq serve` uses the first, `strictq serve --queue-server URL` the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from .machine import (
     AckOutcome,
@@ -25,9 +25,14 @@ from .machine.core import RenewMode
 from .machine.inputs import AttemptResult
 from .machine.records import Received
 
+# How far a FIFO send's deduplication reaches: the whole queue (one core holds every group: in process, a
+# queue server), or only the groups of the send's partition (a cluster: each partition is its own core).
+DedupReach = Literal["queue", "partition"]
+
 
 class QueueBackend(Protocol):
     partitions: int
+    dedup_reach: DedupReach  # what the SQS face reports as DeduplicationScope (gateway.sqs_queues)
 
     @property
     def healthy(self) -> bool: ...

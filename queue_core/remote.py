@@ -21,6 +21,7 @@ import orjson
 from protocol.headers import PARTITION
 
 from . import wire
+from .backend import DedupReach
 from .machine import (
     AckOutcome,
     MoveStatus,
@@ -70,6 +71,7 @@ class RemoteQueueService:
     ) -> None:
         self.url = url.rstrip("/")
         self.partitions = partitions
+        self.dedup_reach: DedupReach = "queue"  # one core holds every group (queue_core.backend)
         self.partition = partition
         self._headers = {} if partition is None else {PARTITION: str(partition)}
         self._ca_file = ca_file

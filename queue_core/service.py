@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from .backend import DedupReach
 from .durability import NO_BODIES, Bodies, CommitLog, DurableLog, LogFactory
 from .long_polls import LongPolls, MayTake, Waiter
 from .machine import (
@@ -133,6 +134,7 @@ class QueueService:
         self._log_factory = log_factory
         self._key_space = key_space  # (partition, partitions): ids unique across a cluster (CoreState)
         self.partitions = partitions
+        self.dedup_reach: DedupReach = "queue"  # one core holds every group (queue_core.backend)
         self.clock = clock
         # The one supervisor over the core (and, once failure management starts, its health monitor):
         # polls, results and timers go through it. Workers take part in failure management only when they

@@ -18,9 +18,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+from botocore.exceptions import ClientError
 from kit.prometheus import parse_series
 from kit.until import until
 from topologies import TOPOLOGIES, Edge, running_edge
+
+from queue_core.machine.groups import partition_of
 
 # feature -> topology -> why it is not served there yet (issue 27's list of what is missing).
 GAPS: dict[str, dict[str, str]] = {
@@ -142,6 +145,58 @@ def test_sqs_fifo_groups_in_order_once_at_a_time(edge: Edge) -> None:
     attributes = producer.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
     assert attributes["ApproximateNumberOfMessages"] == "0"
     assert attributes["ApproximateNumberOfMessagesNotVisible"] == "0"
+
+
+def test_fifo_deduplication_is_the_scope_reported(edge: Edge) -> None:
+    """DeduplicationScope says what really happens: `queue` (one core) drops the same deduplication id in
+    another group; `messageGroup` (a cluster, each partition its own core) keeps both, even for two groups
+    of one partition. A resend in the same group is dropped everywhere."""
+    producer, worker = edge.sqs("producer"), edge.sqs("worker")
+    url = producer.create_queue(
+        QueueName=queue_name("dedup") + ".fifo",
+        Attributes={"FifoQueue": "true", "ContentBasedDeduplication": "true"},
+    )["QueueUrl"]
+    scope = producer.get_queue_attributes(QueueUrl=url, AttributeNames=["DeduplicationScope"])["Attributes"]
+    expected = "messageGroup" if edge.kind == "cluster" else "queue"
+    assert scope["DeduplicationScope"] == expected
+    first, other = same_partition_groups(3)  # `cluster up` makes 3 partitions
+    for group in (first, first, other):
+        producer.send_message(QueueUrl=url, MessageBody="same body", MessageGroupId=group)
+    groups: list[str] = []
+    for _ in range(20):
+        answer = worker.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1, AttributeNames=["MessageGroupId"]
+        )
+        for message in answer.get("Messages", []):
+            groups.append(message["Attributes"]["MessageGroupId"])
+            worker.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+        attributes = producer.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        if (
+            attributes["ApproximateNumberOfMessages"]
+            == attributes["ApproximateNumberOfMessagesNotVisible"]
+            == "0"
+        ):
+            break
+    assert sorted(groups) == (sorted([first, other]) if expected == "messageGroup" else [first])
+    if edge.kind == "cluster":  # the queue-wide scope cannot be kept there: refused, not quietly weakened
+        with pytest.raises(ClientError) as refused:
+            producer.create_queue(
+                QueueName=queue_name("wide") + ".fifo",
+                Attributes={"FifoQueue": "true", "DeduplicationScope": "queue"},
+            )
+        assert "per message group" in str(refused.value)
+
+
+def same_partition_groups(partitions: int) -> tuple[str, str]:
+    """Two group names that hash to one partition of `partitions`."""
+    seen: dict[int, str] = {}
+    for n in range(1000):
+        group = f"group-{n}"
+        partition = partition_of(group, partitions)
+        if partition in seen:
+            return seen[partition], group
+        seen[partition] = group
+    raise AssertionError("no two groups in one partition")
 
 
 async def test_emodb_send_poll_ack_size(edge: Edge) -> None:
