@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import itertools
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -424,29 +425,69 @@ class ClusterBackend:
         probes: bool,
         capabilities: Capabilities,
     ) -> tuple[list[Received], list[tuple[int, QueueError]]]:
-        """One receive without waiting, partition after partition; what came, and the partitions that
-        could not answer (no owner, moved, unreachable) with why."""
+        """One receive without waiting; what came, and the partitions that could not answer (no owner,
+        moved, unreachable) with why.
+
+        Fairness across partitions: each partition schedules its own groups (tenant turns, oldest head
+        first), but a receive that took everything from the first partition it asked would put a quiet
+        tenant whose group hashes elsewhere behind the whole flood of the others. So a receive of at least
+        one message per partition asks every partition at once for its share of `limit`, interleaves the
+        answers (each partition's own order kept, so each group's too), then tops up from the partitions
+        that had more. A smaller receive takes from the partitions one after another from a rotating start:
+        a partition's turn comes at least once in every `partitions` receives (docs/cluster.md)."""
         start = self._rotor
         self._rotor = (start + 1) % self.partitions
-        got: list[Received] = []
+        order = self._pass_order(start)
         failed: list[tuple[int, QueueError]] = []
-        for partition in self._pass_order(start):
+        answers: dict[int, list[Received]] = {}
+        if limit >= len(order) > 1:
+            base, extra = divmod(limit, len(order))
+            shares = {partition: base + (1 if i < extra else 0) for i, partition in enumerate(order)}
+            results = await asyncio.gather(
+                *(self._take(partition, queue, share, ttl, worker, probes, capabilities)
+                  for partition, share in shares.items()),
+                return_exceptions=True,
+            )  # fmt: skip
+            for partition, result in zip(shares, results, strict=True):
+                if isinstance(result, NotOwner | Unavailable):
+                    failed.append((partition, result))
+                elif isinstance(result, BaseException):
+                    raise result
+                else:
+                    answers[partition] = result
+            got = _interleaved([answers[p] for p in order if p in answers])
+            more = [p for p in order if p in answers and len(answers[p]) == shares[p]]
+        else:
+            got, more = [], order
+        for partition in more:
             if len(got) >= limit:
                 break
-            want = limit - len(got)
-
-            def receiving(r: RemoteQueueService, want: int = want) -> Awaitable[list[Received]]:
-                return r.receive(queue, want, ttl, worker, 0.0, probes, capabilities)
-
             try:
-                items = await self._once(partition, receiving)
+                got += await self._take(partition, queue, limit - len(got), ttl, worker, probes, capabilities)
             except (NotOwner, Unavailable) as exc:
-                failed.append((partition, exc))
-                continue
-            for item in items:
-                self._learn(item.delivery.message_id, partition)
-            got.extend(items)
+                if partition not in answers:
+                    failed.append((partition, exc))
         return got, failed
+
+    async def _take(
+        self,
+        partition: int,
+        queue: str,
+        want: int,
+        ttl: float | None,
+        worker: str,
+        probes: bool,
+        capabilities: Capabilities,
+    ) -> list[Received]:
+        """One non-waiting receive of up to `want` messages on the partition's owner."""
+
+        def receiving(r: RemoteQueueService) -> Awaitable[list[Received]]:
+            return r.receive(queue, want, ttl, worker, 0.0, probes, capabilities)
+
+        items = await self._once(partition, receiving)
+        for item in items:
+            self._learn(item.delivery.message_id, partition)
+        return items
 
     def _pass_order(self, start: int) -> list[int]:
         """The partitions from `start` on, those owned in the caller's region first (any answer, a claimed
@@ -717,6 +758,14 @@ def _unavailable(partition: int, why: str) -> Unavailable:
 
 def _key(url: str, partition: int) -> tuple[str, int]:
     return url.rstrip("/"), partition
+
+
+def _interleaved(answers: list[list[Received]]) -> list[Received]:
+    """The partitions' answers taken one item of each in turn; each answer's own order is kept."""
+    out: list[Received] = []
+    for row in itertools.zip_longest(*answers):
+        out.extend(item for item in row if item is not None)
+    return out
 
 
 def _dedup_scope(attributes: dict[str, Any]) -> str:

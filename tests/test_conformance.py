@@ -229,6 +229,49 @@ async def test_emodb_send_poll_ack_size(edge: Edge) -> None:
     assert (status, size) == (200, 0)
 
 
+async def test_tenants_take_turns_whatever_partition_their_groups_hash_to(edge: Edge) -> None:
+    """A queue shared by tenants (`tenant_separator`): three quiet tenants, one group each on each of a
+    cluster's 3 partitions, beside a flooding tenant with 12 groups on every partition. One receive of 10
+    serves every quiet tenant, near its head: within the first 4 in one core (four tenants take turns),
+    within the first 2 x partitions in a cluster (each partition takes turns, the edge asks all of them and
+    interleaves their answers: the bound docs/cluster.md gives). Taking the whole receive from one partition
+    would leave two of the quiet tenants behind the flood."""
+    queue = queue_name("shared")
+    loud = groups_per_partition("loud:", 12)
+    quiet = [next(iter(groups_per_partition(f"quiet{p}:", 1)[p])) for p in range(3)]
+    await send_emodb(edge, queue, loud[0][0], [{"t": "loud"}])  # creates the queue
+    status, body = await call(
+        edge, "PUT", f"/admin/v1/queues/{queue}/protections", json={"tenant_separator": ":"}
+    )
+    assert status == 200, body
+    for group in [g for groups in loud for g in groups][1:]:
+        await send_emodb(edge, queue, group, [{"t": "loud"}])
+    for group in quiet:
+        await send_emodb(edge, queue, group, [{"t": group.split(":")[0]}])
+    status, items = await call(
+        edge, "GET", f"/queue/1/{queue}/poll", role="worker", params={"ttl": "30", "limit": "10"}
+    )
+    assert status == 200, items
+    tenants = [item["payload"]["t"] for item in items]
+    assert len(tenants) == 10, tenants
+    bound = 2 * 3 if edge.kind == "cluster" else 4
+    for tenant in ("quiet0", "quiet1", "quiet2"):
+        assert tenant in tenants[:bound], (tenant, tenants)
+
+
+def groups_per_partition(prefix: str, count: int, partitions: int = 3) -> list[list[str]]:
+    """`count` group names starting with `prefix` for each of `partitions` partitions."""
+    found: list[list[str]] = [[] for _ in range(partitions)]
+    for n in range(100_000):
+        group = f"{prefix}{n}"
+        bucket = found[partition_of(group, partitions)]
+        if len(bucket) < count:
+            bucket.append(group)
+        if all(len(b) == count for b in found):
+            return found
+    raise AssertionError("not enough group names")
+
+
 async def test_bad_input_is_a_json_4xx(edge: Edge) -> None:
     """A malformed request is refused with the one JSON error body, and the edge keeps serving."""
     status, body = await call(edge, "GET", "/queue/1/x/poll", role="worker", params={"ttl": "soon"})
