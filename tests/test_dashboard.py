@@ -24,6 +24,7 @@ from gateway.dashboard import age
 from gateway.dashboard_history import BacklogHistory, sparkline
 from gateway.dashboard_session import CSRF_HEADER, SECURE_COOKIE, SessionStore
 from queue_core.machine.effects import AttemptRecorded
+from queue_core.figures import Figures, QueueFigures
 from queue_core.machine.gauges import QueueGauges
 from queue_core.machine.health import HealthMonitor, HealthSettings
 from spark.admin_endpoint import PageIndex
@@ -408,7 +409,7 @@ def test_sparkline_and_ages() -> None:
     ]
 
 
-def test_the_backlog_history_is_bounded() -> None:
+async def test_the_backlog_history_is_bounded() -> None:
     now = [0.0]
 
     def gauge(name: str, age: float) -> QueueGauges:
@@ -419,16 +420,18 @@ def test_the_backlog_history_is_bounded() -> None:
         )  # fmt: skip
 
     present = ["t1.a", "t1.b", "t1.c"]
-    history = BacklogHistory(
-        lambda: [gauge(n, now[0]) for n in present], lambda: now[0], samples=4, max_queues=2
-    )
+    async def figures() -> Figures:
+        return Figures(now[0], tuple(QueueFigures(gauge(n, now[0])) for n in present))
+
+    history = BacklogHistory(figures, samples=4, max_queues=2)
     for _ in range(6):
         now[0] += 5
-        history.sample()
+        await history.sample()
     assert [s.oldest_age for s in history.series("t1.a")] == [15, 20, 25, 30]  # the last 4 samples
+    assert [s.at for s in history.series("t1.a")] == [15, 20, 25, 30]  # stamped with the core's clock
     assert history.series("t1.c") == ()  # past max_queues: no history
     present.remove("t1.a")
-    history.sample()
+    await history.sample()
     assert history.series("t1.a") == ()  # a queue that is gone loses its history
 
 
@@ -487,18 +490,3 @@ async def test_an_operator_sees_the_indexs_error_cases(dash: Browserless, tmp_pa
     _, page = await dash.get("/dashboard", cookie)
     errors = page[page.index('id="errors"') :]
     assert "from failure management" in errors and "api.payments.example" not in errors
-
-
-async def test_a_gateway_without_the_core_says_where_the_dashboard_is() -> None:
-    from aiohttp.test_utils import TestClient, TestServer
-
-    from gateway.app import make_gateway_app
-    from queue_core.remote import RemoteQueueService
-
-    service = RemoteQueueService("http://127.0.0.1:9")  # never started: nothing is asked of it
-    app = make_gateway_app(service, KeyRing(list(KEYS)))
-    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-        answer = await client.get("/dashboard")
-        assert answer.status == 404 and "runs where the queue core runs" in await answer.text()
-        answer = await client.post("/dashboard/login", data={"key": OPERATOR.secret})
-        assert answer.status == 404  # nothing to log in to

@@ -22,8 +22,7 @@ from aiohttp.test_utils import TestServer
 from access.keys import KeyRing
 from queue_core.admin_routes import add_admin_routes
 from queue_core.control import ControlHub
-from queue_core.metrics_export import core_registry
-from queue_core.metrics_http import add_metrics_route
+from queue_core.metrics_export import add_queue_metrics
 from queue_core.server import make_app
 from queue_core.service import QueueService
 
@@ -60,7 +59,7 @@ async def serve_in_process(
     if keys is not None:  # as strictq.queue_server composes it (no failure management)
         hub = ControlHub(service)
         add_admin_routes(app, hub, keys, untenanted=True)
-        add_metrics_route(app, core_registry(service, hub, keys), keys)
+        add_queue_metrics(app, service, hub, keys)
     server = TestServer(app, host="127.0.0.1")
     try:
         await server.start_server()
