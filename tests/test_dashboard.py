@@ -23,8 +23,8 @@ from access.keys import Credential, KeyRing
 from gateway.dashboard import age
 from gateway.dashboard_history import BacklogHistory, sparkline
 from gateway.dashboard_session import CSRF_HEADER, SECURE_COOKIE, SessionStore
-from queue_core.machine.effects import AttemptRecorded
 from queue_core.figures import Figures, QueueFigures
+from queue_core.machine.effects import AttemptRecorded
 from queue_core.machine.gauges import QueueGauges
 from queue_core.machine.health import HealthMonitor, HealthSettings
 from spark.admin_endpoint import PageIndex
@@ -420,6 +420,7 @@ async def test_the_backlog_history_is_bounded() -> None:
         )  # fmt: skip
 
     present = ["t1.a", "t1.b", "t1.c"]
+
     async def figures() -> Figures:
         return Figures(now[0], tuple(QueueFigures(gauge(n, now[0])) for n in present))
 
@@ -490,3 +491,48 @@ async def test_an_operator_sees_the_indexs_error_cases(dash: Browserless, tmp_pa
     _, page = await dash.get("/dashboard", cookie)
     errors = page[page.index('id="errors"') :]
     assert "from failure management" in errors and "api.payments.example" not in errors
+
+
+# ----------------------------------------------------------------------- in front of a queue server
+async def test_the_dashboard_in_front_of_a_queue_server(tmp_path: Path) -> None:
+    """`--queue-server`: the page reads the queues through the port (the queue server's `GET /v1/figures`):
+    real depth after real sends, in flight after a receive; what this gateway does not hold (fences,
+    failure management) is said to be elsewhere, and no button calls a route it does not serve."""
+    from observe_support import remote_edge
+
+    async with remote_edge(tmp_path, KeyRing(list(KEYS))) as edge:
+        for n in range(3):
+            await edge.call(
+                "POST", f"/queue/1/{QUEUE}/send", "producer-1", {"n": n}, group=f"customer-{n % 2}"
+            )
+        await edge.call("POST", "/queue/1/invoices/send", "producer-t2", {"theirs": True}, group="g")
+        dash = Browserless(edge, edge.session)  # type: ignore[arg-type]
+        cookie, csrf = await dash.as_("admin-1")
+        _, page = await dash.get("/dashboard", cookie)
+        row = _row(page, "data-queue", QUEUE)
+        assert row is not None, page
+        cells = re.findall(r'<td class="n">([^<]*)</td>', row)
+        assert cells[:4] == ["3", "0", "0", "2"], cells  # visible, in flight, delayed, groups
+        assert _row(page, "data-queue", "invoices") is None  # t2's
+        assert 'id="count-messages">3<' in page and "customer-0" in page  # the groups panel
+        assert 'id="no-fences"' in page and "failure management does not run beside this gateway" in page
+        assert "data-kind=" not in page  # no fence, suspend or release route here: no button
+        assert 'id="cluster"' not in page
+
+        items = await edge.call("GET", f"/queue/1/{QUEUE}/poll", "worker-1", limit="1", ttl="60")
+        assert len(items) == 1
+        status, panels = await dash.get("/dashboard/panels", cookie, csrf)
+        assert status == 200
+        row = _row(panels, "data-queue", QUEUE)
+        assert row is not None
+        assert re.findall(r'<td class="n">([^<]*)</td>', row)[:2] == ["2", "1"]
+
+        cookie, csrf = await dash.as_("operator-1")
+        _, page = await dash.get("/dashboard", cookie)
+        assert _row(page, "data-queue", f"t1.{QUEUE}") is not None
+        assert _row(page, "data-queue", "t2.invoices") is not None
+
+        # The queue server gone: the page still answers, and says why it has no figures.
+        await edge.server.stop_serving()
+        status, panels = await dash.get("/dashboard/panels", cookie, csrf)
+        assert status == 200 and 'id="unreachable"' in panels, panels[:400]

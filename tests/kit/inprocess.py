@@ -46,6 +46,10 @@ class InProcessServer:
         """Still serving (the in-process twin of ChildProcess.running)."""
         return not self._server.closed
 
+    async def stop_serving(self) -> None:
+        """Close its socket (the queue server gone, its store still open until the block ends)."""
+        await self._server.close()
+
 
 @contextlib.asynccontextmanager
 async def serve_in_process(
