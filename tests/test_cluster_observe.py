@@ -230,3 +230,67 @@ async def test_the_dashboard_shows_the_queues_and_the_cluster(
     page = await get(http, cluster, "/dashboard", cookie)
     assert numbers(row(page, "data-queue", queue))[:2] == [str(GROUPS - 1), "1"]
     assert 'id="cluster"' not in page
+
+
+# ---------------------------------------------------------------------------------------------- browser
+def test_the_dashboard_in_chromium_follows_the_cluster(cluster: Cluster) -> None:
+    """The page in Debian's headless chromium (as tests/test_dashboard_browser.py drives it) against the
+    cluster's edge: the cluster panel's owners are `cluster status`'s, and the page's own refresh shows a
+    message sent after it loaded. The fence button fences through the edge (seen in its fence list)."""
+    import json
+    import shutil
+    import urllib.request
+
+    from playwright.sync_api import sync_playwright
+    from test_dashboard_browser import CHROMIUM, _spki_pin
+
+    queue = "browser"
+    context_ssl = ssl.create_default_context(cafile=cluster.ca)
+
+    def edge(method: str, path: str, key: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(cluster.url + path, data=data, method=method)
+        request.add_header("X-BV-API-Key", SECRETS[key])
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(request, timeout=30, context=context_ssl) as answer:
+            return json.loads(answer.read() or b"null")
+
+    for n in range(3):
+        edge("POST", f"/queue/1/{queue}/send?group=b{n}", "producer", {"n": n})
+    owners = {str(p["partition"]): p["owner"] for p in status(cluster)["partitions"]}
+    executable = next((p for p in CHROMIUM if os.access(p, os.X_OK)), shutil.which("chromium"))
+    if executable is None:
+        pytest.fail("Debian's chromium is not installed: run `make chromium` (make test does)")
+    pin = _spki_pin(cluster.data_dir / "gateway" / "tls" / "server.pem")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=executable, headless=True, args=[f"--ignore-certificate-errors-spki-list={pin}"]
+        )
+        try:
+            page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+            page.set_default_timeout(15_000)
+            page.goto(cluster.url + "/dashboard")
+            page.fill("#key", SECRETS["ops-1"])
+            page.click("#login")
+            page.wait_for_selector("#cluster-partitions")
+            for partition, owner in owners.items():
+                shown = page.locator(f'#cluster-partitions tr[data-partition="{partition}"]')
+                assert shown.get_attribute("data-owner") == owner
+            row = f'#queues tr[data-queue="{TENANT}.{queue}"]'
+            assert page.locator(row).locator("td.n").first.inner_text() == "3"
+            edge("POST", f"/queue/1/{queue}/send?group=b9", "producer", {"n": 9})
+            page.wait_for_function(  # the page refreshes its panels every 5 s
+                "sel => document.querySelector(sel)?.querySelector('td.n')?.textContent === '4'",
+                arg=row,
+                timeout=30_000,
+            )
+            page.click('#workers tr[data-worker="worker-1"] button[data-kind="fence"]')
+            page.fill('#confirm input[name="reason"]', "from the cluster's dashboard")
+            page.click("#confirm-ok")
+            page.wait_for_selector("#flash.ok")
+            fences = edge("GET", "/admin/v1/fences", "admin")["fences"]
+            assert [f["worker"] for f in fences] == ["worker-1"]
+            edge("DELETE", "/admin/v1/fences/worker-1", "admin")
+        finally:
+            browser.close()
