@@ -7,6 +7,7 @@ import strictq). Every series here is cluster-wide, without a `tenant` label: op
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -14,6 +15,8 @@ from typing import Protocol
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from queue_core.metrics_http import Collector, ScrapeSource
+
+log = logging.getLogger("strictq.metrics")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +131,10 @@ def cluster_metrics(source: ClusterSource) -> ScrapeSource:
     async def read() -> Collector:
         try:
             return ClusterCollector(await source.cluster_figures())
-        except Exception:  # JetStream electing a leader, or out of reach: the queue series still answer
+        except (
+            Exception
+        ) as exc:  # JetStream electing a leader, or out of reach: the queue series still answer
+            log.info("metrics: cannot read the cluster's state: %s", exc)
             return ClusterCollector(None)
 
     return read

@@ -25,7 +25,7 @@ from .backend import QueueBackend
 from .control import ControlHub
 from .fences import Fence
 from .figures import Figures
-from .machine import Unavailable
+from .machine import QueueError
 from .machine.gauges import QueueGauges
 from .metrics_http import Collector, ScrapeSource, add_metrics_route
 
@@ -269,7 +269,9 @@ def core_source(backend: QueueBackend, hub: ControlHub | None, keys: KeyRing) ->
     async def read() -> Collector:
         try:
             figures = await backend.figures()
-        except Unavailable as exc:  # the queue server is out of reach: this process's own series still answer
+        except (
+            QueueError
+        ) as exc:  # the queue server out of reach (or too old): this process's series still answer
             log.info("metrics: no queue figures for this scrape: %s", exc)
             figures = Figures(0.0, (), ready=False)
         return CoreCollector(figures, hub.fences() if hub is not None else None, keys)
