@@ -150,6 +150,13 @@ def build_view(
     )[:MAX_ROWS]
     workers = _workers(scope, hub, keys, status, figures, allowed)
     parked, parked_hidden = _parked(scope, found, allowed)
+    # Failure management's own list where it runs beside this gateway; else the queues the figures report
+    # suspended (by the queue server's or the partitions' failure management: since when, why not known).
+    for q in found:
+        name = _shown(scope, q.name)
+        visible = scope.operator or queue_labels(q.name)[1] == "queue"
+        if q.suspended and visible and name not in suspended_by_name:
+            suspended_by_name[name] = {"queue": name, "suspended": True, "manual": None}
     suspended = [
         {
             **q,

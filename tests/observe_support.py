@@ -20,6 +20,7 @@ from kit.inprocess import InProcessServer, serve_in_process
 
 from access.keys import KeyRing
 from gateway.app import make_gateway_app
+from queue_core.machine.health import HealthSettings
 from queue_core.remote import RemoteQueueService
 
 
@@ -49,13 +50,16 @@ class RemoteEdge:
 
 
 @contextlib.asynccontextmanager
-async def remote_edge(tmp_path: Path, keys: KeyRing) -> AsyncIterator[RemoteEdge]:
+async def remote_edge(
+    tmp_path: Path, keys: KeyRing, health: HealthSettings | None = None
+) -> AsyncIterator[RemoteEdge]:
+    """`health`: failure management on at the queue server (`strictq queue-server --health`)."""
     ca = trustme.CA()
     ca_file = tmp_path / "edge-ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1", "localhost").configure_cert(context)
-    async with serve_in_process(tmp_path / "queue-server", keys=keys) as server:
+    async with serve_in_process(tmp_path / "queue-server", keys=keys, health=health) as server:
         backend = RemoteQueueService(server.url, probe_interval=0.2)
         await backend.start()
         runner = web.AppRunner(make_gateway_app(backend, keys), access_log=None)

@@ -500,7 +500,7 @@ async def test_the_dashboard_in_front_of_a_queue_server(tmp_path: Path) -> None:
     failure management) is said to be elsewhere, and no button calls a route it does not serve."""
     from observe_support import remote_edge
 
-    async with remote_edge(tmp_path, KeyRing(list(KEYS))) as edge:
+    async with remote_edge(tmp_path, KeyRing(list(KEYS)), HealthSettings()) as edge:
         for n in range(3):
             await edge.call(
                 "POST", f"/queue/1/{QUEUE}/send", "producer-1", {"n": n}, group=f"customer-{n % 2}"
@@ -531,6 +531,17 @@ async def test_the_dashboard_in_front_of_a_queue_server(tmp_path: Path) -> None:
         _, page = await dash.get("/dashboard", cookie)
         assert _row(page, "data-queue", f"t1.{QUEUE}") is not None
         assert _row(page, "data-queue", "t2.invoices") is not None
+
+        # Suspended by the queue server's failure management (its own admin route): the figures say so.
+        headers = {"X-BV-API-Key": edge.secret("admin-1")}
+        url = f"{edge.server.url}/admin/v1/queues/{QUEUE}/suspend"
+        async with edge.session.post(url, json={"reason": "maintenance"}, headers=headers) as answer:
+            assert answer.status == 200, await answer.text()
+        status, panels = await dash.get("/dashboard/panels", cookie, csrf)
+        row = _row(panels, "data-queue", f"t1.{QUEUE}")
+        assert row is not None and "state-suspended" in row
+        suspended = panels[panels.index('id="suspended"') : panels.index('id="parked"')]
+        assert f"t1.{QUEUE}" in suspended and 'id="count-suspended">1<' in panels
 
         # The queue server gone: the page still answers, and says why it has no figures.
         await edge.server.stop_serving()

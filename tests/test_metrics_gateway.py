@@ -15,6 +15,7 @@ from kit.prometheus import Series, parse_series, value
 from observe_support import RemoteEdge, remote_edge
 
 from access.keys import Credential, KeyRing
+from queue_core.machine.health import HealthSettings
 
 OPERATOR = Credential("ops-1", "operator-secret-0123456789", "operator", "ops")
 Q = {"tenant": "t1", "face": "queue", "queue": QUEUE}
@@ -110,7 +111,7 @@ async def test_a_gateway_in_front_of_a_queue_server_has_the_queue_series(tmp_pat
     """`--queue-server`: depth, in flight, ages and groups through the port (`GET /v1/figures`), scoped as
     in process; fences are the queue server's (its own /metrics), not this gateway's."""
     keys = KeyRing([*CREDENTIALS, OPERATOR])
-    async with remote_edge(tmp_path, keys) as edge:
+    async with remote_edge(tmp_path, keys, HealthSettings()) as edge:
         for n in range(3):
             await edge.call("POST", f"/queue/1/{QUEUE}/send", "producer-1", {"n": n}, group=f"g{n % 2}")
         await edge.call("POST", "/queue/1/secret/send", "other-1", {"theirs": True}, group="g")
@@ -132,6 +133,16 @@ async def test_a_gateway_in_front_of_a_queue_server_has_the_queue_series(tmp_pat
         assert value(found, "strictq_queue_visible_messages", tenant="t2", face="queue", queue="secret") == 1
         assert value(found, "strictq_http_requests_total", face="emodb", status_class="2xx") >= 5
         assert not [k for k in found if k[0].startswith("strictq_partition_")]  # one queue server: none
+
+        # Suspended at the queue server (its failure management): the gateway's series say so.
+        async with edge.session.post(
+            f"{edge.server.url}/admin/v1/queues/{QUEUE}/suspend",
+            json={"reason": "maintenance"},
+            headers={"X-BV-API-Key": edge.secret("admin-1")},
+        ) as answer:
+            assert answer.status == 200, await answer.text()
+        found = await remote_scrape(edge, "admin-1")
+        assert value(found, "strictq_queue_suspended", **Q) == 1
 
         # The queue server gone: the gateway's own series still answer, the queue series are left out.
         await edge.server.stop_serving()

@@ -22,6 +22,8 @@ from aiohttp.test_utils import TestServer
 from access.keys import KeyRing
 from queue_core.admin_routes import add_admin_routes
 from queue_core.control import ControlHub
+from queue_core.failures import FailureManager
+from queue_core.machine.health import HealthSettings
 from queue_core.metrics_export import add_queue_metrics
 from queue_core.server import make_app
 from queue_core.service import QueueService
@@ -53,16 +55,22 @@ class InProcessServer:
 
 @contextlib.asynccontextmanager
 async def serve_in_process(
-    data_dir: Path, *, clock: Callable[[], float] = time.time, keys: KeyRing | None = None
+    data_dir: Path,
+    *,
+    clock: Callable[[], float] = time.time,
+    keys: KeyRing | None = None,
+    health: HealthSettings | None = None,
 ) -> AsyncIterator[InProcessServer]:
+    """`health` (with `keys`): failure management on, as `strictq queue-server --health` runs it."""
     await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True, mode=0o700)
     service = QueueService(data_dir, clock=clock)
     await service.start()
     app = make_app(service)
     hub = None
-    if keys is not None:  # as strictq.queue_server composes it (no failure management)
+    if keys is not None:  # as strictq.queue_server composes it
         hub = ControlHub(service)
-        add_admin_routes(app, hub, keys, untenanted=True)
+        failures = FailureManager(service, hub, health) if health is not None else None
+        add_admin_routes(app, hub, keys, failures, untenanted=True)
         add_queue_metrics(app, service, hub, keys)
     server = TestServer(app, host="127.0.0.1")
     try:
