@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import itertools
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -32,6 +33,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from queue_core.backend import DedupReach
+from queue_core.figures import Figures, PartitionFigures, merge_held, merge_queues
 from queue_core.machine import (
     AckOutcome,
     InvalidArgument,
@@ -48,6 +50,7 @@ from queue_core.machine import (
 )
 from queue_core.machine.capabilities import PLAIN, Capabilities
 from queue_core.machine.core import RenewMode
+from queue_core.machine.gauges import TOP_GROUPS
 from queue_core.machine.groups import AUTO_GROUP_PREFIX, partition_of
 from queue_core.machine.inputs import AttemptResult
 from queue_core.remote import PROBE_INTERVAL, RemoteQueueService, Unreachable, client_session
@@ -64,6 +67,7 @@ Operation = Callable[[RemoteQueueService], Awaitable[T]]
 MAX_LEARNED = 100_000  # message id -> partition, learned from sends and receives (LRU)
 RETRY_PAUSE = 0.5  # at most this long between two tries of a partition without a (reachable) owner
 RETRY_AFTER = 1.0  # the Retry-After of the 503 once the budget is spent
+FIGURES_DEADLINE = 5.0  # seconds one partition's figures may take (dashboard, /metrics)
 WATCH_INTERVAL = 1.0  # how often the owner watch looks for owners it has no client for yet
 SPURIOUS_PAUSE = (0.02, 0.5)  # a wait that woke for nothing: pause before waiting again (doubling)
 
@@ -325,6 +329,38 @@ class ClusterBackend:
         found = await self._all(lambda r: r.group_metrics(name, group))
         return next(
             (m for m in found if m.get("visible") or m.get("in_flight") or m.get("delayed")), found[0]
+        )
+
+    async def figures(self, top: int = TOP_GROUPS) -> Figures:
+        """Every partition's figures at once (one try each, at most FIGURES_DEADLINE seconds: a scrape
+        answers with what it has), summed per queue (queue_core.figures.merge_queues), and kept per
+        partition with the owner node that answered; the partitions that did not answer are `missing`."""
+
+        async def one(partition: int) -> tuple[PartitionFigures, Figures]:
+            node = self.owners.owner_node(partition) or ""
+            found = await self._once(partition, lambda r: r.figures(top, deadline=FIGURES_DEADLINE))
+            if not found.ready:
+                raise NotOwner(f"partition {partition} is not ready", partition=partition)
+            return PartitionFigures(partition, node, found.queues), found
+
+        answers = await asyncio.gather(*(one(p) for p in range(self.partitions)), return_exceptions=True)
+        parts: list[tuple[PartitionFigures, Figures]] = []
+        missing: list[int] = []
+        for partition, answer in enumerate(answers):
+            if isinstance(answer, tuple):
+                parts.append(answer)
+            elif isinstance(answer, Exception):
+                log.debug("figures of partition %d: %s", partition, answer)
+                missing.append(partition)
+            else:
+                raise answer
+        return Figures(
+            max((f.at for _, f in parts), default=time.time()),
+            merge_queues((p.queues for p, _ in parts), top),
+            merge_held(f.held for _, f in parts),
+            ready=bool(parts),
+            partitions=tuple(p for p, _ in parts),
+            missing=tuple(missing),
         )
 
     # -------------------------------------------------------------------------------- messages

@@ -33,7 +33,9 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, KeyNotFoundError
 
 from protocol.headers import PARTITION as PARTITION_HEADER
+from queue_core.figures import Figures, PartitionFigures, merge_held, merge_queues
 from queue_core.machine import InvalidArgument, NotOwner
+from queue_core.machine.gauges import TOP_GROUPS
 from queue_core.machine.groups import DEFAULT_PARTITIONS
 from queue_core.service import QueueService
 
@@ -176,6 +178,25 @@ class ClusterNode:
 
     def is_ready(self) -> bool:
         return self.ready
+
+    async def figures(self, top: int = TOP_GROUPS) -> Figures:
+        """The figures of the partitions this node serves now (its own /metrics), summed per queue and
+        kept per partition (queue_core.figures)."""
+        parts: list[tuple[PartitionFigures, Figures]] = []
+        for partition, slot in sorted(self.slots.items()):
+            service = slot.service
+            if service is None or not service.healthy:
+                continue
+            found = await service.figures(top)
+            if found.ready:
+                parts.append((PartitionFigures(partition, self.name, found.queues), found))
+        return Figures(
+            max((f.at for _, f in parts), default=self._clock()),
+            merge_queues((p.queues for p, _ in parts), top),
+            merge_held(f.held for _, f in parts),
+            ready=self.ready,
+            partitions=tuple(p for p, _ in parts),
+        )
 
     # ---------------------------------------------------------------------------------- heartbeat
     def info(self) -> NodeInfo:

@@ -1,8 +1,8 @@
 """The edge application: one aiohttp app with the SQS JSON face at `POST /` and the EmoDB face under
 `/queue/1` and `/dedupq/1`, in front of the queue core (in-process by default), with the admin routes,
-/metrics and the operator's dashboard (gateway.dashboard) where the core runs. The search route over the
-wire-log index is spark's: the composition root (strictq.serve) mounts it beside these and hands the
-dashboard the index."""
+/metrics and the operator's dashboard (gateway.dashboard), both reading the queues through the backend
+port whatever the topology. The search route over the wire-log index is spark's: the composition root
+(strictq.serve) mounts it beside these and hands the dashboard the index."""
 
 from __future__ import annotations
 
@@ -21,14 +21,15 @@ from queue_core.failures import FailureManager
 from queue_core.fleet import FleetBackend, FleetService
 from queue_core.fleet_http import add_fleet_routes
 from queue_core.http_errors import json_http_errors
-from queue_core.metrics_export import CoreCollector
+from queue_core.metrics_export import core_source
 from queue_core.metrics_http import add_metrics_route
 from queue_core.service import QueueService
 
 from . import emodb, sqs
 from .admission_metrics import AdmissionCollector
 from .app_keys import BACKPRESSURE, KEYS, MAX_EDGE_BODY, ROUTER, SERVICE
-from .dashboard import StoryIndex, add_dashboard, add_dashboard_elsewhere
+from .cluster_figures import ClusterSource, cluster_metrics
+from .dashboard import StoryIndex, add_dashboard
 from .deliveries import DELIVERIES, DeliveryLog
 from .estimates_http import add_estimate_routes
 from .fleet_face import add_heartbeat_route
@@ -65,6 +66,7 @@ def make_gateway_app(
     limiter: TenantRateLimiter | None = None,
     story_index: StoryIndex | None = None,
     fleet: FleetBackend | None = None,
+    cluster: ClusterSource | None = None,
 ) -> web.Application:
     """`deliveries`: write a wire-log record per message handed to a worker (gateway.deliveries).
     `receipt_key`: the file of the SQS receipt-handle key (gateway.sqs_receipts); None: in memory.
@@ -72,7 +74,8 @@ def make_gateway_app(
     `limiter`: per-tenant send rates (gateway.rate_limits); None: unlimited, not kept on disk.
     `story_index`: the wire-log index the operator's dashboard searches (gateway.dashboard); None: none.
     `fleet`: the worker fleet (queue_core.fleet): heartbeats, controls, rebalancing where the core runs;
-    in front of a queue server, `RemoteFleet` forwards the heartbeats to it (queue_core.fleet_remote)."""
+    in front of a queue server, `RemoteFleet` forwards the heartbeats to it (queue_core.fleet_remote).
+    `cluster`: a cluster's state (partitions, owners, lag) for the dashboard and /metrics of its edge."""
     requests = RequestCounter()  # outermost: it counts the status the client gets
     app = web.Application(client_max_size=MAX_EDGE_BODY, middlewares=[requests.middleware, json_http_errors])
     add_request_ids(app)  # every answer names its request's id (X-Request-Id; SQS: x-amzn-RequestId)
@@ -88,23 +91,24 @@ def make_gateway_app(
     limiter = limiter if limiter is not None else TenantRateLimiter()
     add_limit_routes(app, limiter, keys)
     add_estimate_routes(app)  # pipelining: a queue's processing-time estimates
-    # /metrics (queue_core.metrics_http): this app's registry; the core's series only where the core runs
-    # in this process (with --queue-server or --cluster, the request counts; the queue servers have theirs).
+    # /metrics (queue_core.metrics_http): this app's registry, and the queues' series read through the port
+    # at each scrape (summed over the partitions of a cluster, which adds its own series).
     registry = CollectorRegistry()
     registry.register(requests)
     registry.register(AdmissionCollector(limiter, app[BACKPRESSURE]))
+    hub = control
     if isinstance(service, QueueService):  # the core is in this process: its control stream and fences too
         hub = control or (failures.hub if failures is not None else ControlHub(service))
         add_admin_routes(app, hub, keys, failures)  # failures: failure management's routes and hooks
         if isinstance(fleet, FleetService):  # the fleet's admin routes (docs/fleet.md)
             add_fleet_routes(app, fleet)
-        registry.register(CoreCollector(service, hub, keys))
-        add_dashboard(app, service, hub, keys, failures, story_index)  # GET /dashboard
-    else:
-        if control is not None:  # a cluster's gateway: floors from the queue servers, fences here
-            add_admin_routes(app, control, keys)
-        add_dashboard_elsewhere(app)  # the dashboard runs where the core runs
+    elif control is not None:  # a cluster's gateway: floors from the queue servers, fences here
+        add_admin_routes(app, control, keys)
+    sources = [core_source(service, hub, keys)]
+    if cluster is not None:
+        sources.append(cluster_metrics(cluster))
+    add_dashboard(app, service, hub, keys, failures, story_index, cluster=cluster)  # GET /dashboard
     if fleet is not None:  # POST /fleet/v1/heartbeat (gateway.fleet_face)
         add_heartbeat_route(app, fleet)
-    add_metrics_route(app, registry, keys)
+    add_metrics_route(app, registry, keys, sources)
     return app

@@ -1,4 +1,8 @@
-"""The operator's dashboard: `GET /dashboard`, a server-rendered page of the gateway holding the core.
+"""The operator's dashboard: `GET /dashboard`, a server-rendered page of every gateway, whatever its backend
+(the core in process, a queue server, a cluster): it reads the queues through the backend port
+(`QueueBackend.figures`, queue_core.figures) and, in front of a cluster, the cluster's partitions, owners and
+standbys' lag (gateway.cluster_figures). What only failure management or the fences hub provide is shown
+where this gateway has them, and said to be elsewhere where it has not.
 
 It shows the caller's queues (depth, age of the oldest message, AgeOfFirstAttempt, a chart of the backlog
 age over the last minutes: gateway.dashboard_history), the groups with the oldest backlog, workers
@@ -24,6 +28,7 @@ never logged; failed logins are logged with the peer address and why, never with
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -35,11 +40,14 @@ from aiohttp import web
 from access.keys import Credential, KeyRing
 from protocol.errors import StrictqError
 from queue_core.admin_http import UNTENANTED
+from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
+from queue_core.figures import Figures
+from queue_core.machine import QueueError
 from queue_core.scope import Scope
-from queue_core.service import QueueService
 
+from .cluster_figures import ClusterFigures, ClusterSource
 from .dashboard_history import INTERVAL, BacklogHistory
 from .dashboard_session import (
     CSRF_FIELD,
@@ -84,10 +92,21 @@ class StoryIndex(Protocol):
     def error_cases(self, scope: Scope, top: int = 10) -> dict[str, Any] | None: ...
 
 
+# The page's buttons and the admin route each calls: a button shows only where this app serves its route.
+ACTION_ROUTES = {
+    "fence": ("PUT", "/admin/v1/fences/{worker}"),
+    "unfence": ("DELETE", "/admin/v1/fences/{worker}"),
+    "lift": ("DELETE", "/admin/v1/blacklist/{worker}"),
+    "suspend": ("POST", "/admin/v1/queues/{queue}/suspend"),
+    "resume": ("POST", "/admin/v1/queues/{queue}/resume"),
+    "release": ("POST", "/admin/v1/queues/{queue}/groups/release"),
+}
+
+
 @dataclass(slots=True)
 class Dashboard:
-    service: QueueService
-    hub: ControlHub
+    backend: QueueBackend
+    hub: ControlHub | None
     keys: KeyRing
     failures: FailureManager | None
     index: StoryIndex | None
@@ -96,6 +115,8 @@ class Dashboard:
     templates: jinja2.Environment
     static: dict[str, bytes]
     refresh: float
+    cluster: ClusterSource | None = None
+    allowed: frozenset[str] = frozenset()  # ACTION_ROUTES' kinds this app serves (known at start-up)
 
 
 DASHBOARD = web.AppKey("strictq_dashboard", Dashboard)
@@ -103,30 +124,34 @@ DASHBOARD = web.AppKey("strictq_dashboard", Dashboard)
 
 def add_dashboard(
     app: web.Application,
-    service: QueueService,
-    hub: ControlHub,
+    backend: QueueBackend,
+    hub: ControlHub | None,
     keys: KeyRing,
     failures: FailureManager | None = None,
     index: StoryIndex | None = None,
     *,
+    cluster: ClusterSource | None = None,
     sessions: SessionStore | None = None,
     interval: float = INTERVAL,
     refresh: float = 5.0,
 ) -> Dashboard:
-    """Serve the dashboard from `app` (which has the admin routes); `index`: the wire-log index for the
-    search box and the top error cases (None: the page says there is none). `interval`: seconds between
-    backlog samples; `refresh`: seconds between the page's refreshes (0: none)."""
+    """Serve the dashboard from `app`; `hub`: the fences this gateway holds (None: none here);
+    `failures`: failure management beside the core (None: not in this process); `index`: the wire-log
+    index for the search box and the top error cases (None: the page says there is none); `cluster`: a
+    cluster's state (partitions, owners, lag). `interval`: seconds between backlog samples; `refresh`:
+    seconds between the page's refreshes (0: none). Buttons show only where `app` serves their route."""
     dashboard = Dashboard(
-        service=service,
+        backend=backend,
         hub=hub,
         keys=keys,
         failures=failures,
         index=index,
         sessions=sessions or SessionStore(keys),
-        history=BacklogHistory.of(service, interval=interval),
+        history=BacklogHistory.of(backend, interval=interval),
         templates=_templates(),
         static={name: _static(name) for name in STATIC},
         refresh=refresh,
+        cluster=cluster,
     )
     app[DASHBOARD] = dashboard
     app.middlewares.append(session_middleware(dashboard.sessions))
@@ -137,6 +162,8 @@ def add_dashboard(
     app.router.add_get("/dashboard/static/{name}", static)
 
     async def start(app: web.Application) -> None:
+        served = {(r.method, r.resource.canonical) for r in app.router.routes() if r.resource is not None}
+        dashboard.allowed = frozenset(kind for kind, route in ACTION_ROUTES.items() if route in served)
         dashboard.history.start()
 
     async def close(app: web.Application) -> None:
@@ -145,19 +172,6 @@ def add_dashboard(
     app.on_startup.append(start)
     app.on_cleanup.append(close)
     return dashboard
-
-
-def add_dashboard_elsewhere(app: web.Application) -> None:
-    """A gateway without the core in its process (`--queue-server`, `--cluster`): the page says so."""
-
-    async def elsewhere(request: web.Request) -> web.StreamResponse:
-        message = (
-            "The dashboard runs where the queue core runs: this gateway forwards to queue servers "
-            "(--queue-server or --cluster). Use `strictq status` and /metrics here."
-        )
-        return _html(_templates().get_template("message.html").render(message=message), 404)
-
-    app.router.add_get("/dashboard", elsewhere)
 
 
 # ------------------------------------------------------------------------------------------- rendering
@@ -303,7 +317,7 @@ async def page(request: web.Request) -> web.StreamResponse:
         "page.html",
         status,
         csrf=session.csrf,
-        view=_view(dashboard, scope),
+        view=await _view(dashboard, scope),
         search=search,
         refresh=dashboard.refresh,
         chart=CHART,
@@ -319,7 +333,7 @@ async def panels(request: web.Request) -> web.StreamResponse:
     if not csrf_ok(session, request.headers.get(CSRF_HEADER)):
         return _message(request, f"The panels need the page's token in {CSRF_HEADER}.", 403)
     dashboard = request.app[DASHBOARD]
-    view = _view(dashboard, _scope(request, credential))
+    view = await _view(dashboard, _scope(request, credential))
     template = dashboard.templates.get_template("panels.html")
     return _html(template.render(view=view, chart=CHART, interval=dashboard.history.interval))
 
@@ -336,18 +350,39 @@ async def static(request: web.Request) -> web.StreamResponse:
     )
 
 
-def _view(dashboard: Dashboard, scope: Scope) -> Any:
+async def _view(dashboard: Dashboard, scope: Scope) -> Any:
     index = dashboard.index
+    unreachable = None
+    try:
+        figures = await dashboard.backend.figures()
+    except QueueError as exc:  # the queue server or every partition out of reach: the page says so
+        figures, unreachable = Figures(time.time(), (), ready=False), exc.message
+    cluster: ClusterFigures | str | None = None
+    if dashboard.cluster is not None and scope.operator:
+        cluster = await _cluster(dashboard.cluster)
     return build_view(
         scope,
-        dashboard.service,
+        figures,
         dashboard.hub,
         dashboard.keys,
         dashboard.failures,
         dashboard.history,
         index.error_cases(scope) if index is not None and index.ready() else None,
         index is not None and index.ready(),
+        allowed=dashboard.allowed,
+        cluster=cluster if isinstance(cluster, ClusterFigures) else None,
+        cluster_error=cluster if isinstance(cluster, str) else None,
+        unreachable=unreachable,
     )
+
+
+async def _cluster(source: ClusterSource) -> ClusterFigures | str:
+    """The cluster's state, or why it cannot be read now (JetStream electing a leader, out of reach)."""
+    try:
+        return await source.cluster_figures()
+    except Exception as exc:  # the rest of the page is still worth showing
+        log.info("dashboard: cannot read the cluster's state: %s", exc)
+        return f"the cluster's state cannot be read now ({type(exc).__name__}: {exc})"
 
 
 async def _search(request: web.Request, dashboard: Dashboard, scope: Scope) -> tuple[dict[str, Any], int]:

@@ -1,6 +1,7 @@
 """A short in-memory history of every queue's backlog age for the dashboard's charts.
 
-The gateway samples the core's gauges (the figures `/metrics` exposes, machine.gauges) every `interval`
+The gateway samples the queues' figures through the backend port (`QueueBackend.figures`, the figures
+`/metrics` exposes: in process, from a queue server, or summed over a cluster's partitions) every `interval`
 seconds and keeps the latest `samples` of each queue's oldest-message age and AgeOfFirstAttempt: with the
 defaults (5 s, 120 samples) the last ten minutes. Memory is bounded: at most `max_queues` queues have a
 history (those seen first keep theirs; a queue that disappears loses its history), so at most
@@ -16,11 +17,12 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from queue_core.machine.gauges import QueueGauges
-from queue_core.service import QueueService
+from queue_core.backend import QueueBackend
+from queue_core.figures import Figures
+from queue_core.machine import QueueError
 
 log = logging.getLogger("strictq.dashboard")
 INTERVAL = 5.0
@@ -30,7 +32,7 @@ MAX_QUEUES = 2000
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    at: float  # the service's clock (wall time)
+    at: float  # the core's clock (wall time)
     oldest_age: float
     unattempted_age: float
 
@@ -38,15 +40,13 @@ class Sample:
 class BacklogHistory:
     def __init__(
         self,
-        gauges: Callable[[], Iterable[QueueGauges]],
-        clock: Callable[[], float],
+        figures: Callable[[], Awaitable[Figures]],
         *,
         interval: float = INTERVAL,
         samples: int = SAMPLES,
         max_queues: int = MAX_QUEUES,
     ) -> None:
-        self._gauges = gauges
-        self._clock = clock
+        self._figures = figures
         self.interval = interval
         self.samples = samples
         self.max_queues = max_queues
@@ -54,19 +54,19 @@ class BacklogHistory:
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
-    def of(cls, service: QueueService, *, interval: float = INTERVAL) -> BacklogHistory:
-        """Sampling `service`'s core: nothing while its store is not open."""
+    def of(cls, backend: QueueBackend, *, interval: float = INTERVAL) -> BacklogHistory:
+        """Sampling `backend`'s queues (their figures without their groups)."""
+        return cls(lambda: backend.figures(top=0), interval=interval)
 
-        def gauges() -> list[QueueGauges]:
-            return service.gauges(top=0) if service.ready else []
-
-        return cls(gauges, service.clock, interval=interval)
-
-    def sample(self) -> None:
-        """Take one sample of every queue now (the sampler calls it every `interval`)."""
-        at = self._clock()
+    async def sample(self) -> None:
+        """Take one sample of every queue now (the sampler calls it every `interval`); nothing while
+        the store is not open."""
+        figures = await self._figures()
+        if not figures.ready:
+            return
+        at = figures.at
         seen = set()
-        for gauge in self._gauges():
+        for gauge in (q.gauges for q in figures.queues):
             seen.add(gauge.name)
             series = self._series.get(gauge.name)
             if series is None:
@@ -95,7 +95,9 @@ class BacklogHistory:
     async def _run(self) -> None:
         while True:
             try:
-                self.sample()
+                await self.sample()
+            except QueueError as exc:  # a queue server or partition unreachable: no sample this time
+                log.debug("dashboard: no backlog sample: %s", exc)
             except Exception:  # a bug here must not end the charts for good, nor the process
                 log.exception("dashboard: cannot sample the queues' backlog")
             await asyncio.sleep(self.interval)

@@ -1,5 +1,7 @@
 """What the operator's dashboard shows one caller, within its scope (queue_core.scope): plain data for the
-templates, read from the live core, the control hub and failure management, never from another tenant.
+templates, read from the queues' figures (through the backend port: queue_core.figures), the control hub
+and failure management where this gateway has them, and a cluster's partitions (gateway.cluster_figures),
+never from another tenant. What a topology does not have here is None: its section says so.
 
 Queues are named as the caller names them on the admin routes (an admin: `orders`, plus `face` for an
 EmoDB dedup queue; an operator: the core name `t1.orders`), so the page's actions call those routes with
@@ -17,13 +19,13 @@ from access.keys import KeyRing
 from access.permissions import fenceable
 from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
+from queue_core.figures import Figures, QueueFigures
 from queue_core.health_http import scoped_status
-from queue_core.machine.gauges import QueueGauges
 from queue_core.metrics_export import queue_labels
 from queue_core.scope import Scope
-from queue_core.service import QueueService
 from wirelog.times import format_time
 
+from .cluster_figures import ClusterFigures
 from .dashboard_history import BacklogHistory, sparkline
 
 MAX_ROWS = 200  # queues, workers, groups, parked groups and error cases shown at most
@@ -105,42 +107,62 @@ class View:
     health: bool  # failure management runs
     index: bool  # a search index is built
     counts: dict[str, int]
+    fences: bool = True  # this gateway holds the fences (False: a gateway in front of a queue server)
+    missing: tuple[int, ...] = ()  # cluster partitions whose figures did not come (left out)
+    unreachable: str | None = None  # why no figures came at all
+    cluster: ClusterFigures | None = None  # a cluster's partitions, owners and standbys (operators)
+    cluster_error: str | None = None  # why the cluster's state could not be read
 
 
 def build_view(
     scope: Scope,
-    service: QueueService,
-    hub: ControlHub,
+    figures: Figures,
+    hub: ControlHub | None,
     keys: KeyRing,
     failures: FailureManager | None,
     history: BacklogHistory,
     error_cases: dict[str, Any] | None,
     index_ready: bool,
+    *,
+    allowed: frozenset[str] = frozenset(),
+    cluster: ClusterFigures | None = None,
+    cluster_error: str | None = None,
+    unreachable: str | None = None,
 ) -> View:
-    now = service.clock()
+    """`allowed`: the kinds of action whose admin route this gateway serves (the others' buttons are
+    left out); `cluster`: shown to operators only (it spans tenants)."""
+    now = figures.at
     status = scoped_status(failures, scope, EVENTS) if failures is not None else None
     suspended_by_name = {
         q["queue"]: q for q in (status["queues"] if status is not None else []) if q.get("suspended")
     }
-    gauges = [g for g in service.gauges() if scope.sees_queue(g.name)] if service.ready else []
+    found = [q for q in figures.queues if scope.sees_queue(q.name)] if figures.ready else []
     # The queues with the oldest backlog first: what an operator looks for.
-    gauges.sort(key=lambda g: (-g.oldest_age, g.name))
-    queues = [
-        _queue_row(scope, g, suspended_by_name, service, history, failures is not None)
-        for g in gauges[:MAX_ROWS]
-    ]
+    found.sort(key=lambda q: (-q.gauges.oldest_age, q.name))
+    queues = [_queue_row(scope, q, suspended_by_name, history, allowed) for q in found[:MAX_ROWS]]
     groups = sorted(
         (
-            GroupRow(_shown(scope, g.name), group.name, group.messages, group.oldest_age)
-            for g in gauges
-            for group in g.top_groups
+            GroupRow(_shown(scope, q.name), group.name, group.messages, group.oldest_age)
+            for q in found
+            for group in q.gauges.top_groups
         ),
         key=lambda r: (-r.oldest_age, r.queue, r.group),
     )[:MAX_ROWS]
-    workers = _workers(scope, hub, keys, status)
-    parked, parked_hidden = _parked(scope, service, gauges)
+    workers = _workers(scope, hub, keys, status, figures, allowed)
+    parked, parked_hidden = _parked(scope, found, allowed)
+    # Failure management's own list where it runs beside this gateway; else the queues the figures report
+    # suspended (by the queue server's or the partitions' failure management: since when, why not known).
+    for q in found:
+        name = _shown(scope, q.name)
+        visible = scope.operator or queue_labels(q.name)[1] == "queue"
+        if q.suspended and visible and name not in suspended_by_name:
+            suspended_by_name[name] = {"queue": name, "suspended": True, "manual": None}
     suspended = [
-        {**q, "since_text": format_time(q.get("since")), "actions": [_resume(scope, q["queue"])]}
+        {
+            **q,
+            "since_text": format_time(q.get("since")),
+            "actions": _only([_resume(scope, q["queue"])], allowed),
+        }
         for q in suspended_by_name.values()
     ]
     events = list(reversed(status["events"])) if status is not None else []
@@ -154,7 +176,7 @@ def build_view(
         operator=scope.operator,
         now=format_time(now),
         queues=queues,
-        queues_hidden=max(0, len(gauges) - MAX_ROWS),
+        queues_hidden=max(0, len(found) - MAX_ROWS),
         groups=groups,
         workers=workers[:MAX_ROWS],
         workers_hidden=max(0, len(workers) - MAX_ROWS),
@@ -166,13 +188,23 @@ def build_view(
         health=failures is not None,
         index=index_ready,
         counts={
-            "queues": len(gauges),
-            "messages": sum(g.visible + g.in_flight + g.delayed for g in gauges),
+            "queues": len(found),
+            "messages": sum(q.gauges.visible + q.gauges.in_flight + q.gauges.delayed for q in found),
             "held": held,
             "suspended": len(suspended),
             "parked": sum(q.parked for q in queues),
         },
+        fences=hub is not None,
+        missing=figures.missing,
+        unreachable=unreachable,
+        cluster=cluster if scope.operator else None,
+        cluster_error=cluster_error if scope.operator else None,
     )
+
+
+def _only(actions: list[Action], allowed: frozenset[str]) -> list[Action]:
+    """The buttons whose admin route this gateway serves."""
+    return [a for a in actions if a.kind in allowed]
 
 
 # ---------------------------------------------------------------------------------------------- queues
@@ -189,12 +221,12 @@ def _face_query(scope: Scope, core: str) -> dict[str, str]:
 
 def _queue_row(
     scope: Scope,
-    g: QueueGauges,
+    q: QueueFigures,
     suspended: dict[str, dict[str, Any]],
-    service: QueueService,
     history: BacklogHistory,
-    health: bool,
+    allowed: frozenset[str],
 ) -> QueueRow:
+    g = q.gauges
     tenant, face, _ = queue_labels(g.name)
     name = _shown(scope, g.name)
     series = history.series(g.name)
@@ -212,16 +244,16 @@ def _queue_row(
         groups=g.groups,
         oldest_age=g.oldest_age,
         unattempted_age=g.oldest_unattempted_age,
-        suspended=name in suspended if face == "queue" or scope.operator else False,
-        parked=len(service.core.parked_groups(g.name)),
+        suspended=(name in suspended or q.suspended) if face == "queue" or scope.operator else False,
+        parked=q.parked_count,
         chart=sparkline(ages, width, height, top),
         chart_unattempted=sparkline(unattempted, width, height, top),
         chart_max=top,
         samples=len(series),
     )
     # Failure management's suspend and resume name a queue of the queue face (operators: any core name).
-    if health and (face == "queue" or scope.operator):
-        row.actions.append(_resume(scope, name) if row.suspended else _suspend(scope, name))
+    if face == "queue" or scope.operator:
+        row.actions += _only([_resume(scope, name) if row.suspended else _suspend(scope, name)], allowed)
     return row
 
 
@@ -247,13 +279,13 @@ def _resume(scope: Scope, name: str) -> Action:
 
 
 def _parked(
-    scope: Scope, service: QueueService, gauges: list[QueueGauges]
+    scope: Scope, queues: list[QueueFigures], allowed: frozenset[str]
 ) -> tuple[list[dict[str, Any]], int]:
     rows: list[dict[str, Any]] = []
     hidden = 0
-    for g in sorted(gauges, key=lambda g: g.name):
-        groups = service.core.parked_groups(g.name)
-        name = _shown(scope, g.name)
+    for q in sorted(queues, key=lambda q: q.name):
+        groups = q.parked
+        name = _shown(scope, q.name)
         for group in groups[:MAX_PARKED_PER_QUEUE]:
             if len(rows) >= MAX_ROWS:
                 hidden += 1
@@ -264,20 +296,31 @@ def _parked(
                 f"Release parked group {group} of queue {name}? Its messages are "
                 "delivered again, in order, with a fresh retry budget.",
                 "POST",
-                _queue_path(name, "groups/release", {"group": group, **_face_query(scope, g.name)}),
+                _queue_path(name, "groups/release", {"group": group, **_face_query(scope, q.name)}),
             )
-            rows.append({"queue": name, "group": group, "actions": [release]})
-        hidden += max(0, len(groups) - MAX_PARKED_PER_QUEUE)
+            rows.append({"queue": name, "group": group, "actions": _only([release], allowed)})
+        hidden += max(0, q.parked_count - min(len(groups), MAX_PARKED_PER_QUEUE))
     return rows, hidden
 
 
 # --------------------------------------------------------------------------------------------- workers
-def _workers(scope: Scope, hub: ControlHub, keys: KeyRing, status: dict[str, Any] | None) -> list[WorkerRow]:
+def _workers(
+    scope: Scope,
+    hub: ControlHub | None,
+    keys: KeyRing,
+    status: dict[str, Any] | None,
+    figures: Figures,
+    allowed: frozenset[str],
+) -> list[WorkerRow]:
     """Every worker credential the caller sees (healthy unless said otherwise), with failure management's
-    view of it and its fence, plus workers failure management knows that the key file does not (an
+    view of it (its status here, else the state the queues' figures report) and its fence (where this
+    gateway holds the fences), plus workers failure management knows that the key file does not (an
     operator's view)."""
     health = {w["worker"]: w for w in (status["workers"] if status is not None else [])}
-    fences = {f.worker: f for f in hub.fences() if scope.sees_worker(f.worker)}
+    for held in figures.held:
+        if held.worker not in health and scope.sees_worker(held.worker):
+            health[held.worker] = {"worker": held.worker, "state": held.state}
+    fences = {f.worker: f for f in (hub.fences() if hub is not None else []) if scope.sees_worker(f.worker)}
     names = {c.id for c in keys.credentials if fenceable(c) and scope.sees_worker(c.id)}
     names |= set(health) | set(fences)
     rows = []
@@ -336,6 +379,7 @@ def _workers(scope: Scope, hub: ControlHub, keys: KeyRing, status: dict[str, Any
                     f"/admin/v1/blacklist/{quote(name, safe='')}",
                 )
             )
+        row.actions = _only(row.actions, allowed)
         rows.append(row)
     order = {"blacklisted": 0, "probing": 1, "fenced": 2, "suspect": 3, "healthy": 4}
     rows.sort(key=lambda r: (order.get(r.state, 5), r.worker))
@@ -366,7 +410,12 @@ def _errors(
             "cases": cases,
         }
     if failures is None:
-        return {"source": "none", "note": "failure management is off (--no-health)", "cases": []}
+        return {
+            "source": "none",
+            "note": "failure management does not run beside this gateway (off with --no-health, or not "
+            "available in this topology)",
+            "cases": [],
+        }
     window = failures.settings.window
     found = failures.monitor.failure_signatures(now, None if scope.operator else scope.sees_queue)
     cases = [

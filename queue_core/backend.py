@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
+from .figures import Figures
 from .machine import (
     AckOutcome,
     MoveStatus,
@@ -22,6 +23,7 @@ from .machine import (
 )
 from .machine.capabilities import PLAIN, Capabilities
 from .machine.core import RenewMode
+from .machine.gauges import TOP_GROUPS
 from .machine.inputs import AttemptResult
 from .machine.records import Received
 
@@ -49,6 +51,9 @@ class QueueBackend(Protocol):
     async def created_at(self, name: str) -> float: ...
     async def metrics(self, name: str) -> QueueMetrics: ...
     async def group_metrics(self, name: str, group: str) -> dict[str, Any]: ...
+    # Every queue's figures for the dashboard and /metrics (queue_core.figures); in a cluster, merged
+    # over the partitions that answered and kept per partition with its owner.
+    async def figures(self, top: int = TOP_GROUPS) -> Figures: ...
 
     async def send(
         self, queue: str, requests: Sequence[SendRequest], *, create: bool = False

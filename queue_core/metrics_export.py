@@ -1,6 +1,8 @@
-"""The core's Prometheus collector: every queue's gauges and counters, fences and held workers, read from
-the live state at scrape time (no background thread, no global registry: each app registers its own, so
-several apps can share one process).
+"""The queues' Prometheus collector: every queue's gauges and counters, fences and held workers, read at
+scrape time through the backend port (`QueueBackend.figures`, queue_core.figures), so the same series come
+from a gateway with the core in process, in front of a queue server, or of a cluster (summed over the
+partitions, plus per owner node and per partition), and from the queue servers themselves. No background
+thread, no global registry: each app has its own, so several apps can share one process.
 
 Series carry `tenant`, `face` and `queue` as the tenant names the queue (access.tenancy): `acme.orders` is
 tenant `acme`, face `queue`, queue `orders`; `acme_dedupq.orders` the same on face `dedupq`; a queue of the
@@ -9,22 +11,27 @@ queue server's internal API (no '.') has tenant "". Who may see which series: qu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import logging
+from collections.abc import Callable, Iterator, Sequence
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from access import tenancy
 from access.keys import KeyRing
 
+from .backend import QueueBackend
 from .control import ControlHub
+from .fences import Fence
+from .figures import Figures
+from .machine import QueueError
 from .machine.gauges import QueueGauges
-from .service import QueueService
+from .metrics_http import Collector, ScrapeSource, add_metrics_route
 
+log = logging.getLogger("strictq.metrics")
 QUEUE_LABELS = ["tenant", "face", "queue"]
 GROUP_LABELS = [*QUEUE_LABELS, "group"]
-# Failure-management states that hold a worker back (machine.health); healthy and suspect are not counted.
-HELD_STATES = ("fenced", "probing", "blacklisted")
 
 # (name, help, how to read it) of the per-queue series; the type is in the table each sits in.
 QueueValue = Callable[[QueueGauges], float]
@@ -103,39 +110,45 @@ def queue_labels(queue: str) -> list[str]:
 
 
 class CoreCollector:
-    """A `prometheus_client` collector over one in-process core (`strictq serve`, `strictq queue-server`)."""
+    """A `prometheus_client` collector over one read of the queues' figures (queue_core.figures, read
+    through the backend port for this scrape: in process, from a queue server, summed over a cluster's
+    partitions) and the fences of `fences` (None: no fences here, e.g. a gateway in front of a queue
+    server, whose own /metrics has them)."""
 
-    def __init__(self, service: QueueService, hub: ControlHub | None, keys: KeyRing) -> None:
-        self.service = service
-        self.hub = hub
+    def __init__(self, figures: Figures, fences: Sequence[Fence] | None, keys: KeyRing) -> None:
+        self.figures = figures
+        self.fences = fences
         self.keys = keys
 
     def collect(self) -> Iterator[Metric]:
-        service = self.service
-        if not service.ready:
+        figures = self.figures
+        if not figures.ready:
             return  # the store is not open yet (or any more): nothing true to say
-        gauges = service.gauges()
-        labels = {g.name: queue_labels(g.name) for g in gauges}
+        queues = figures.queues
+        labels = {q.name: queue_labels(q.name) for q in queues}
         for name, doc, value in QUEUE_GAUGES:
             gauge = GaugeMetricFamily(name, doc, labels=QUEUE_LABELS)
-            for g in gauges:
-                gauge.add_metric(labels[g.name], value(g))
+            for q in queues:
+                gauge.add_metric(labels[q.name], value(q.gauges))
             yield gauge
         for name, doc, value in QUEUE_COUNTERS:
             counter = CounterMetricFamily(name, doc, labels=QUEUE_LABELS)
-            for g in gauges:
-                counter.add_metric(labels[g.name], value(g))
+            for q in queues:
+                counter.add_metric(labels[q.name], value(q.gauges))
             yield counter
-        monitor = service.supervisor.monitor
         suspended = GaugeMetricFamily(
             "strictq_queue_suspended",
             "1 while failure management or an operator suspends the queue.",
             labels=QUEUE_LABELS,
         )
-        for g in gauges:
-            held = monitor is not None and monitor.suspended(g.name)
-            suspended.add_metric(labels[g.name], 1.0 if held else 0.0)
+        parked = GaugeMetricFamily(
+            "strictq_queue_parked_groups", "Groups parked by the retry workflow.", labels=QUEUE_LABELS
+        )
+        for q in queues:
+            suspended.add_metric(labels[q.name], 1.0 if q.suspended else 0.0)
+            parked.add_metric(labels[q.name], q.parked_count)
         yield suspended
+        yield parked
         backlog = GaugeMetricFamily(
             "strictq_group_backlog_messages",
             "Messages of the queue's groups with the largest backlog (the top 5 of each queue).",
@@ -146,13 +159,15 @@ class CoreCollector:
             "Age of the oldest message of those top groups.",
             labels=GROUP_LABELS,
         )
-        for g in gauges:
-            for group in g.top_groups:
-                backlog.add_metric([*labels[g.name], group.name], group.messages)
-                group_age.add_metric([*labels[g.name], group.name], group.oldest_age)
+        for q in queues:
+            for group in q.gauges.top_groups:
+                backlog.add_metric([*labels[q.name], group.name], group.messages)
+                group_age.add_metric([*labels[q.name], group.name], group.oldest_age)
         yield backlog
         yield group_age
         yield from self._workers()
+        if figures.partitions or figures.missing:
+            yield from self._partitions(labels)
 
     def _tenant_of_worker(self, worker: str) -> str:
         credential = self.keys.by_id(worker)
@@ -164,9 +179,9 @@ class CoreCollector:
             "Fences in force (an operator's or failure management's), by worker tenant and mode.",
             labels=["tenant", "mode"],
         )
-        if self.hub is not None:
+        if self.fences is not None:
             counts: dict[tuple[str, str], int] = {}
-            for fence in self.hub.fences():
+            for fence in self.fences:
                 fenced = (self._tenant_of_worker(fence.worker), str(fence.mode))
                 counts[fenced] = counts.get(fenced, 0) + 1
             for (tenant, mode), n in sorted(counts.items()):
@@ -177,21 +192,100 @@ class CoreCollector:
             "Workers failure management holds back (fenced, probing or blacklisted), by tenant and state.",
             labels=["tenant", "state"],
         )
-        monitor = self.service.supervisor.monitor
-        if monitor is not None:
-            states: dict[tuple[str, str], int] = {}
-            for worker in monitor.workers:
-                state = monitor.worker_state(worker)
-                if state in HELD_STATES:
-                    key = (self._tenant_of_worker(worker), str(state))
-                    states[key] = states.get(key, 0) + 1
-            for (tenant, name), n in sorted(states.items()):
-                held.add_metric([tenant, name], n)
+        states: dict[tuple[str, str], int] = {}
+        for worker in self.figures.held:
+            key = (self._tenant_of_worker(worker.worker), worker.state)
+            states[key] = states.get(key, 0) + 1
+        for (tenant, name), n in sorted(states.items()):
+            held.add_metric([tenant, name], n)
         yield held
 
+    def _partitions(self, labels: dict[str, list[str]]) -> Iterator[Metric]:
+        """A cluster's figures per owner node (queue series with a `node` label, scoped like the others)
+        and per partition (no tenant: operators only, as the process-wide series)."""
+        node_labels = ["node", *QUEUE_LABELS]
+        per_node: dict[tuple[str, str], list[QueueGauges]] = {}
+        for part in self.figures.partitions:
+            for q in part.queues:
+                per_node.setdefault((part.node, q.name), []).append(q.gauges)
+        for name, doc, value in NODE_GAUGES:
+            gauge = GaugeMetricFamily(name, doc, labels=node_labels)
+            for (node, queue), found in sorted(per_node.items()):
+                gauge.add_metric(
+                    [node, *labels.get(queue, queue_labels(queue))], sum(value(g) for g in found)
+                )
+            yield gauge
+        up = GaugeMetricFamily(
+            "strictq_partition_up",
+            "1 when the partition's owner answered this scrape, 0 when not (its figures are left out).",
+            labels=["partition", "node"],
+        )
+        messages = GaugeMetricFamily(
+            "strictq_partition_messages",
+            "Messages of every queue in the partition.",
+            labels=["partition", "node"],
+        )
+        in_flight = GaugeMetricFamily(
+            "strictq_partition_in_flight_messages",
+            "Claimed messages of every queue in the partition.",
+            labels=["partition", "node"],
+        )
+        for part in self.figures.partitions:
+            where = [str(part.partition), part.node]
+            up.add_metric(where, 1.0)
+            messages.add_metric(
+                where, sum(q.gauges.visible + q.gauges.in_flight + q.gauges.delayed for q in part.queues)
+            )
+            in_flight.add_metric(where, sum(q.gauges.in_flight for q in part.queues))
+        for partition in self.figures.missing:
+            up.add_metric([str(partition), ""], 0.0)
+        yield up
+        yield messages
+        yield in_flight
 
-def core_registry(service: QueueService, hub: ControlHub | None, keys: KeyRing) -> CollectorRegistry:
-    """A registry of its own for one app holding the core (never prometheus_client's global one)."""
-    registry = CollectorRegistry()
-    registry.register(CoreCollector(service, hub, keys))
-    return registry
+
+NODE_GAUGES: tuple[tuple[str, str, QueueValue], ...] = (
+    (
+        "strictq_node_queue_visible_messages",
+        "strictq_queue_visible_messages of the partitions this node owns (a cluster).",
+        lambda g: g.visible,
+    ),
+    (
+        "strictq_node_queue_in_flight_messages",
+        "strictq_queue_in_flight_messages of the partitions this node owns (a cluster).",
+        lambda g: g.in_flight,
+    ),
+    (
+        "strictq_node_queue_delayed_messages",
+        "strictq_queue_delayed_messages of the partitions this node owns (a cluster).",
+        lambda g: g.delayed,
+    ),
+)
+
+
+def core_source(backend: QueueBackend, hub: ControlHub | None, keys: KeyRing) -> ScrapeSource:
+    """What a scrape reads of the queues: the backend's figures (through the port) and the hub's fences."""
+
+    async def read() -> Collector:
+        try:
+            figures = await backend.figures()
+        except (
+            QueueError
+        ) as exc:  # the queue server out of reach (or too old): this process's series still answer
+            log.info("metrics: no queue figures for this scrape: %s", exc)
+            figures = Figures(0.0, (), ready=False)
+        return CoreCollector(figures, hub.fences() if hub is not None else None, keys)
+
+    return read
+
+
+def add_queue_metrics(
+    app: web.Application,
+    backend: QueueBackend,
+    hub: ControlHub | None,
+    keys: KeyRing,
+    registry: CollectorRegistry | None = None,
+) -> None:
+    """GET /metrics on `app`: `registry` (a registry of its own by default, never prometheus_client's
+    global one) and the queues' series of `backend`, read at each scrape."""
+    add_metrics_route(app, registry or CollectorRegistry(), keys, [core_source(backend, hub, keys)])

@@ -9,7 +9,8 @@ other roles 403, none 401, as the one JSON error body (queue_core.admin_http).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from typing import Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -23,13 +24,37 @@ from access.permissions import READ_ROLES
 from .admin_http import ADMIN_KEYS, errors_as_json, scope_of
 from .scope import Scope
 
+
+class Collector(Protocol):
+    """What generate_latest reads: prometheus_client's registries and collectors."""
+
+    def collect(self) -> Iterable[Metric]: ...
+
+
+# A scrape's asynchronous read (the queues' figures through the backend port, queue_core.metrics_export):
+# awaited once per scrape, it gives the collector over what it read.
+ScrapeSource = Callable[[], Awaitable[Collector]]
 METRICS_REGISTRY = web.AppKey("strictq_metrics_registry", CollectorRegistry)
+METRICS_SOURCES = web.AppKey("strictq_metrics_sources", list[ScrapeSource])
+
+
+class Scrape:
+    """The app's registry and what this scrape's sources read, as one collector."""
+
+    def __init__(self, registry: CollectorRegistry, collectors: Sequence[Collector]) -> None:
+        self.registry = registry
+        self.collectors = collectors
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.registry.collect()
+        for collector in self.collectors:
+            yield from collector.collect()
 
 
 class ScopedView:
     """The registry's families with only the samples `scope` may see (a collector for generate_latest)."""
 
-    def __init__(self, registry: CollectorRegistry, scope: Scope) -> None:
+    def __init__(self, registry: Collector, scope: Scope) -> None:
         self.registry = registry
         self.scope = scope
 
@@ -55,9 +80,13 @@ class ScopedView:
         return scope.sees_queue(tenancy.core_name(tenant, queue, labels.get("face", tenancy.DEFAULT_FACE)))
 
 
-def add_metrics_route(app: web.Application, registry: CollectorRegistry, keys: KeyRing) -> None:
-    """Serve `registry` at GET /metrics; `keys` authenticate scrapes (the admin routes' key ring if set)."""
+def add_metrics_route(
+    app: web.Application, registry: CollectorRegistry, keys: KeyRing, sources: Sequence[ScrapeSource] = ()
+) -> None:
+    """Serve `registry` and what `sources` read at each scrape at GET /metrics; `keys` authenticate
+    scrapes (the admin routes' key ring if set)."""
     app[METRICS_REGISTRY] = registry
+    app[METRICS_SOURCES] = list(sources)
     if ADMIN_KEYS not in app:
         app[ADMIN_KEYS] = keys
     app.router.add_get("/metrics", metrics)
@@ -66,6 +95,7 @@ def add_metrics_route(app: web.Application, registry: CollectorRegistry, keys: K
 @errors_as_json
 async def metrics(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request, READ_ROLES)
-    registry = request.app[METRICS_REGISTRY]
-    body = generate_latest(registry if scope.operator else ScopedView(registry, scope))
+    collectors = [await source() for source in request.app[METRICS_SOURCES]]
+    scrape = Scrape(request.app[METRICS_REGISTRY], collectors)
+    body = generate_latest(scrape if scope.operator else ScopedView(scrape, scope))
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

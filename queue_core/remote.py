@@ -20,8 +20,10 @@ import orjson
 
 from protocol.headers import PARTITION
 
+from . import figures as figures_wire
 from . import wire
 from .backend import DedupReach
+from .figures import Figures
 from .machine import (
     AckOutcome,
     MoveStatus,
@@ -37,6 +39,7 @@ from .machine import (
 )
 from .machine.capabilities import PLAIN, Capabilities
 from .machine.core import RenewMode
+from .machine.gauges import TOP_GROUPS
 from .machine.groups import DEFAULT_PARTITIONS
 from .machine.inputs import AttemptResult
 from .service import MAX_WAIT, Received
@@ -218,6 +221,17 @@ class RemoteQueueService:
     async def group_metrics(self, name: str, group: str) -> dict[str, Any]:
         metrics: dict[str, Any] = await self._call("GET", self._q(name) + "/group", params={"name": group})
         return metrics
+
+    async def figures(self, top: int = TOP_GROUPS, *, deadline: float | None = None) -> Figures:
+        """The queue server's `GET /v1/figures` (queue_core.figures); `deadline`: seconds to wait at most
+        (a scrape should not wait the full request timeout for one slow partition)."""
+        payload = await self._call("GET", "/v1/figures", params={"top": top}, deadline=deadline)
+        try:
+            return figures_wire.decode(payload)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise Unavailable(
+                f"queue server {self.url} answered figures that cannot be read: {exc}"
+            ) from None
 
     # -------------------------------------------------------------------------------- messages
     async def send(

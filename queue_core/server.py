@@ -18,6 +18,7 @@ from aiohttp import web
 
 from protocol.errors import NOT_READY, error_body
 
+from . import figures as figures_wire
 from . import wire
 from .http_errors import client_gone, json_response
 from .http_errors import error_response as render_error
@@ -29,6 +30,7 @@ from .machine import (
     SendRequest,
     error_class,
 )
+from .machine.gauges import TOP_GROUPS
 from .machine.text import check_name, check_value
 from .service import QueueService
 
@@ -40,6 +42,7 @@ MAX_REQUEST_BYTES = 8 * 1024 * 1024  # ten 1 MiB messages in JSON, with room for
 ServiceSource = Callable[[web.Request], QueueService]
 SERVICE_SOURCE_KEY: web.AppKey[ServiceSource] = web.AppKey("service_source")
 READY_KEY: web.AppKey[Callable[[], bool]] = web.AppKey("ready")
+MAX_TOP = 100  # largest groups per queue a figures request may ask for
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -289,6 +292,15 @@ async def group_info(request: web.Request) -> web.Response:
     return json_response(await service_of(request).group_metrics(request.match_info["queue"], name))
 
 
+async def figures(request: web.Request) -> web.Response:
+    """Every queue's figures (queue_core.figures) for a gateway's dashboard and /metrics; a cluster
+    node's: the one partition of its X-Strictq-Partition header."""
+    top = wire.integer(request.query, "top", TOP_GROUPS)
+    if not 0 <= top <= MAX_TOP:
+        raise InvalidArgument(f"top must be 0-{MAX_TOP}", field="top")
+    return json_response(figures_wire.encode(await service_of(request).figures(top)))
+
+
 async def start_move(request: web.Request) -> web.Response:
     source, destination = wire.decode_move_request(await read_object(request))
     return json_response(wire.encode_move(await service_of(request).start_move(source, destination)))
@@ -337,6 +349,7 @@ def make_app(
             web.get(q + "/size", size),
             web.get(q + "/claimcount", claimcount),
             web.get(q + "/group", group_info),
+            web.get("/v1/figures", figures),
             web.post("/v1/moves", start_move),
             web.get("/v1/moves/{move}", move_status),
             web.post("/v1/moves/{move}/cancel", cancel_move),

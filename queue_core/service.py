@@ -19,6 +19,7 @@ import orjson
 
 from .backend import DedupReach
 from .durability import NO_BODIES, Bodies, CommitLog, DurableLog, LogFactory
+from .figures import HELD_STATES, MAX_PARKED, Figures, HeldWorker, QueueFigures
 from .long_polls import LongPolls, MayTake, Waiter
 from .machine import (
     AckOutcome,
@@ -378,6 +379,25 @@ class QueueService:
     def gauges(self, top: int = TOP_GROUPS) -> list[QueueGauges]:
         """Every queue's gauges for a scrape (machine.gauges); synchronous, as a Prometheus collector is."""
         return self._read(self.core.gauges, top)
+
+    async def figures(self, top: int = TOP_GROUPS) -> Figures:
+        """The port's read for the dashboard and /metrics (queue_core.figures): every queue's gauges, its
+        parked groups and suspension, the workers failure management holds back."""
+        if not self.ready:
+            return Figures(self.clock(), (), ready=False)
+        monitor = self.supervisor.monitor
+        queues = []
+        for gauges in self.gauges(top):
+            parked = sorted(self.core.parked_groups(gauges.name))
+            suspended = monitor is not None and monitor.suspended(gauges.name)
+            queues.append(QueueFigures(gauges, tuple(parked[:MAX_PARKED]), len(parked), suspended))
+        held: list[HeldWorker] = []
+        if monitor is not None:
+            for worker in sorted(monitor.workers):
+                state = monitor.worker_state(worker)
+                if state in HELD_STATES:
+                    held.append(HeldWorker(worker, str(state)))
+        return Figures(self.clock(), tuple(sorted(queues, key=lambda q: q.name)), tuple(held))
 
     # -------------------------------------------------------------------------------- messages
     async def send(

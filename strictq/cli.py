@@ -676,6 +676,7 @@ def _cluster_node(args: argparse.Namespace, limits: Any) -> int:
         advertise=args.advertise,
         region=args.region,
         zone=args.zone,
+        keys=args.keys,
     )
     return run_server(lambda: run_node(options))
 

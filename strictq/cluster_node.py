@@ -17,13 +17,18 @@ from pathlib import Path
 
 import uvloop
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
+from access.keys import KeyRing, write_development_keys
 from cluster.connect import NatsSettings, connect
 from cluster.layout import LayoutError, ensure_layout
 from cluster.node import ClusterNode
+from queue_core.admin_http import UNTENANTED
 from queue_core.http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
+from queue_core.metrics_export import CoreCollector
+from queue_core.metrics_http import Collector, add_metrics_route
 from queue_core.server import make_app
-from queue_core.startup import listen_fault, prepare_data_dir
+from queue_core.startup import listen_fault, load_keys, prepare_data_dir
 from strictq.startup_guard import Port, StartupLine, check_ports, data_dir_lock
 from wirelog import logsafe
 
@@ -44,6 +49,7 @@ class NodeOptions:
     advertise: str | None = None  # the URL gateways reach this node at (default: the bound address)
     region: str = ""
     zone: str = ""
+    keys: Path | None = None  # the key file /metrics authenticates with (default: <data-dir>/keys.toml)
 
 
 async def serve_node(options: NodeOptions) -> None:
@@ -69,6 +75,7 @@ async def serve_node(options: NodeOptions) -> None:
             zone=options.zone,
         )
         app = make_app(None, source=node.service_for, ready=node.is_ready)
+        add_node_metrics(app, node, node_keys(options))
         runner = web.AppRunner(app, access_log=None, handle_signals=False, **options.limits.handler_args())
         await runner.setup()
         site = GuardedSite(runner, options.host, options.port, limits=options.limits, reuse_address=True)
@@ -97,6 +104,27 @@ async def serve_node(options: NodeOptions) -> None:
             await runner.cleanup()
     finally:
         await nc.close()
+
+
+def node_keys(options: NodeOptions) -> KeyRing:
+    """--keys, or <data-dir>/keys.toml (written with development credentials when missing, as a single
+    queue server does); `cluster up` gives every node its gateway's key file."""
+    path = options.keys or options.data_dir / "keys.toml"
+    if options.keys is not None or path.exists():
+        return load_keys(path)
+    return write_development_keys(path)
+
+
+def add_node_metrics(app: web.Application, node: ClusterNode, keys: KeyRing) -> None:
+    """GET /metrics of the node: the figures of the partitions it serves (per queue, and per partition),
+    scoped per key as on a single queue server (its queues of no tenant: every admin's), on the internal
+    API's app, so whatever authenticates that app's routes authenticates it too."""
+
+    async def read() -> Collector:
+        return CoreCollector(await node.figures(), None, keys)
+
+    app[UNTENANTED] = True
+    add_metrics_route(app, CollectorRegistry(), keys, [read])
 
 
 def run_node(options: NodeOptions) -> None:

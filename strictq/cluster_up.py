@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from access.keys import write_development_keys
 from cluster.connect import NatsSettings, NatsUnavailable, connect, credentials_path
 from cluster.layout import read_layout
 from cluster.nats_servers import NatsCluster, NatsClusterError
@@ -212,6 +213,11 @@ class ClusterUp:
     def strictq(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "strictq", *args]
 
+    @property
+    def gateway_keys(self) -> Path:
+        """The gateway's key file (`strictq serve`'s default in its data dir), which the nodes share."""
+        return self.data_dir / "gateway" / "keys.toml"
+
     def nats_args(self) -> list[str]:
         assert self.nats is not None
         return [
@@ -238,6 +244,8 @@ class ClusterUp:
             str(o.partitions),
             "--replicas",
             str(o.replicas),
+            "--keys",  # the gateway's key file: one operator key scrapes the edge and every node
+            str(self.gateway_keys),
             *self.where(int(name.removeprefix("n")) - 1),
         )
 
@@ -322,6 +330,9 @@ class ClusterUp:
         self._nats_pids = [self.nats.pid(i) for i in range(self.nats.count)]
         if self.stop.is_set():
             raise Stopped
+        if not self.gateway_keys.exists():  # written before the nodes start: they read it (--keys)
+            with file_faults(self.gateway_keys.parent):
+                write_development_keys(self.gateway_keys)
         node_lines: dict[str, str] = {}
         names = [f"n{k + 1}" for k in range(o.nodes)]
         # n1 alone first: it creates the cluster's layout, streams and buckets; then the others together.

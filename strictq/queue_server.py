@@ -24,8 +24,7 @@ from queue_core.fleet_http import add_fleet_routes, add_internal_heartbeat_route
 from queue_core.http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
 from queue_core.machine.fleet import FleetSettings
 from queue_core.machine.health import HealthSettings
-from queue_core.metrics_export import core_registry
-from queue_core.metrics_http import add_metrics_route
+from queue_core.metrics_export import add_queue_metrics
 from queue_core.server import make_app
 from queue_core.service import QueueService
 from queue_core.startup import (
@@ -82,7 +81,7 @@ async def serve(
     # The worker fleet (docs/fleet.md): its admin routes, and the heartbeats gateways forward.
     add_fleet_routes(app, FleetService(service, failures, fleet))
     add_internal_heartbeat_route(app)
-    add_metrics_route(app, core_registry(service, hub, key_ring), key_ring)  # GET /metrics, scoped per key
+    add_queue_metrics(app, service, hub, key_ring)  # GET /metrics, scoped per key
     runner = web.AppRunner(app, access_log=None, handle_signals=False, **limits.handler_args())
     await runner.setup()
     # A head timeout per connection, memory back after slow readers (queue_core.http_guard).

@@ -34,6 +34,7 @@ from fencing.ca import serve_proxy_dir
 from fencing.child import ProxyChild, ProxyStartError, start_proxy_child
 from gateway.app import make_gateway_app
 from gateway.client_region import Network, RegionResolver, client_region_middleware
+from gateway.cluster_figures import ClusterSource
 from gateway.deliveries import DeliveryLog
 from gateway.rate_limits import TenantLimit, TenantRateLimiter
 from gateway.sqs_receipts import ReceiptSigner
@@ -87,6 +88,7 @@ def make_edge_app(
     sqs_regions: tuple[str, ...] = (),
     regions: RegionResolver | None = None,
     limiter: TenantRateLimiter | None = None,
+    cluster: ClusterSource | None = None,
 ) -> web.Application:
     """The gateway's app (gateway.app) with, given `index`, GET /admin/v1/search over the wire-log index
     (spark.admin_endpoint; `strictq index` builds it) mounted beside its faces, and searched by the
@@ -104,6 +106,7 @@ def make_edge_app(
         sqs_regions=sqs_regions,
         limiter=limiter,
         story_index=PageIndex(index) if index is not None else None,  # the dashboard's search box
+        cluster=cluster,  # an edge of a cluster: its partitions, owners and lag (strictq.cluster_source)
     )
     if index is not None:
         add_search_route(app, index, SearchGate(*search_gate(app, keys)))
@@ -257,8 +260,9 @@ async def serve(options: ServeOptions) -> None:
     service: QueueBackend
     control = None
     publisher = None  # an edge of a cluster's traffic reports (cluster.traffic), started once it listens
+    cluster_state: ClusterSource | None = None
     if options.cluster is not None:
-        service, control, publisher = await cluster_backend(options.cluster, data_dir, options)
+        service, control, publisher, cluster_state = await cluster_backend(options.cluster, data_dir, options)
     elif options.queue_server is None:
         service = QueueService(data_dir / "queue", partitions=options.partitions)
         await start_service(service, data_dir)
@@ -294,6 +298,7 @@ async def serve(options: ServeOptions) -> None:
             sqs_regions=options.regions,
             regions=options.region_resolver(),
             limiter=limiter,
+            cluster=cluster_state,
         ),
         access_log=None,
         handle_signals=False,
@@ -344,7 +349,8 @@ async def serve(options: ServeOptions) -> None:
         f" -H 'Content-Type: application/json' {url}/queue/1/orders/send --data-binary '{{\"order\": 1}}'",
         flush=True,
     )
-    if options.core_here:  # the operator's dashboard runs where the core runs (gateway.dashboard)
+    # The operator's dashboard runs in every topology (gateway.dashboard); `cluster up` keeps its last line.
+    if options.cluster is None:
         print(f"strictq: dashboard {url}/dashboard (log in with STRICTQ_ADMIN_KEY of {env_path})", flush=True)
     try:
         await stop.wait()
@@ -470,13 +476,14 @@ def edge_identity(options: ServeOptions, port: int, url: str) -> EdgeIdentity:
 
 async def cluster_backend(
     settings: NatsSettings, data_dir: Path, options: ServeOptions | None = None
-) -> tuple[QueueBackend, ControlHub, EdgePublisher]:
+) -> tuple[QueueBackend, ControlHub, EdgePublisher, ClusterSource]:
     """The gateway of a cluster: every group's operations go to its partition's owner (cluster.backend),
     read from the cluster's KV buckets (cluster.kv_owners), through `options.reach` where given; its
     control stream relays the owners' floors (cluster.floors) and holds the fences in
     <data-dir>/fences.json. Its sends are measured (cluster.traffic.TrafficMeter over
     `options.traffic_window`) and published by the EdgePublisher returned, which the caller starts once
-    it listens (edge_identity needs the port) and the backend's close closes."""
+    it listens (edge_identity needs the port) and the backend's close closes; and the cluster's state for
+    the edge's dashboard and /metrics (strictq.cluster_source)."""
     from cluster.backend import ClusterBackend
     from cluster.connect import connect
     from cluster.floors import ClusterFloors
@@ -484,6 +491,7 @@ async def cluster_backend(
     from cluster.layout import read_layout, retrying
     from cluster.replicated_log import APPEND_RETRY_SECONDS
     from cluster.traffic import EdgePublisher, TrafficMeter
+    from strictq.cluster_source import KvClusterSource
 
     options = options or ServeOptions(host="127.0.0.1", port=0, data_dir=data_dir, cluster=settings)
     reach = dict(options.reach)
@@ -521,7 +529,8 @@ async def cluster_backend(
         owners, on_close=closed, timeout=APPEND_RETRY_SECONDS + 3, meter=meter, reach=reach
     )
     await backend.start()
-    return backend, ControlHub(floors, FenceRegistry(data_dir / "fences.json")), publisher
+    hub = ControlHub(floors, FenceRegistry(data_dir / "fences.json"))
+    return backend, hub, publisher, KvClusterSource(js, layout, tuple(settings.urls))
 
 
 def run(options: ServeOptions) -> None:

@@ -27,14 +27,6 @@ from queue_core.machine.groups import partition_of
 
 # feature -> topology -> why it is not served there yet (issue 27's list of what is missing).
 GAPS: dict[str, dict[str, str]] = {
-    "metrics": {
-        "remote": "the core's series are exported only where the core runs in the gateway's process",
-        "cluster": "the core's series are exported only where the core runs in the gateway's process",
-    },
-    "dashboard": {
-        "remote": "the dashboard is mounted only where the core runs in the gateway's process",
-        "cluster": "the dashboard is mounted only where the core runs in the gateway's process",
-    },
     "status": {
         "remote": "failure management runs in the queue server; the gateway does not serve its routes",
         "cluster": "failure management does not run in a cluster yet",

@@ -23,6 +23,7 @@ from access.keys import Credential, KeyRing
 from gateway.dashboard import age
 from gateway.dashboard_history import BacklogHistory, sparkline
 from gateway.dashboard_session import CSRF_HEADER, SECURE_COOKIE, SessionStore
+from queue_core.figures import Figures, QueueFigures
 from queue_core.machine.effects import AttemptRecorded
 from queue_core.machine.gauges import QueueGauges
 from queue_core.machine.health import HealthMonitor, HealthSettings
@@ -408,7 +409,7 @@ def test_sparkline_and_ages() -> None:
     ]
 
 
-def test_the_backlog_history_is_bounded() -> None:
+async def test_the_backlog_history_is_bounded() -> None:
     now = [0.0]
 
     def gauge(name: str, age: float) -> QueueGauges:
@@ -419,16 +420,19 @@ def test_the_backlog_history_is_bounded() -> None:
         )  # fmt: skip
 
     present = ["t1.a", "t1.b", "t1.c"]
-    history = BacklogHistory(
-        lambda: [gauge(n, now[0]) for n in present], lambda: now[0], samples=4, max_queues=2
-    )
+
+    async def figures() -> Figures:
+        return Figures(now[0], tuple(QueueFigures(gauge(n, now[0])) for n in present))
+
+    history = BacklogHistory(figures, samples=4, max_queues=2)
     for _ in range(6):
         now[0] += 5
-        history.sample()
+        await history.sample()
     assert [s.oldest_age for s in history.series("t1.a")] == [15, 20, 25, 30]  # the last 4 samples
+    assert [s.at for s in history.series("t1.a")] == [15, 20, 25, 30]  # stamped with the core's clock
     assert history.series("t1.c") == ()  # past max_queues: no history
     present.remove("t1.a")
-    history.sample()
+    await history.sample()
     assert history.series("t1.a") == ()  # a queue that is gone loses its history
 
 
@@ -489,16 +493,57 @@ async def test_an_operator_sees_the_indexs_error_cases(dash: Browserless, tmp_pa
     assert "from failure management" in errors and "api.payments.example" not in errors
 
 
-async def test_a_gateway_without_the_core_says_where_the_dashboard_is() -> None:
-    from aiohttp.test_utils import TestClient, TestServer
+# ----------------------------------------------------------------------- in front of a queue server
+async def test_the_dashboard_in_front_of_a_queue_server(tmp_path: Path) -> None:
+    """`--queue-server`: the page reads the queues through the port (the queue server's `GET /v1/figures`):
+    real depth after real sends, in flight after a receive; what this gateway does not hold (fences,
+    failure management) is said to be elsewhere, and no button calls a route it does not serve."""
+    from observe_support import remote_edge
 
-    from gateway.app import make_gateway_app
-    from queue_core.remote import RemoteQueueService
+    async with remote_edge(tmp_path, KeyRing(list(KEYS)), HealthSettings()) as edge:
+        for n in range(3):
+            await edge.call(
+                "POST", f"/queue/1/{QUEUE}/send", "producer-1", {"n": n}, group=f"customer-{n % 2}"
+            )
+        await edge.call("POST", "/queue/1/invoices/send", "producer-t2", {"theirs": True}, group="g")
+        dash = Browserless(edge, edge.session)  # type: ignore[arg-type]
+        cookie, csrf = await dash.as_("admin-1")
+        _, page = await dash.get("/dashboard", cookie)
+        row = _row(page, "data-queue", QUEUE)
+        assert row is not None, page
+        cells = re.findall(r'<td class="n">([^<]*)</td>', row)
+        assert cells[:4] == ["3", "0", "0", "2"], cells  # visible, in flight, delayed, groups
+        assert _row(page, "data-queue", "invoices") is None  # t2's
+        assert 'id="count-messages">3<' in page and "customer-0" in page  # the groups panel
+        assert 'id="no-fences"' in page and "failure management does not run beside this gateway" in page
+        assert "data-kind=" not in page  # no fence, suspend or release route here: no button
+        assert 'id="cluster"' not in page
 
-    service = RemoteQueueService("http://127.0.0.1:9")  # never started: nothing is asked of it
-    app = make_gateway_app(service, KeyRing(list(KEYS)))
-    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-        answer = await client.get("/dashboard")
-        assert answer.status == 404 and "runs where the queue core runs" in await answer.text()
-        answer = await client.post("/dashboard/login", data={"key": OPERATOR.secret})
-        assert answer.status == 404  # nothing to log in to
+        items = await edge.call("GET", f"/queue/1/{QUEUE}/poll", "worker-1", limit="1", ttl="60")
+        assert len(items) == 1
+        status, panels = await dash.get("/dashboard/panels", cookie, csrf)
+        assert status == 200
+        row = _row(panels, "data-queue", QUEUE)
+        assert row is not None
+        assert re.findall(r'<td class="n">([^<]*)</td>', row)[:2] == ["2", "1"]
+
+        cookie, csrf = await dash.as_("operator-1")
+        _, page = await dash.get("/dashboard", cookie)
+        assert _row(page, "data-queue", f"t1.{QUEUE}") is not None
+        assert _row(page, "data-queue", "t2.invoices") is not None
+
+        # Suspended by the queue server's failure management (its own admin route): the figures say so.
+        headers = {"X-BV-API-Key": edge.secret("admin-1")}
+        url = f"{edge.server.url}/admin/v1/queues/{QUEUE}/suspend"
+        async with edge.session.post(url, json={"reason": "maintenance"}, headers=headers) as answer:
+            assert answer.status == 200, await answer.text()
+        status, panels = await dash.get("/dashboard/panels", cookie, csrf)
+        row = _row(panels, "data-queue", f"t1.{QUEUE}")
+        assert row is not None and "state-suspended" in row
+        suspended = panels[panels.index('id="suspended"') : panels.index('id="parked"')]
+        assert f"t1.{QUEUE}" in suspended and 'id="count-suspended">1<' in panels
+
+        # The queue server gone: the page still answers, and says why it has no figures.
+        await edge.server.stop_serving()
+        status, panels = await dash.get("/dashboard/panels", cookie, csrf)
+        assert status == 200 and 'id="unreachable"' in panels, panels[:400]

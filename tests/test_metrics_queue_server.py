@@ -177,3 +177,30 @@ async def test_scrapes_need_an_admin_or_operator_key(
         assert response.content_type == "application/json"
         body = await response.json()
     assert body["error"]["code"] == code and body["error"]["message"]
+
+
+async def test_the_figures_route_answers_what_the_core_reads(server: Any) -> None:
+    """`GET /v1/figures` (what a gateway's dashboard and /metrics read through the port) decodes to the
+    core's own figures; merged over partitions, counts add up, ages are the oldest, top groups the largest."""
+    from queue_core import figures as wire_figures
+    from queue_core.figures import merge_queues
+
+    srv, clock, session = server
+    await send(session, srv.url, "t1.orders", "customer-1", 3)
+    await send(session, srv.url, "t1.orders", "customer-2", 1)
+    clock.advance(4.0)
+    async with session.get(f"{srv.url}/v1/figures", params={"top": "1"}) as answer:
+        assert answer.status == 200
+        decoded = wire_figures.decode(await answer.json())
+    assert decoded == await srv.service.figures(top=1)
+    (orders,) = decoded.queues
+    assert (orders.gauges.visible, orders.gauges.groups, orders.gauges.oldest_age) == (4, 2, 4.0)
+    assert [g.name for g in orders.gauges.top_groups] == ["customer-1"]
+
+    clock.advance(1.0)
+    await send(session, srv.url, "t1.orders", "customer-9", 5)
+    later = await srv.service.figures(top=1)
+    (merged,) = merge_queues([decoded.queues, later.queues], top=1)
+    assert merged.gauges.visible == 4 + 9 and merged.gauges.sent == 4 + 9
+    assert merged.gauges.oldest_age == 5.0  # the older reading's queue has aged since: the oldest wins
+    assert [(g.name, g.messages) for g in merged.gauges.top_groups] == [("customer-9", 5)]

@@ -22,8 +22,9 @@ from aiohttp.test_utils import TestServer
 from access.keys import KeyRing
 from queue_core.admin_routes import add_admin_routes
 from queue_core.control import ControlHub
-from queue_core.metrics_export import core_registry
-from queue_core.metrics_http import add_metrics_route
+from queue_core.failures import FailureManager
+from queue_core.machine.health import HealthSettings
+from queue_core.metrics_export import add_queue_metrics
 from queue_core.server import make_app
 from queue_core.service import QueueService
 
@@ -47,20 +48,30 @@ class InProcessServer:
         """Still serving (the in-process twin of ChildProcess.running)."""
         return not self._server.closed
 
+    async def stop_serving(self) -> None:
+        """Close its socket (the queue server gone, its store still open until the block ends)."""
+        await self._server.close()
+
 
 @contextlib.asynccontextmanager
 async def serve_in_process(
-    data_dir: Path, *, clock: Callable[[], float] = time.time, keys: KeyRing | None = None
+    data_dir: Path,
+    *,
+    clock: Callable[[], float] = time.time,
+    keys: KeyRing | None = None,
+    health: HealthSettings | None = None,
 ) -> AsyncIterator[InProcessServer]:
+    """`health` (with `keys`): failure management on, as `strictq queue-server --health` runs it."""
     await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True, mode=0o700)
     service = QueueService(data_dir, clock=clock)
     await service.start()
     app = make_app(service)
     hub = None
-    if keys is not None:  # as strictq.queue_server composes it (no failure management)
+    if keys is not None:  # as strictq.queue_server composes it
         hub = ControlHub(service)
-        add_admin_routes(app, hub, keys, untenanted=True)
-        add_metrics_route(app, core_registry(service, hub, keys), keys)
+        failures = FailureManager(service, hub, health) if health is not None else None
+        add_admin_routes(app, hub, keys, failures, untenanted=True)
+        add_queue_metrics(app, service, hub, keys)
     server = TestServer(app, host="127.0.0.1")
     try:
         await server.start_server()
