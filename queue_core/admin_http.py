@@ -23,6 +23,7 @@ from access.permissions import READ_ROLES, STREAM_ROLES, WRITE_ROLES, fenceable
 from protocol import headers
 from protocol.errors import Forbidden, RequestTooLarge, ShuttingDown, Unauthorized
 
+from .backend import QueueBackend
 from .control import KEEPALIVE_FRAME, ControlHub, StreamClosed
 from .fences import InvalidFence, UnknownWorker
 from .http_errors import error_response as render_error
@@ -106,6 +107,21 @@ def scope_of(request: web.Request, roles: tuple[str, ...]) -> Scope:
     """The authenticated caller's scope: what it may see and change (queue_core.scope)."""
     credential = authenticate(request, roles)
     return Scope(credential, request.app[ADMIN_KEYS], request.app.get(UNTENANTED, False))
+
+
+async def queue_in_path(
+    request: web.Request, backend: QueueBackend, roles: tuple[str, ...]
+) -> tuple[str, str]:
+    """(the caller's name, the core's name) of the `{queue}` in the path (`?face=dedupq` for an EmoDB dedup
+    queue), looked up through the port, so every topology answers alike; QueueNotFound (404) for a queue
+    that does not exist or is another tenant's."""
+    scope = scope_of(request, roles)
+    name = request.match_info["queue"]
+    face = request.query.get("face", "queue")
+    existing: set[str] = set()
+    for candidate in scope.candidates(name, face):
+        existing.update(q for q in await backend.list_queues(candidate) if q == candidate)
+    return name, scope.internal_queue(name, existing, face)
 
 
 def known_worker(scope: Scope, worker: str) -> None:

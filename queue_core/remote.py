@@ -23,12 +23,14 @@ from protocol.headers import PARTITION
 from . import wire
 from .machine import (
     AckOutcome,
+    GroupPolicy,
     MoveStatus,
     NotFound,
     PeekItem,
     QueueAttributes,
     QueueError,
     QueueMetrics,
+    Redriven,
     SendRequest,
     SendResult,
     Unavailable,
@@ -319,9 +321,35 @@ class RemoteQueueService:
         answer = await self._call("POST", "/v1/fleet/heartbeat", body)
         return answer if isinstance(answer, dict) else {}
 
+    # ---------------------------------------------------------------------------- the retry workflow
+    async def release_group(self, queue: str, group: str) -> int:
+        payload = await self._call("POST", self._q(queue) + "/groups/release", params={"group": group})
+        return int(payload["released"])
+
+    async def redrive_group(self, queue: str, group: str) -> Redriven:
+        payload = await self._call("POST", self._q(queue) + "/groups/redrive", params={"group": group})
+        return wire.decode_redriven(payload)
+
+    async def parked_groups(self, queue: str) -> list[str]:
+        return [str(g) for g in (await self._call("GET", self._q(queue) + "/parked"))["groups"]]
+
+    async def group_policy(self, queue: str, group: str) -> GroupPolicy:
+        payload = await self._call("GET", self._q(queue) + "/groups/policy", params={"group": group})
+        return wire.decode_group_policy(payload)
+
+    async def set_group_policy(self, queue: str, group: str, override: dict[str, Any] | None) -> GroupPolicy:
+        path = self._q(queue) + "/groups/policy"
+        payload = await self._call("PUT", path, {"override": override}, params={"group": group})
+        return wire.decode_group_policy(payload)
+
+    async def group_log(self, queue: str, group: str, limit: int = 50) -> list[dict[str, Any]]:
+        params = {"group": group, "limit": str(limit)}
+        payload = await self._call("GET", self._q(queue) + "/groups/log", params=params)
+        return list(payload["attempts"])
+
     # ------------------------------------------------------------------------------------ moves
-    async def start_move(self, source: str, destination: str) -> MoveStatus:
-        body = wire.encode_move_request(source, destination)
+    async def start_move(self, source: str, destination: str, move_id: str | None = None) -> MoveStatus:
+        body = wire.encode_move_request(source, destination, move_id)
         return wire.decode_move(await self._call("POST", "/v1/moves", body))
 
     async def move_status(self, move_id: str) -> MoveStatus:

@@ -290,8 +290,49 @@ async def group_info(request: web.Request) -> web.Response:
 
 
 async def start_move(request: web.Request) -> web.Response:
-    source, destination = wire.decode_move_request(await read_object(request))
-    return json_response(wire.encode_move(await service_of(request).start_move(source, destination)))
+    source, destination, move_id = wire.decode_move_request(await read_object(request))
+    return json_response(wire.encode_move(await service_of(request).start_move(source, destination, move_id)))
+
+
+# ---------------------------------------------- the retry workflow (the port's, queue_core.backend)
+def group_of(request: web.Request) -> str:
+    """The group rides in the query (`?group=`): group ids may hold '/', '?' or '#'."""
+    group = request.query.get("group")
+    if not group:
+        raise InvalidArgument("give the group as ?group=", field="group")
+    return group
+
+
+async def release_group(request: web.Request) -> web.Response:
+    released = await service_of(request).release_group(request.match_info["queue"], group_of(request))
+    return json_response({"released": released})
+
+
+async def redrive_group(request: web.Request) -> web.Response:
+    redriven = await service_of(request).redrive_group(request.match_info["queue"], group_of(request))
+    return json_response(wire.encode_redriven(redriven))
+
+
+async def parked_groups(request: web.Request) -> web.Response:
+    return json_response({"groups": await service_of(request).parked_groups(request.match_info["queue"])})
+
+
+async def get_group_policy(request: web.Request) -> web.Response:
+    policy = await service_of(request).group_policy(request.match_info["queue"], group_of(request))
+    return json_response(policy.to_dict())
+
+
+async def put_group_policy(request: web.Request) -> web.Response:
+    group = group_of(request)
+    override = wire.decode_override(await read_object(request))
+    policy = await service_of(request).set_group_policy(request.match_info["queue"], group, override)
+    return json_response(policy.to_dict())
+
+
+async def group_log(request: web.Request) -> web.Response:
+    limit = wire.integer(request.query, "limit", 50)
+    attempts = await service_of(request).group_log(request.match_info["queue"], group_of(request), limit)
+    return json_response({"attempts": attempts})
 
 
 async def move_status(request: web.Request) -> web.Response:
@@ -337,6 +378,12 @@ def make_app(
             web.get(q + "/size", size),
             web.get(q + "/claimcount", claimcount),
             web.get(q + "/group", group_info),
+            web.post(q + "/groups/release", release_group),
+            web.post(q + "/groups/redrive", redrive_group),
+            web.get(q + "/groups/policy", get_group_policy),
+            web.put(q + "/groups/policy", put_group_policy),
+            web.get(q + "/groups/log", group_log),
+            web.get(q + "/parked", parked_groups),
             web.post("/v1/moves", start_move),
             web.get("/v1/moves/{move}", move_status),
             web.post("/v1/moves/{move}/cancel", cancel_move),

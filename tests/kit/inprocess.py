@@ -20,7 +20,7 @@ from pathlib import Path
 from aiohttp.test_utils import TestServer
 
 from access.keys import KeyRing
-from queue_core.admin_routes import add_admin_routes
+from queue_core.admin_routes import add_admin_routes, add_queue_admin_routes
 from queue_core.control import ControlHub
 from queue_core.metrics_export import core_registry
 from queue_core.metrics_http import add_metrics_route
@@ -60,6 +60,7 @@ async def serve_in_process(
     if keys is not None:  # as strictq.queue_server composes it (no failure management)
         hub = ControlHub(service)
         add_admin_routes(app, hub, keys, untenanted=True)
+        add_queue_admin_routes(app, service, keys, untenanted=True)
         add_metrics_route(app, core_registry(service, hub, keys), keys)
     server = TestServer(app, host="127.0.0.1")
     try:
