@@ -35,6 +35,7 @@ import aiohttp
 from queue_core.machine import (
     AckOutcome,
     GroupPolicy,
+    InvalidArgument,
     MoveStatus,
     NotFound,
     NotInFlight,
@@ -52,6 +53,7 @@ from queue_core.machine import (
 from queue_core.machine.capabilities import PLAIN, Capabilities
 from queue_core.machine.core import RenewMode
 from queue_core.machine.groups import AUTO_GROUP_PREFIX, partition_of
+from queue_core.machine.handover import MAX_GROUPS_PER_CALL, HandoverPolicy
 from queue_core.machine.inputs import AttemptResult
 from queue_core.machine.moves import CLUSTER_MOVE_PREFIX
 from queue_core.remote import PROBE_INTERVAL, RemoteQueueService, Unreachable, client_session
@@ -687,6 +689,56 @@ class ClusterBackend:
             refused = [e for e in errors if isinstance(e, NotInFlight)]
             raise _first_error(refused or errors)
         return await self.move_status(move_id)
+
+    # ------------------------------------------------------------------------------------ handovers
+    def _plan_groups(self, groups: Sequence[str]) -> dict[int, list[str]]:
+        """Named groups by partition; a group the core named (no partition in its name) on every one."""
+        plan: dict[int, list[str]] = {}
+        for group in groups:
+            targets = range(self.partitions) if group.startswith(AUTO_GROUP_PREFIX) else [
+                partition_of(group, self.partitions)
+            ]
+            for partition in targets:
+                plan.setdefault(partition, []).append(group)
+        return plan
+
+    async def hand_over(
+        self, queue: str, groups: Sequence[str] | None, from_worker: str, policy: HandoverPolicy | None = None
+    ) -> tuple[list[str], list[str]]:
+        """Named groups on their partitions, None (every group of the donor) on every partition; marked and
+        already moving in the caller's order (None: sorted)."""
+        if groups is None:
+            parts = await self._all(lambda r: r.hand_over(queue, None, from_worker, policy))
+            return sorted({g for p in parts for g in p[0]}), sorted({g for p in parts for g in p[1]})
+        if len(groups) > MAX_GROUPS_PER_CALL:  # as one core refuses it (each partition sees only its share)
+            raise InvalidArgument(f"at most {MAX_GROUPS_PER_CALL} groups per call", field="groups")
+        plan = self._plan_groups(groups)
+
+        def marking(names: list[str]) -> Operation[tuple[list[str], list[str]]]:
+            return lambda r: r.hand_over(queue, names, from_worker, policy)
+
+        answers = await asyncio.gather(*(self._call(p, marking(names)) for p, names in plan.items()))
+        marked = {g for answer in answers for g in answer[0]}
+        already = {g for answer in answers for g in answer[1]} - marked
+        order = list(dict.fromkeys(groups))
+        return [g for g in order if g in marked], [g for g in order if g in already]
+
+    async def release_handover(self, queue: str, groups: Sequence[str]) -> list[str]:
+        if len(groups) > MAX_GROUPS_PER_CALL:
+            raise InvalidArgument(f"at most {MAX_GROUPS_PER_CALL} groups per call", field="groups")
+        plan = self._plan_groups(groups)
+
+        def releasing(names: list[str]) -> Operation[list[str]]:
+            return lambda r: r.release_handover(queue, names)
+
+        answers = await asyncio.gather(*(self._call(p, releasing(names)) for p, names in plan.items()))
+        released = {g for answer in answers for g in answer}
+        return [g for g in dict.fromkeys(groups) if g in released]
+
+    async def handovers(self, queue: str) -> list[dict[str, Any]]:
+        """Every partition's groups in handover, by group name."""
+        rows = [row for rows in await self._all(lambda r: r.handovers(queue)) for row in rows]
+        return sorted(rows, key=lambda row: str(row.get("group", "")))
 
     # ---------------------------------------------------------------------------- the retry workflow
     async def _by_group(self, group: str, operation: Operation[T], known: Callable[[T], bool]) -> T:

@@ -24,6 +24,7 @@ from .machine import (
 )
 from .machine.capabilities import PLAIN, Capabilities
 from .machine.core import RenewMode
+from .machine.handover import HandoverPolicy
 from .machine.inputs import AttemptResult
 from .service import Received
 
@@ -101,3 +102,12 @@ class QueueBackend(Protocol):
         self, queue: str, group: str, override: dict[str, Any] | None
     ) -> GroupPolicy: ...
     async def group_log(self, queue: str, group: str, limit: int = 50) -> list[dict[str, Any]]: ...
+
+    # Handovers of groups between workers (docs/state-transfer.md; queue_core.handover_http serves them). A
+    # cluster serves named groups on their partitions, `groups=None` (every group of the donor) and the
+    # queue's list on every partition, merged.
+    async def hand_over(
+        self, queue: str, groups: Sequence[str] | None, from_worker: str, policy: HandoverPolicy | None = None
+    ) -> tuple[list[str], list[str]]: ...
+    async def release_handover(self, queue: str, groups: Sequence[str]) -> list[str]: ...
+    async def handovers(self, queue: str) -> list[dict[str, Any]]: ...

@@ -39,6 +39,7 @@ from .machine import (
 from .machine.capabilities import PLAIN, Capabilities
 from .machine.core import RenewMode
 from .machine.groups import DEFAULT_PARTITIONS
+from .machine.handover import HandoverPolicy
 from .machine.inputs import AttemptResult
 from .service import MAX_WAIT, Received
 
@@ -346,6 +347,21 @@ class RemoteQueueService:
         params = {"group": group, "limit": str(limit)}
         payload = await self._call("GET", self._q(queue) + "/groups/log", params=params)
         return list(payload["attempts"])
+
+    # ------------------------------------------------------------------------------------ handovers
+    async def hand_over(
+        self, queue: str, groups: Sequence[str] | None, from_worker: str, policy: HandoverPolicy | None = None
+    ) -> tuple[list[str], list[str]]:
+        body = {"from": from_worker, "groups": None if groups is None else list(groups), "policy": policy}
+        payload = await self._call("POST", self._q(queue) + "/handover", body)
+        return list(payload["groups"]), list(payload["already"])
+
+    async def release_handover(self, queue: str, groups: Sequence[str]) -> list[str]:
+        payload = await self._call("POST", self._q(queue) + "/handover/release", {"groups": list(groups)})
+        return list(payload["released"])
+
+    async def handovers(self, queue: str) -> list[dict[str, Any]]:
+        return list((await self._call("GET", self._q(queue) + "/handover"))["handovers"])
 
     # ------------------------------------------------------------------------------------ moves
     async def start_move(self, source: str, destination: str, move_id: str | None = None) -> MoveStatus:

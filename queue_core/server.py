@@ -343,6 +343,41 @@ async def cancel_move(request: web.Request) -> web.Response:
     return json_response(wire.encode_move(await service_of(request).cancel_move(request.match_info["move"])))
 
 
+# ------------------------------------------------------ handovers of groups (docs/state-transfer.md)
+def groups_of(data: dict[str, Any], none_allowed: bool) -> list[str] | None:
+    groups = data.get("groups")
+    if none_allowed and groups is None:
+        return None
+    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        raise InvalidArgument("groups must be a list of group names", field="groups")
+    return groups
+
+
+async def hand_over(request: web.Request) -> web.Response:
+    """`{"from": worker, "groups": [...] | null, "policy": null | "proceed" | "wait"}` (the core checks
+    the names and the policy): `{"groups": marked, "already": already moving}`."""
+    data = await read_object(request)
+    donor, policy = data.get("from"), data.get("policy")
+    if not isinstance(donor, str):
+        raise InvalidArgument("from must name the worker the groups move away from", field="from")
+    if policy not in (None, "proceed", "wait"):
+        raise InvalidArgument("policy must be 'proceed' or 'wait'", field="policy")
+    groups = groups_of(data, none_allowed=True)
+    marked, already = await service_of(request).hand_over(request.match_info["queue"], groups, donor, policy)
+    return json_response({"groups": marked, "already": already})
+
+
+async def release_handover(request: web.Request) -> web.Response:
+    groups = groups_of(await read_object(request), none_allowed=False)
+    assert groups is not None
+    released = await service_of(request).release_handover(request.match_info["queue"], groups)
+    return json_response({"released": released})
+
+
+async def list_handovers(request: web.Request) -> web.Response:
+    return json_response({"handovers": await service_of(request).handovers(request.match_info["queue"])})
+
+
 def make_app(
     service: QueueService | None, source: ServiceSource | None = None, ready: Callable[[], bool] | None = None
 ) -> web.Application:
@@ -384,6 +419,9 @@ def make_app(
             web.put(q + "/groups/policy", put_group_policy),
             web.get(q + "/groups/log", group_log),
             web.get(q + "/parked", parked_groups),
+            web.post(q + "/handover", hand_over),
+            web.post(q + "/handover/release", release_handover),
+            web.get(q + "/handover", list_handovers),
             web.post("/v1/moves", start_move),
             web.get("/v1/moves/{move}", move_status),
             web.post("/v1/moves/{move}/cancel", cancel_move),

@@ -376,3 +376,45 @@ async def test_an_emodb_move_keeps_every_groups_order(edge: Edge, http: aiohttp.
         http, edge, "POST", "/queue/1/_move", admin, params={"from": source, "to": source}
     )
     assert status == 400 and answer["error"]["code"] == "invalid_argument"
+
+
+# --------------------------------------------------------------------------------------- handovers
+async def test_the_handover_routes(edge: Edge, http: aiohttp.ClientSession) -> None:
+    queue = unique("ho")
+    admin, producer, worker = edge.key("admin"), edge.key("producer"), edge.key("worker")
+    donor = edge.credential("worker")
+    assert donor is not None
+    groups = [f"h{i}" for i in range(6)]  # over every partition of a three-partition cluster
+    for group in groups:
+        body = {"g": group, "n": 0}
+        status, _ = await call(http, edge, "POST", f"/queue/1/{queue}/send", producer, body, {"group": group})
+        assert status == 200
+    adm = f"/admin/v1/queues/{queue}/handover"
+    move = {"from": donor.id, "groups": groups[::-1], "policy": "wait"}
+    status, answer = await call(http, edge, "POST", adm, admin, move)
+    assert status == 200 and answer == {
+        "queue": queue,
+        "from": donor.id,
+        "groups": groups[::-1],
+        "already": [],
+    }
+    status, answer = await call(http, edge, "POST", adm, admin, {**move, "groups": groups})
+    assert status == 200 and (answer["groups"], answer["already"]) == ([], groups)  # in the caller's order
+    status, answer = await call(http, edge, "GET", adm, admin)
+    assert status == 200 and [row["group"] for row in answer["handovers"]] == sorted(groups)
+    status, polled = await call(http, edge, "GET", f"/queue/1/{queue}/poll", worker, params={"limit": "10"})
+    assert status == 200 and polled == []  # held until the state comes or an operator lets them go
+    status, answer = await call(http, edge, "POST", adm + "/release", admin, {"groups": groups})
+    assert status == 200 and answer == {"queue": queue, "released": groups}
+    status, answer = await call(http, edge, "GET", adm, admin)
+    assert answer["handovers"] == []
+    assert sorted(p["g"] for p in await drain(http, edge, queue, 6)) == groups
+
+    status, answer = await call(http, edge, "POST", adm, worker, move)
+    assert status == 403
+    status, answer = await call(http, edge, "POST", adm, admin, {"groups": groups})
+    assert status == 400 and answer["error"]["details"]["field"] == "from", answer
+    status, answer = await call(http, edge, "POST", adm, admin, {**move, "policy": "later"})
+    assert status == 400 and answer["error"]["code"] == "invalid_argument"
+    status, answer = await call(http, edge, "GET", "/admin/v1/queues/no-such-queue/handover", admin)
+    assert status == 404
