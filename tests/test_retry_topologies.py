@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import ssl
+import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -153,6 +155,22 @@ async def call(
         text = await answer.text()
         assert answer.content_type == "application/json", (answer.status, text[:300])
         return answer.status, json.loads(text) if text else None
+
+
+def cli(edge: Edge, *args: str) -> Any:
+    """`strictq ARGS` against the gateway with the admin key: its JSON answer."""
+    admin = edge.credential("admin")
+    assert admin is not None
+    env = {
+        **os.environ,
+        "STRICTQ_URL": edge.url,
+        "STRICTQ_CA_FILE": edge.ca,
+        "STRICTQ_ADMIN_KEY": admin.secret,
+    }
+    env.pop("STRICTQ_QUEUE_URL", None)
+    done = subprocess.run(strictq(*args), env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    return json.loads(done.stdout)
 
 
 async def boto(method: Any, **kwargs: Any) -> Any:
@@ -404,6 +422,8 @@ async def test_the_handover_routes(edge: Edge, http: aiohttp.ClientSession) -> N
     assert status == 200 and [row["group"] for row in answer["handovers"]] == sorted(groups)
     status, polled = await call(http, edge, "GET", f"/queue/1/{queue}/poll", worker, params={"limit": "10"})
     assert status == 200 and polled == []  # held until the state comes or an operator lets them go
+    listed = await asyncio.to_thread(cli, edge, "handover", queue, "--json")  # the CLI, at this gateway
+    assert [row["group"] for row in listed["handovers"]] == groups, listed
     status, answer = await call(http, edge, "POST", adm + "/release", admin, {"groups": groups})
     assert status == 200 and answer == {"queue": queue, "released": groups}
     status, answer = await call(http, edge, "GET", adm, admin)
