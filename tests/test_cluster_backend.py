@@ -20,9 +20,17 @@ import pytest
 from conftest import ServerProcess, start_server
 from kit.until import until
 
-from cluster.backend import ClusterBackend
+from cluster.backend import ClusterBackend, merge_moves
 from cluster.owners import StaticOwnerMap
-from queue_core.machine import NotFound, NotInFlight, QueueNotFound, SendRequest, SendResult, Unavailable
+from queue_core.machine import (
+    MoveStatus,
+    NotFound,
+    NotInFlight,
+    QueueNotFound,
+    SendRequest,
+    SendResult,
+    Unavailable,
+)
 from queue_core.machine.groups import partition_of
 from queue_core.machine.inputs import AttemptResult
 from queue_core.remote import RemoteQueueService
@@ -301,6 +309,47 @@ async def test_a_cancelled_move_merges_the_partitions_states(servers: list[Serve
 
 
 # ------------------------------------------------------------------------------ the retry workflow
+def test_merged_move_states() -> None:
+    """merge_moves: running while any part runs; then failed (a part failed, or a partition lost the move),
+    cancelled, done; counts summed, the earliest start and the latest finish."""
+
+    def part(state: str, moved: int, remaining: int = 0, error: str = "", at: float = 1.0) -> MoveStatus:
+        finished = at + 1 if state != "running" else 0.0
+        return MoveStatus("mv-cx", "a", "b", moved, remaining, state, error, at, finished)
+
+    running = merge_moves("mv-cx", [part("done", 2), part("running", 1, 3, at=0.5)], [])
+    assert (running.state, running.moved, running.remaining, running.started_at, running.finished_at) == (
+        "running", 3, 3, 0.5, 0.0,
+    )  # fmt: skip
+    failed = merge_moves("mv-cx", [part("done", 2, at=3.0), part("failed", 1, error="queue deleted")], [])
+    assert (failed.state, failed.error, failed.finished_at) == ("failed", "queue deleted", 4.0)
+    lost = merge_moves("mv-cx", [part("done", 2), part("done", 1)], [2])
+    assert lost.state == "failed" and "partition 2 lost the move" in lost.error
+    assert merge_moves("mv-cx", [part("cancelled", 1), part("done", 2)], []).state == "cancelled"
+    assert merge_moves("mv-cx", [part("done", 1), part("done", 2)], []).state == "done"
+
+
+async def test_a_group_the_core_named_is_found_on_its_partition(servers: list[ServerProcess]) -> None:
+    """Messages sent without a group get one the core names (`~auto.`), which does not show the cluster
+    partition: the retry workflow asks every partition and takes the one that has the group."""
+    queue = queue_name()
+    async with cluster(urls_of(servers)) as backend:
+        await backend.create_queue(queue, {"retry_backoff": 0, "max_attempts": 1})
+        await backend.send(queue, [SendRequest(b"loose")])
+        (item,) = await backend.receive(queue, limit=1, worker="w")
+        group = item.delivery.group
+        assert group.startswith("~auto.")
+        failed = [AttemptResult(item.delivery.message_id, item.delivery.token, "failed", reason="x")]
+        assert [o.status for o in await backend.report(queue, "w", failed)] == ["ok"]
+        assert await backend.parked_groups(queue) == [group]
+        assert [a["reason"] for a in await backend.group_log(queue, group)] == ["x"]
+        assert (await backend.group_policy(queue, group)).effective.max_attempts == 1
+        assert await backend.release_group(queue, group) == 1
+        assert await backend.parked_groups(queue) == []
+        with pytest.raises(NotFound):
+            await backend.release_group(queue, "~auto.0.nothing-here")
+
+
 async def test_the_retry_workflow_goes_to_each_groups_partition(servers: list[ServerProcess]) -> None:
     queue = queue_name()
     groups = [group_in(p, f"retry{p}-") for p in range(P)]
