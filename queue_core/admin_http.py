@@ -18,8 +18,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from access import permissions
 from access.keys import Credential, KeyRing
 from access.permissions import READ_ROLES, STREAM_ROLES, WRITE_ROLES, fenceable
+from access.tenancy import FACES
 from protocol import headers
 from protocol.errors import Forbidden, RequestTooLarge, ShuttingDown, Unauthorized
 
@@ -119,9 +121,22 @@ async def queue_in_path(
     name = request.match_info["queue"]
     face = request.query.get("face", "queue")
     existing: set[str] = set()
-    for candidate in scope.candidates(name, face):
+    for candidate in _candidates(scope, name, face):
         existing.update(q for q in await backend.list_queues(candidate) if q == candidate)
     return name, scope.internal_queue(name, existing, face)
+
+
+def _candidates(scope: Scope, name: str, face: str) -> list[str]:
+    """The core names `Scope.internal_queue` may answer for `name`: what to look up in a backend that
+    cannot hand over its whole queue table (a queue server, a cluster); it then decides among them."""
+    if face not in FACES:
+        return []  # internal_queue refuses the face
+    if scope.operator:
+        return [name]
+    found = [permissions.queue_name(scope.credential, name, face)]
+    if scope.untenanted and face == "queue" and "." not in name:
+        found.append(name)  # a queue of the queue server's internal API
+    return [c for c in dict.fromkeys(found) if c]
 
 
 def known_worker(scope: Scope, worker: str) -> None:

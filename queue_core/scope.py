@@ -86,18 +86,6 @@ class Scope:
             return queue
         return tenancy.split(queue)[1]
 
-    def candidates(self, name: str, face: str = "queue") -> list[str]:
-        """The core names `internal_queue` may answer for `name`: what to look up in a backend that
-        cannot hand over its whole queue table (a queue server, a cluster)."""
-        if face not in FACES:
-            return []
-        if self.operator:
-            return [name]
-        found = [permissions.queue_name(self.credential, name, face)]
-        if self.untenanted and face == "queue" and "." not in name:
-            found.append(name)
-        return [c for c in dict.fromkeys(found) if c]
-
     def internal_queue(self, name: str, queues: Container[str], face: str = "queue") -> str:
         """The core's name of an existing queue the caller names; QueueNotFound (404) for anything else,
         another tenant's queue included."""
