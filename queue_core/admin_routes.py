@@ -1,8 +1,8 @@
 """Mounting the admin routes: the control stream and fences (queue_core.admin_http), failure management
 (queue_core.health_http), on any aiohttp app (the queue server's, the gateway's); and, with
 `add_queue_admin_routes`, the queue's own: the retry workflow (queue_core.retry_http) and handovers
-(queue_core.handover_http), over the port
-(queue_core.backend), so every gateway serves them whatever its backend.
+(queue_core.handover_http), over the port (queue_core.backend), so every gateway serves them whatever its
+backend.
 
 `add_admin_routes` ties the hub's life to the app's: started on start-up, streams ended on shutdown (an open
 SSE response must not hold a SIGTERM up), closed on cleanup. The route modules import `admin_http` for
