@@ -14,8 +14,9 @@ Issue 16: every send is timed and recorded per partition under the caller's trus
 (cluster.geo, cluster.traffic: what placement weighs); `reach` rewrites a node's URL as this gateway must
 reach it; a receive pass offers the caller's region's partitions first.
 
-Moves between queues are refused for now (`InvalidArgument`): a composite move over every partition is
-possible (a group's messages stay in one partition whatever the queue) but not written yet.
+A move between queues runs on every partition at once under one id (a group's messages stay in one
+partition whatever the queue); its status is the partitions' merged. The retry workflow's operations go to
+the group's partition; the queue's parked groups are every partition's, merged.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import dataclasses
 import hashlib
 import itertools
 import logging
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -36,14 +38,18 @@ from queue_core.backend import DedupReach
 from queue_core.figures import Figures, PartitionFigures, merge_held, merge_queues
 from queue_core.machine import (
     AckOutcome,
+    GroupPolicy,
     InvalidArgument,
     MoveStatus,
+    NotFound,
+    NotInFlight,
     NotOwner,
     PeekItem,
     QueueAttributes,
     QueueError,
     QueueMetrics,
     QueueNotFound,
+    Redriven,
     SendRequest,
     SendResult,
     Unavailable,
@@ -52,7 +58,9 @@ from queue_core.machine.capabilities import PLAIN, Capabilities
 from queue_core.machine.core import RenewMode
 from queue_core.machine.gauges import TOP_GROUPS
 from queue_core.machine.groups import AUTO_GROUP_PREFIX, partition_of
+from queue_core.machine.handover import MAX_GROUPS_PER_CALL, HandoverPolicy
 from queue_core.machine.inputs import AttemptResult
+from queue_core.machine.moves import CLUSTER_MOVE_PREFIX
 from queue_core.remote import PROBE_INTERVAL, RemoteQueueService, Unreachable, client_session
 from queue_core.service import MAX_WAIT, Received
 
@@ -724,14 +732,131 @@ class ClusterBackend:
         return found[:limit]
 
     # ------------------------------------------------------------------------------------ moves
-    async def start_move(self, source: str, destination: str) -> MoveStatus:
-        raise InvalidArgument("moves between queues are not supported in cluster mode yet", field="source")
+    async def start_move(self, source: str, destination: str, move_id: str | None = None) -> MoveStatus:
+        """One move over every partition (a group's messages stay in its partition whatever the queue),
+        under one id every partition runs it by: any edge answers its status. Safe to repeat: a partition
+        that has the id answers the move it started. If a partition refuses, those that started cancel."""
+        move_id = move_id or CLUSTER_MOVE_PREFIX + secrets.token_hex(8)
+        results = await self._every(lambda r: r.start_move(source, destination, move_id))
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            started = [p for p, r in enumerate(results) if not isinstance(r, BaseException)]
+            await asyncio.gather(
+                *(self._call(p, lambda r: r.cancel_move(move_id)) for p in started), return_exceptions=True
+            )
+            raise _first_error(errors)
+        return merge_moves(move_id, [r for r in results if isinstance(r, MoveStatus)], [])
 
     async def move_status(self, move_id: str) -> MoveStatus:
-        raise InvalidArgument("moves between queues are not supported in cluster mode yet", field="move")
+        """Every partition's part, merged (merge_moves); a partition that no longer knows the move (its
+        owner changed: moves live in the owner's memory, as in one process across a restart) fails it."""
+        if not move_id.startswith(CLUSTER_MOVE_PREFIX):
+            raise NotFound(f"no move {move_id!r}", reference=move_id)
+        results = await self._every(lambda r: r.move_status(move_id))
+        parts = [r for r in results if isinstance(r, MoveStatus)]
+        lost = [p for p, r in enumerate(results) if isinstance(r, NotFound)]
+        others = [r for r in results if isinstance(r, BaseException) and not isinstance(r, NotFound)]
+        if others:
+            raise _first_error(others)
+        if not parts:
+            raise _first_error([r for r in results if isinstance(r, BaseException)])
+        return merge_moves(move_id, parts, lost)
 
     async def cancel_move(self, move_id: str) -> MoveStatus:
-        raise InvalidArgument("moves between queues are not supported in cluster mode yet", field="move")
+        """Cancel the move on every partition still running it; NotInFlight when none was."""
+        if not move_id.startswith(CLUSTER_MOVE_PREFIX):
+            raise NotFound(f"no move {move_id!r}", reference=move_id)
+        results = await self._every(lambda r: r.cancel_move(move_id))
+        if not any(isinstance(r, MoveStatus) for r in results):
+            errors = [r for r in results if isinstance(r, BaseException)]
+            refused = [e for e in errors if isinstance(e, NotInFlight)]
+            raise _first_error(refused or errors)
+        return await self.move_status(move_id)
+
+    # ------------------------------------------------------------------------------------ handovers
+    def _plan_groups(self, groups: Sequence[str]) -> dict[int, list[str]]:
+        """Named groups by partition; a group the core named (no partition in its name) on every one."""
+        plan: dict[int, list[str]] = {}
+        for group in groups:
+            targets = range(self.partitions) if group.startswith(AUTO_GROUP_PREFIX) else [
+                partition_of(group, self.partitions)
+            ]
+            for partition in targets:
+                plan.setdefault(partition, []).append(group)
+        return plan
+
+    async def hand_over(
+        self, queue: str, groups: Sequence[str] | None, from_worker: str, policy: HandoverPolicy | None = None
+    ) -> tuple[list[str], list[str]]:
+        """Named groups on their partitions, None (every group of the donor) on every partition; marked and
+        already moving in the caller's order (None: sorted)."""
+        if groups is None:
+            parts = await self._all(lambda r: r.hand_over(queue, None, from_worker, policy))
+            return sorted({g for p in parts for g in p[0]}), sorted({g for p in parts for g in p[1]})
+        if len(groups) > MAX_GROUPS_PER_CALL:  # as one core refuses it (each partition sees only its share)
+            raise InvalidArgument(f"at most {MAX_GROUPS_PER_CALL} groups per call", field="groups")
+        plan = self._plan_groups(groups)
+
+        def marking(names: list[str]) -> Operation[tuple[list[str], list[str]]]:
+            return lambda r: r.hand_over(queue, names, from_worker, policy)
+
+        answers = await asyncio.gather(*(self._call(p, marking(names)) for p, names in plan.items()))
+        marked = {g for answer in answers for g in answer[0]}
+        already = {g for answer in answers for g in answer[1]} - marked
+        order = list(dict.fromkeys(groups))
+        return [g for g in order if g in marked], [g for g in order if g in already]
+
+    async def release_handover(self, queue: str, groups: Sequence[str]) -> list[str]:
+        if len(groups) > MAX_GROUPS_PER_CALL:
+            raise InvalidArgument(f"at most {MAX_GROUPS_PER_CALL} groups per call", field="groups")
+        plan = self._plan_groups(groups)
+
+        def releasing(names: list[str]) -> Operation[list[str]]:
+            return lambda r: r.release_handover(queue, names)
+
+        answers = await asyncio.gather(*(self._call(p, releasing(names)) for p, names in plan.items()))
+        released = {g for answer in answers for g in answer}
+        return [g for g in dict.fromkeys(groups) if g in released]
+
+    async def handovers(self, queue: str) -> list[dict[str, Any]]:
+        """Every partition's groups in handover, by group name."""
+        rows = [row for rows in await self._all(lambda r: r.handovers(queue)) for row in rows]
+        return sorted(rows, key=lambda row: str(row.get("group", "")))
+
+    # ---------------------------------------------------------------------------- the retry workflow
+    async def _by_group(self, group: str, operation: Operation[T], known: Callable[[T], bool]) -> T:
+        """`operation` on the group's partition. A group the core named (a message sent without one) does
+        not show its cluster partition: every partition is asked and the answer of one that `known`s the
+        group is taken (one that does not have it answers NotFound, a default or nothing)."""
+        if not group.startswith(AUTO_GROUP_PREFIX):
+            return await self._call(partition_of(group, self.partitions), operation)
+        results = await self._every(operation)
+        answers = [r for r in results if not isinstance(r, BaseException)]
+        if not answers:
+            errors = [r for r in results if isinstance(r, BaseException)]
+            raise _first_error([e for e in errors if not isinstance(e, NotFound)] or errors)
+        return next((a for a in answers if known(a)), answers[0])
+
+    async def release_group(self, queue: str, group: str) -> int:
+        return await self._by_group(group, lambda r: r.release_group(queue, group), lambda n: True)
+
+    async def redrive_group(self, queue: str, group: str) -> Redriven:
+        return await self._by_group(group, lambda r: r.redrive_group(queue, group), lambda d: True)
+
+    async def parked_groups(self, queue: str) -> list[str]:
+        """Every partition's parked groups, one sorted list (each group is parked in one partition)."""
+        return sorted({g for groups in await self._all(lambda r: r.parked_groups(queue)) for g in groups})
+
+    async def group_policy(self, queue: str, group: str) -> GroupPolicy:
+        return await self._by_group(group, lambda r: r.group_policy(queue, group), lambda p: bool(p.override))
+
+    async def set_group_policy(self, queue: str, group: str, override: dict[str, Any] | None) -> GroupPolicy:
+        return await self._by_group(
+            group, lambda r: r.set_group_policy(queue, group, override), lambda p: True
+        )
+
+    async def group_log(self, queue: str, group: str, limit: int = 50) -> list[dict[str, Any]]:
+        return await self._by_group(group, lambda r: r.group_log(queue, group, limit), bool)
 
 
 # ---------------------------------------------------------------------------------------- merging
@@ -750,6 +875,39 @@ def merge_metrics(parts: Sequence[QueueMetrics]) -> QueueMetrics:
         oldest_age=max(p.oldest_age for p in parts),
         age_of_first_attempt=max(p.age_of_first_attempt for p in parts),
     )
+
+
+def merge_moves(move_id: str, parts: Sequence[MoveStatus], lost: Sequence[int]) -> MoveStatus:
+    """One move over the partitions: running while any part runs, then failed if any part failed (or a
+    partition lost it: `lost`), cancelled if any was cancelled, else done; counts summed."""
+    states = {part.state for part in parts}
+    failures = [part.error for part in parts if part.state == "failed" and part.error]
+    failures += [f"partition {p} lost the move (its owner changed); start it again" for p in lost]
+    if "running" in states:
+        state = "running"
+    elif "failed" in states or lost:
+        state = "failed"
+    elif "cancelled" in states:
+        state = "cancelled"
+    else:
+        state = "done"
+    first = parts[0]
+    return MoveStatus(
+        id=move_id,
+        source=first.source,
+        destination=first.destination,
+        moved=sum(part.moved for part in parts),
+        remaining=sum(part.remaining for part in parts),
+        state=state,
+        error="; ".join(dict.fromkeys(failures)),
+        started_at=min(part.started_at for part in parts),
+        finished_at=0.0 if state == "running" else max(part.finished_at for part in parts),
+    )
+
+
+def _first_error(errors: Sequence[BaseException]) -> BaseException:
+    """The error to raise for a fan-out: a cancellation or other non-queue error first."""
+    return next((e for e in errors if not isinstance(e, Exception)), errors[0])
 
 
 def _merge_outcome(

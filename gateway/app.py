@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from access.keys import KeyRing
 from protocol.errors import NOT_READY, error_body
-from queue_core.admin_routes import add_admin_routes
+from queue_core.admin_routes import add_admin_routes, add_queue_admin_routes
 from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
@@ -91,6 +91,7 @@ def make_gateway_app(
     limiter = limiter if limiter is not None else TenantRateLimiter()
     add_limit_routes(app, limiter, keys)
     add_estimate_routes(app)  # pipelining: a queue's processing-time estimates
+    add_queue_admin_routes(app, service, keys)  # the retry workflow, over the port: in every topology
     # /metrics (queue_core.metrics_http): this app's registry, and the queues' series read through the port
     # at each scrape (summed over the partitions of a cluster, which adds its own series).
     registry = CollectorRegistry()

@@ -18,11 +18,14 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from access import permissions
 from access.keys import Credential, KeyRing
 from access.permissions import READ_ROLES, STREAM_ROLES, WRITE_ROLES, fenceable
+from access.tenancy import FACES
 from protocol import headers
 from protocol.errors import Forbidden, RequestTooLarge, ShuttingDown, Unauthorized
 
+from .backend import QueueBackend
 from .control import KEEPALIVE_FRAME, ControlHub, StreamClosed
 from .fences import InvalidFence, UnknownWorker
 from .http_errors import error_response as render_error
@@ -115,6 +118,34 @@ def search_gate(app: web.Application, keys: KeyRing) -> SearchGateParts:
     if ADMIN_KEYS not in app:
         app[ADMIN_KEYS] = keys
     return scope_of, error_response
+
+
+async def queue_in_path(
+    request: web.Request, backend: QueueBackend, roles: tuple[str, ...]
+) -> tuple[str, str]:
+    """(the caller's name, the core's name) of the `{queue}` in the path (`?face=dedupq` for an EmoDB dedup
+    queue), looked up through the port, so every topology answers alike; QueueNotFound (404) for a queue
+    that does not exist or is another tenant's."""
+    scope = scope_of(request, roles)
+    name = request.match_info["queue"]
+    face = request.query.get("face", "queue")
+    existing: set[str] = set()
+    for candidate in _candidates(scope, name, face):
+        existing.update(q for q in await backend.list_queues(candidate) if q == candidate)
+    return name, scope.internal_queue(name, existing, face)
+
+
+def _candidates(scope: Scope, name: str, face: str) -> list[str]:
+    """The core names `Scope.internal_queue` may answer for `name`: what to look up in a backend that
+    cannot hand over its whole queue table (a queue server, a cluster); it then decides among them."""
+    if face not in FACES:
+        return []  # internal_queue refuses the face
+    if scope.operator:
+        return [name]
+    found = [permissions.queue_name(scope.credential, name, face)]
+    if scope.untenanted and face == "queue" and "." not in name:
+        found.append(name)  # a queue of the queue server's internal API
+    return [c for c in dict.fromkeys(found) if c]
 
 
 def known_worker(scope: Scope, worker: str) -> None:

@@ -1,6 +1,8 @@
-"""Mounting the admin routes: the control stream and fences (queue_core.admin_http), the retry workflow
-(queue_core.retry_http) and failure management (queue_core.health_http), on any aiohttp app (the queue
-server's, the gateway's).
+"""Mounting the admin routes: the control stream and fences (queue_core.admin_http), failure management
+(queue_core.health_http), on any aiohttp app (the queue server's, the gateway's); and, with
+`add_queue_admin_routes`, the queue's own: the retry workflow (queue_core.retry_http) and handovers
+(queue_core.handover_http), over the port (queue_core.backend), so every gateway serves them whatever its
+backend.
 
 `add_admin_routes` ties the hub's life to the app's: started on start-up, streams ended on shutdown (an open
 SSE response must not hold a SIGTERM up), closed on cleanup. The route modules import `admin_http` for
@@ -14,13 +16,13 @@ from aiohttp import web
 from access.keys import KeyRing
 
 from .admin_http import ADMIN_KEYS, CONTROL, UNTENANTED, control_stream, delete_fence, list_fences, put_fence
+from .backend import QueueBackend
 from .control import ControlHub
 from .failures import FailureManager
 from .handover_http import add_handover_routes
 from .health_http import add_health_routes
 from .retry_http import add_retry_routes
 from .routing_http import add_routing_routes
-from .service import QueueService
 
 
 def add_admin_routes(
@@ -41,9 +43,6 @@ def add_admin_routes(
     app.router.add_get("/admin/v1/fences", list_fences)
     app.router.add_put("/admin/v1/fences/{worker}", put_fence)
     app.router.add_delete("/admin/v1/fences/{worker}", delete_fence)
-    if isinstance(hub.service, QueueService):  # a cluster's gateway has no core of its own to act on
-        add_retry_routes(app, hub.service)  # release, redrive and policies of groups (the retry workflow)
-        add_handover_routes(app, hub.service)  # moving groups between workers with their local state
     if failures is not None:
         add_health_routes(app, failures)
         add_routing_routes(app)  # group routing and rollouts (docs/rollouts.md)
@@ -64,3 +63,16 @@ def add_admin_routes(
     app.on_startup.append(start)
     app.on_shutdown.append(end_streams)
     app.on_cleanup.append(close)
+
+
+def add_queue_admin_routes(
+    app: web.Application, backend: QueueBackend, keys: KeyRing, *, untenanted: bool = False
+) -> None:
+    """Serve the retry workflow's routes (release, redrive, group policies, the group log, parked groups)
+    and the handover routes (queue_core.handover_http) from `app` over `backend`: the same routes in
+    process, in front of a queue server and of a cluster. `keys` authenticate them (the same ring as
+    `add_admin_routes`'); `untenanted`: see UNTENANTED."""
+    app[ADMIN_KEYS] = keys
+    app[UNTENANTED] = untenanted or app.get(UNTENANTED, False)
+    add_retry_routes(app, backend)
+    add_handover_routes(app, backend)  # moving groups between workers with their local state

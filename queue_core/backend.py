@@ -13,17 +13,20 @@ from typing import Any, Literal, Protocol
 from .figures import Figures
 from .machine import (
     AckOutcome,
+    GroupPolicy,
     MoveStatus,
     PeekItem,
     QueueAttributes,
     QueueError,
     QueueMetrics,
+    Redriven,
     SendRequest,
     SendResult,
 )
 from .machine.capabilities import PLAIN, Capabilities
 from .machine.core import RenewMode
 from .machine.gauges import TOP_GROUPS
+from .machine.handover import HandoverPolicy
 from .machine.inputs import AttemptResult
 from .machine.records import Received
 
@@ -92,6 +95,29 @@ class QueueBackend(Protocol):
     async def purge(self, queue: str) -> int: ...
     async def peek(self, queue: str, limit: int = 10) -> list[tuple[PeekItem, bytes, str, bytes]]: ...
 
-    async def start_move(self, source: str, destination: str) -> MoveStatus: ...
+    # Moves between queues. `move_id`: the id a cluster gives one move over all its partitions (each
+    # partition runs it under that id; machine.moves); None: the core names it. A cluster serves moves on
+    # every partition at once and merges their statuses (cluster.backend).
+    async def start_move(self, source: str, destination: str, move_id: str | None = None) -> MoveStatus: ...
     async def move_status(self, move_id: str) -> MoveStatus: ...
     async def cancel_move(self, move_id: str) -> MoveStatus: ...
+
+    # The retry workflow (docs/failure-management.md §2; queue_core.retry_http serves it). A cluster serves
+    # each by the group's partition, `parked_groups` on every partition, merged and sorted.
+    async def release_group(self, queue: str, group: str) -> int: ...
+    async def redrive_group(self, queue: str, group: str) -> Redriven: ...
+    async def parked_groups(self, queue: str) -> list[str]: ...
+    async def group_policy(self, queue: str, group: str) -> GroupPolicy: ...
+    async def set_group_policy(
+        self, queue: str, group: str, override: dict[str, Any] | None
+    ) -> GroupPolicy: ...
+    async def group_log(self, queue: str, group: str, limit: int = 50) -> list[dict[str, Any]]: ...
+
+    # Handovers of groups between workers (docs/state-transfer.md; queue_core.handover_http serves them). A
+    # cluster serves named groups on their partitions, `groups=None` (every group of the donor) and the
+    # queue's list on every partition, merged.
+    async def hand_over(
+        self, queue: str, groups: Sequence[str] | None, from_worker: str, policy: HandoverPolicy | None = None
+    ) -> tuple[list[str], list[str]]: ...
+    async def release_handover(self, queue: str, groups: Sequence[str]) -> list[str]: ...
+    async def handovers(self, queue: str) -> list[dict[str, Any]]: ...

@@ -5,11 +5,13 @@
   answers `{"queue", "from", "groups": [marked], "already": [already moving]}`;
 - `POST /admin/v1/queues/{queue}/handover/release` `{"groups": [...]}`: let held groups go on without their
   state (the `wait` policy's way out); answers `{"queue", "released": [...]}`;
-- `GET /admin/v1/queues/{queue}/handover`: the groups in handover now (phase, donor, deadline, state size).
+- `GET /admin/v1/queues/{queue}/handover`: the groups in handover now (phase, donor, deadline, state size),
+  by group name.
 
 Queues are named as for the retry routes (queue_core.scope: the admin's tenant, `?face=dedupq`, an
 operator's core names); another tenant's queue is 404. Changes take the `admin` or `operator` role, reads
-those or the read roles. Errors: `admin_http.error_response`, the one mapping of the admin routes.
+those or the read roles. Errors: `admin_http.error_response`, the one mapping of the admin routes. Like the
+retry routes, they depend on the port only (queue_core.backend), so every gateway serves them.
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ from aiohttp import web
 
 from access.permissions import READ_ROLES, WRITE_ROLES
 
-from .admin_http import errors_as_json, json_object_body, scope_of
+from .admin_http import errors_as_json, json_object_body, queue_in_path
+from .backend import QueueBackend
 from .http_errors import json_response
 from .machine import InvalidArgument
-from .service import QueueService
 
-HANDOVER_SERVICE = web.AppKey("strictq_handover_service", QueueService)
+HANDOVER_SERVICE = web.AppKey("strictq_handover_backend", QueueBackend)
 MAX_BODY = 256 * 1024  # up to 1000 group names
 
 
@@ -35,11 +37,8 @@ async def _body(request: web.Request) -> dict[str, Any]:
     )
 
 
-def _queue(request: web.Request, roles: tuple[str, ...]) -> tuple[str, str]:
-    scope = scope_of(request, roles)
-    name = request.match_info["queue"]
-    queues = request.app[HANDOVER_SERVICE].core.queues
-    return name, scope.internal_queue(name, queues, request.query.get("face", "queue"))
+async def _queue(request: web.Request, roles: tuple[str, ...]) -> tuple[str, str]:
+    return await queue_in_path(request, request.app[HANDOVER_SERVICE], roles)
 
 
 def _groups(data: dict[str, Any], all_allowed: bool) -> list[str] | None:
@@ -54,7 +53,7 @@ def _groups(data: dict[str, Any], all_allowed: bool) -> list[str] | None:
 
 @errors_as_json
 async def start_handover(request: web.Request) -> web.StreamResponse:
-    name, queue = _queue(request, WRITE_ROLES)
+    name, queue = await _queue(request, WRITE_ROLES)
     data = await _body(request)
     donor = data.get("from")
     if not isinstance(donor, str) or not donor:
@@ -71,7 +70,7 @@ async def start_handover(request: web.Request) -> web.StreamResponse:
 
 @errors_as_json
 async def release_handover(request: web.Request) -> web.StreamResponse:
-    name, queue = _queue(request, WRITE_ROLES)
+    name, queue = await _queue(request, WRITE_ROLES)
     groups = _groups(await _body(request), all_allowed=False)
     assert groups is not None
     released = await request.app[HANDOVER_SERVICE].release_handover(queue, groups)
@@ -80,12 +79,14 @@ async def release_handover(request: web.Request) -> web.StreamResponse:
 
 @errors_as_json
 async def list_handovers(request: web.Request) -> web.StreamResponse:
-    name, queue = _queue(request, READ_ROLES)
-    return json_response({"queue": name, "handovers": await request.app[HANDOVER_SERVICE].handovers(queue)})
+    name, queue = await _queue(request, READ_ROLES)
+    rows = await request.app[HANDOVER_SERVICE].handovers(queue)
+    rows.sort(key=lambda row: str(row.get("group", "")))  # by group: one order in every topology
+    return json_response({"queue": name, "handovers": rows})
 
 
-def add_handover_routes(app: web.Application, service: QueueService) -> None:
-    """Mounted by `admin_routes.add_admin_routes` with the retry routes (a core in this process)."""
+def add_handover_routes(app: web.Application, service: QueueBackend) -> None:
+    """Mounted by `admin_routes.add_queue_admin_routes` with the retry routes, over the port."""
     app[HANDOVER_SERVICE] = service
     base = "/admin/v1/queues/{queue}/handover"
     app.router.add_post(base, start_handover)

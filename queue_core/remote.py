@@ -26,12 +26,14 @@ from .backend import DedupReach
 from .figures import Figures
 from .machine import (
     AckOutcome,
+    GroupPolicy,
     MoveStatus,
     NotFound,
     PeekItem,
     QueueAttributes,
     QueueError,
     QueueMetrics,
+    Redriven,
     SendRequest,
     SendResult,
     Unavailable,
@@ -41,6 +43,7 @@ from .machine.capabilities import PLAIN, Capabilities
 from .machine.core import RenewMode
 from .machine.gauges import TOP_GROUPS
 from .machine.groups import DEFAULT_PARTITIONS
+from .machine.handover import HandoverPolicy
 from .machine.inputs import AttemptResult
 from .service import MAX_WAIT, Received
 
@@ -335,9 +338,50 @@ class RemoteQueueService:
         answer = await self._call("POST", "/v1/fleet/heartbeat", body)
         return answer if isinstance(answer, dict) else {}
 
+    # ---------------------------------------------------------------------------- the retry workflow
+    async def release_group(self, queue: str, group: str) -> int:
+        payload = await self._call("POST", self._q(queue) + "/groups/release", params={"group": group})
+        return int(payload["released"])
+
+    async def redrive_group(self, queue: str, group: str) -> Redriven:
+        payload = await self._call("POST", self._q(queue) + "/groups/redrive", params={"group": group})
+        return wire.decode_redriven(payload)
+
+    async def parked_groups(self, queue: str) -> list[str]:
+        return [str(g) for g in (await self._call("GET", self._q(queue) + "/parked"))["groups"]]
+
+    async def group_policy(self, queue: str, group: str) -> GroupPolicy:
+        payload = await self._call("GET", self._q(queue) + "/groups/policy", params={"group": group})
+        return wire.decode_group_policy(payload)
+
+    async def set_group_policy(self, queue: str, group: str, override: dict[str, Any] | None) -> GroupPolicy:
+        path = self._q(queue) + "/groups/policy"
+        payload = await self._call("PUT", path, {"override": override}, params={"group": group})
+        return wire.decode_group_policy(payload)
+
+    async def group_log(self, queue: str, group: str, limit: int = 50) -> list[dict[str, Any]]:
+        params = {"group": group, "limit": str(limit)}
+        payload = await self._call("GET", self._q(queue) + "/groups/log", params=params)
+        return list(payload["attempts"])
+
+    # ------------------------------------------------------------------------------------ handovers
+    async def hand_over(
+        self, queue: str, groups: Sequence[str] | None, from_worker: str, policy: HandoverPolicy | None = None
+    ) -> tuple[list[str], list[str]]:
+        body = {"from": from_worker, "groups": None if groups is None else list(groups), "policy": policy}
+        payload = await self._call("POST", self._q(queue) + "/handover", body)
+        return list(payload["groups"]), list(payload["already"])
+
+    async def release_handover(self, queue: str, groups: Sequence[str]) -> list[str]:
+        payload = await self._call("POST", self._q(queue) + "/handover/release", {"groups": list(groups)})
+        return list(payload["released"])
+
+    async def handovers(self, queue: str) -> list[dict[str, Any]]:
+        return list((await self._call("GET", self._q(queue) + "/handover"))["handovers"])
+
     # ------------------------------------------------------------------------------------ moves
-    async def start_move(self, source: str, destination: str) -> MoveStatus:
-        body = wire.encode_move_request(source, destination)
+    async def start_move(self, source: str, destination: str, move_id: str | None = None) -> MoveStatus:
+        body = wire.encode_move_request(source, destination, move_id)
         return wire.decode_move(await self._call("POST", "/v1/moves", body))
 
     async def move_status(self, move_id: str) -> MoveStatus:

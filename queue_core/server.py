@@ -302,8 +302,49 @@ async def figures(request: web.Request) -> web.Response:
 
 
 async def start_move(request: web.Request) -> web.Response:
-    source, destination = wire.decode_move_request(await read_object(request))
-    return json_response(wire.encode_move(await service_of(request).start_move(source, destination)))
+    source, destination, move_id = wire.decode_move_request(await read_object(request))
+    return json_response(wire.encode_move(await service_of(request).start_move(source, destination, move_id)))
+
+
+# ---------------------------------------------- the retry workflow (the port's, queue_core.backend)
+def group_of(request: web.Request) -> str:
+    """The group rides in the query (`?group=`): group ids may hold '/', '?' or '#'."""
+    group = request.query.get("group")
+    if not group:
+        raise InvalidArgument("give the group as ?group=", field="group")
+    return group
+
+
+async def release_group(request: web.Request) -> web.Response:
+    released = await service_of(request).release_group(request.match_info["queue"], group_of(request))
+    return json_response({"released": released})
+
+
+async def redrive_group(request: web.Request) -> web.Response:
+    redriven = await service_of(request).redrive_group(request.match_info["queue"], group_of(request))
+    return json_response(wire.encode_redriven(redriven))
+
+
+async def parked_groups(request: web.Request) -> web.Response:
+    return json_response({"groups": await service_of(request).parked_groups(request.match_info["queue"])})
+
+
+async def get_group_policy(request: web.Request) -> web.Response:
+    policy = await service_of(request).group_policy(request.match_info["queue"], group_of(request))
+    return json_response(policy.to_dict())
+
+
+async def put_group_policy(request: web.Request) -> web.Response:
+    group = group_of(request)
+    override = wire.decode_override(await read_object(request))
+    policy = await service_of(request).set_group_policy(request.match_info["queue"], group, override)
+    return json_response(policy.to_dict())
+
+
+async def group_log(request: web.Request) -> web.Response:
+    limit = wire.integer(request.query, "limit", 50)
+    attempts = await service_of(request).group_log(request.match_info["queue"], group_of(request), limit)
+    return json_response({"attempts": attempts})
 
 
 async def move_status(request: web.Request) -> web.Response:
@@ -312,6 +353,41 @@ async def move_status(request: web.Request) -> web.Response:
 
 async def cancel_move(request: web.Request) -> web.Response:
     return json_response(wire.encode_move(await service_of(request).cancel_move(request.match_info["move"])))
+
+
+# ------------------------------------------------------ handovers of groups (docs/state-transfer.md)
+def groups_of(data: dict[str, Any], none_allowed: bool) -> list[str] | None:
+    groups = data.get("groups")
+    if none_allowed and groups is None:
+        return None
+    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        raise InvalidArgument("groups must be a list of group names", field="groups")
+    return groups
+
+
+async def hand_over(request: web.Request) -> web.Response:
+    """`{"from": worker, "groups": [...] | null, "policy": null | "proceed" | "wait"}` (the core checks
+    the names and the policy): `{"groups": marked, "already": already moving}`."""
+    data = await read_object(request)
+    donor, policy = data.get("from"), data.get("policy")
+    if not isinstance(donor, str):
+        raise InvalidArgument("from must name the worker the groups move away from", field="from")
+    if policy not in (None, "proceed", "wait"):
+        raise InvalidArgument("policy must be 'proceed' or 'wait'", field="policy")
+    groups = groups_of(data, none_allowed=True)
+    marked, already = await service_of(request).hand_over(request.match_info["queue"], groups, donor, policy)
+    return json_response({"groups": marked, "already": already})
+
+
+async def release_handover(request: web.Request) -> web.Response:
+    groups = groups_of(await read_object(request), none_allowed=False)
+    assert groups is not None
+    released = await service_of(request).release_handover(request.match_info["queue"], groups)
+    return json_response({"released": released})
+
+
+async def list_handovers(request: web.Request) -> web.Response:
+    return json_response({"handovers": await service_of(request).handovers(request.match_info["queue"])})
 
 
 def make_app(
@@ -350,6 +426,15 @@ def make_app(
             web.get(q + "/claimcount", claimcount),
             web.get(q + "/group", group_info),
             web.get("/v1/figures", figures),
+            web.post(q + "/groups/release", release_group),
+            web.post(q + "/groups/redrive", redrive_group),
+            web.get(q + "/groups/policy", get_group_policy),
+            web.put(q + "/groups/policy", put_group_policy),
+            web.get(q + "/groups/log", group_log),
+            web.get(q + "/parked", parked_groups),
+            web.post(q + "/handover", hand_over),
+            web.post(q + "/handover/release", release_handover),
+            web.get(q + "/handover", list_handovers),
             web.post("/v1/moves", start_move),
             web.get("/v1/moves/{move}", move_status),
             web.post("/v1/moves/{move}/cancel", cancel_move),

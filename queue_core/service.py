@@ -25,6 +25,7 @@ from .machine import (
     AckOutcome,
     AlreadyExists,
     Delivery,
+    GroupPolicy,
     InvalidArgument,
     MoveStatus,
     PeekItem,
@@ -33,10 +34,10 @@ from .machine import (
     QueueError,
     QueueMetrics,
     QueueNotFound,
+    Redriven,
     SendRequest,
     SendResult,
 )
-from .machine.attributes import RetryPolicy
 from .machine.capabilities import PLAIN, Capabilities
 from .machine.core import RenewMode
 from .machine.effects import (
@@ -593,8 +594,9 @@ class QueueService:
                 out.append((item, value[0], value[1], value[2]))
         return out
 
-    async def start_move(self, source: str, destination: str) -> MoveStatus:
-        move, future = self._apply(self.core.start_move, source, destination)
+    async def start_move(self, source: str, destination: str, move_id: str | None = None) -> MoveStatus:
+        """`move_id`: a cluster's one id for the move over every partition (machine.moves)."""
+        move, future = self._apply(self.core.start_move, source, destination, move_id=move_id)
         await self._durable(future)
         return move
 
@@ -654,24 +656,23 @@ class QueueService:
         await self._durable(future)
         return released
 
-    async def redrive_group(self, queue: str, group: str) -> tuple[int, int]:
-        counts, future = self._apply(self.core.redrive, queue, group)
+    async def redrive_group(self, queue: str, group: str) -> Redriven:
+        (restored, released), future = self._apply(self.core.redrive, queue, group)
         self._notify(queue)
         await self._durable(future)
-        return counts
+        return Redriven(restored, released)
 
     async def parked_groups(self, queue: str) -> list[str]:
         return self.core.parked_groups(queue)
 
-    async def group_policy(self, queue: str, group: str) -> tuple[RetryPolicy, dict[str, Any]]:
-        return self.core.group_policy(queue, group)
+    async def group_policy(self, queue: str, group: str) -> GroupPolicy:
+        return GroupPolicy(*self.core.group_policy(queue, group))
 
-    async def set_group_policy(
-        self, queue: str, group: str, override: dict[str, Any] | None
-    ) -> tuple[RetryPolicy, dict[str, Any]]:
+    async def set_group_policy(self, queue: str, group: str, override: dict[str, Any] | None) -> GroupPolicy:
+        """Replace the group's override (None or {}: remove it); answered once durable."""
         _, future = self._apply(self.core.set_group_policy, queue, group, override)
         await self._durable(future)
-        return self.core.group_policy(queue, group)
+        return GroupPolicy(*self.core.group_policy(queue, group))
 
     async def group_log(self, queue: str, group: str, limit: int = 50) -> list[dict[str, Any]]:
         """The group's stored log data, newest first (read off the event loop, committed rows only)."""

@@ -27,12 +27,14 @@ from protocol.request_ids import is_request_id
 from .machine import (
     AckOutcome,
     Delivery,
+    GroupPolicy,
     InvalidArgument,
     MoveStatus,
     PeekItem,
     QueueAttributes,
     QueueError,
     QueueMetrics,
+    Redriven,
     SendRequest,
     SendResult,
     error_from_dict,
@@ -472,12 +474,36 @@ def decode_move(data: dict[str, Any]) -> MoveStatus:
     )
 
 
-def encode_move_request(source: str, destination: str) -> dict[str, Any]:
-    return {"from": source, "to": destination}
+def encode_move_request(source: str, destination: str, move_id: str | None = None) -> dict[str, Any]:
+    return {"from": source, "to": destination, **({"id": move_id} if move_id is not None else {})}
 
 
-def decode_move_request(data: dict[str, Any]) -> tuple[str, str]:
-    source, destination = data.get("from"), data.get("to")
+def decode_move_request(data: dict[str, Any]) -> tuple[str, str, str | None]:
+    """(from, to, the cluster's id of the move or None); the core checks the id (machine.moves)."""
+    source, destination, move_id = data.get("from"), data.get("to"), data.get("id")
     if not isinstance(source, str) or not isinstance(destination, str):
         raise InvalidArgument("give 'from' and 'to' queue names", field="from")
-    return source, destination
+    if move_id is not None and not isinstance(move_id, str):
+        raise InvalidArgument("id must be a string", field="id")
+    return source, destination, move_id
+
+
+# ------------------------------------------------------------------------------- the retry workflow
+def encode_redriven(redriven: Redriven) -> dict[str, Any]:
+    return {"restored": redriven.restored, "released": redriven.released}
+
+
+def decode_redriven(data: dict[str, Any]) -> Redriven:
+    return Redriven(int(data["restored"]), int(data["released"]))
+
+
+def decode_group_policy(data: dict[str, Any]) -> GroupPolicy:
+    return GroupPolicy.from_dict(data)
+
+
+def decode_override(data: dict[str, Any]) -> dict[str, Any] | None:
+    """A `PUT .../groups/policy` body: `{"override": {...}}`; null or {} removes the override."""
+    override = data.get("override")
+    if override is not None and not isinstance(override, dict):
+        raise InvalidArgument("override must be a JSON object of retry policy fields", field="override")
+    return override

@@ -16,7 +16,7 @@ import uvloop
 from aiohttp import web
 
 from access.keys import write_development_keys
-from queue_core.admin_routes import add_admin_routes
+from queue_core.admin_routes import add_admin_routes, add_queue_admin_routes
 from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
 from queue_core.fleet import FleetService
@@ -78,6 +78,7 @@ async def serve(
     )
     # Its internal API has no tenants: untenanted queues and workers are every admin's (queue_core.scope).
     add_admin_routes(app, hub, key_ring, failures, untenanted=True)
+    add_queue_admin_routes(app, service, key_ring, untenanted=True)  # the retry workflow
     # The worker fleet (docs/fleet.md): its admin routes, and the heartbeats gateways forward.
     add_fleet_routes(app, FleetService(service, failures, fleet))
     add_internal_heartbeat_route(app)

@@ -20,7 +20,7 @@ import orjson
 from aiohttp import web
 
 from access.keys import Credential, KeyRing
-from queue_core.admin_routes import add_admin_routes
+from queue_core.admin_routes import add_admin_routes, add_queue_admin_routes
 from queue_core.control import ControlHub
 from queue_core.machine import SendRequest
 from queue_core.service import QueueService
@@ -218,6 +218,7 @@ async def core_with_admin(data_dir: Path, **hub_options: Any) -> AsyncIterator[C
     hub = ControlHub(service, **hub_options)
     app = web.Application()
     add_admin_routes(app, hub, KEYS, untenanted=True)  # as the queue server mounts them
+    add_queue_admin_routes(app, service, KEYS, untenanted=True)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

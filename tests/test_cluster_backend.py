@@ -20,10 +20,19 @@ import pytest
 from conftest import ServerProcess, start_server
 from kit.until import until
 
-from cluster.backend import ClusterBackend
+from cluster.backend import ClusterBackend, merge_moves
 from cluster.owners import StaticOwnerMap
-from queue_core.machine import QueueNotFound, SendRequest, SendResult, Unavailable
+from queue_core.machine import (
+    MoveStatus,
+    NotFound,
+    NotInFlight,
+    QueueNotFound,
+    SendRequest,
+    SendResult,
+    Unavailable,
+)
 from queue_core.machine.groups import partition_of
+from queue_core.machine.inputs import AttemptResult
 from queue_core.remote import RemoteQueueService
 
 P = 3
@@ -239,10 +248,139 @@ async def test_metrics_are_summed_and_queue_metadata_fans_out(servers: list[Serv
         assert [queue in await node.list_queues() for node in nodes] == [False] * P
 
 
-async def test_moves_are_refused_in_cluster_mode(servers: list[ServerProcess]) -> None:
+# ------------------------------------------------------------------------------------------- moves
+async def test_a_move_runs_on_every_partition_under_one_id(servers: list[ServerProcess]) -> None:
+    source, destination = queue_name(), queue_name()
+    groups = [group_in(p, f"move{p}-") for p in range(P)]
+    async with cluster(urls_of(servers)) as backend, direct(servers) as nodes:
+        await backend.create_queue(source)
+        await send_each(backend, source, groups, 3)
+        move = await backend.start_move(source, destination)
+        assert move.id.startswith("mv-c") and (move.source, move.destination) == (source, destination)
+        assert [(await node.move_status(move.id)).id for node in nodes] == [move.id] * P  # one id on each
+        assert (await backend.start_move(source, destination, move.id)).id == move.id  # a retry: the same
+
+        async def done() -> bool:
+            return (await backend.move_status(move.id)).state == "done"
+
+        await until(done, what="the move to finish on every partition")
+        finished = await backend.move_status(move.id)
+        assert (finished.moved, finished.remaining, finished.error) == (3 * P, 0, "")
+        for partition, node in enumerate(nodes):  # each group stayed in its partition
+            assert (await node.metrics(destination)).total == 3, partition
+            assert (await node.metrics(source)).total == 0
+        got: list[bytes] = []
+        for _ in range(3):  # one message per group at a time: a group is strict
+            batch = await backend.receive(destination, limit=10, worker="w")
+            await backend.ack(destination, [(r.delivery.message_id, r.delivery.token) for r in batch])
+            got += [r.body for r in batch]
+        for group in groups:
+            wanted = [f"{group}/{i}".encode() for i in range(3)]
+            assert [b for b in got if b.decode().split("/")[0] == group] == wanted
+        with pytest.raises(NotInFlight):
+            await backend.cancel_move(move.id)  # finished everywhere
+        with pytest.raises(NotFound):
+            await backend.move_status("mv-c0000")
+        with pytest.raises(NotFound):
+            await backend.move_status("mv-1-1")  # not a cluster's id
+        with pytest.raises(QueueNotFound):
+            await backend.start_move(queue_name(), destination)
+
+
+async def test_a_cancelled_move_merges_the_partitions_states(servers: list[ServerProcess]) -> None:
+    source, destination = queue_name(), queue_name()
+    groups = [group_in(p, f"cancel{p}-") for p in range(P)]
     async with cluster(urls_of(servers)) as backend:
-        with pytest.raises(Exception, match="not supported in cluster mode"):
-            await backend.start_move("a", "b")
+        await backend.create_queue(source)
+        await send_each(backend, source, groups, 2)
+        held = await backend.receive(source, limit=1, worker="w", ttl=60)  # one group in flight: it waits
+        move = await backend.start_move(source, destination)
+
+        async def others_moved() -> bool:
+            return (await backend.move_status(move.id)).moved == 2 * (P - 1)
+
+        await until(others_moved, what="every group but the claimed one to move")
+        assert (await backend.move_status(move.id)).state == "running"
+        cancelled = await backend.cancel_move(move.id)
+        assert (cancelled.state, cancelled.moved) == ("cancelled", 2 * (P - 1))
+        assert cancelled.finished_at >= cancelled.started_at > 0
+        assert (await backend.metrics(source)).total == 2  # the held group stayed
+        assert held[0].delivery.group in groups
+
+
+# ------------------------------------------------------------------------------ the retry workflow
+def test_merged_move_states() -> None:
+    """merge_moves: running while any part runs; then failed (a part failed, or a partition lost the move),
+    cancelled, done; counts summed, the earliest start and the latest finish."""
+
+    def part(state: str, moved: int, remaining: int = 0, error: str = "", at: float = 1.0) -> MoveStatus:
+        finished = at + 1 if state != "running" else 0.0
+        return MoveStatus("mv-cx", "a", "b", moved, remaining, state, error, at, finished)
+
+    running = merge_moves("mv-cx", [part("done", 2), part("running", 1, 3, at=0.5)], [])
+    assert (running.state, running.moved, running.remaining, running.started_at, running.finished_at) == (
+        "running", 3, 3, 0.5, 0.0,
+    )  # fmt: skip
+    failed = merge_moves("mv-cx", [part("done", 2, at=3.0), part("failed", 1, error="queue deleted")], [])
+    assert (failed.state, failed.error, failed.finished_at) == ("failed", "queue deleted", 4.0)
+    lost = merge_moves("mv-cx", [part("done", 2), part("done", 1)], [2])
+    assert lost.state == "failed" and "partition 2 lost the move" in lost.error
+    assert merge_moves("mv-cx", [part("cancelled", 1), part("done", 2)], []).state == "cancelled"
+    assert merge_moves("mv-cx", [part("done", 1), part("done", 2)], []).state == "done"
+
+
+async def test_a_group_the_core_named_is_found_on_its_partition(servers: list[ServerProcess]) -> None:
+    """Messages sent without a group get one the core names (`~auto.`), which does not show the cluster
+    partition: the retry workflow asks every partition and takes the one that has the group."""
+    queue = queue_name()
+    async with cluster(urls_of(servers)) as backend:
+        await backend.create_queue(queue, {"retry_backoff": 0, "max_attempts": 1})
+        await backend.send(queue, [SendRequest(b"loose")])
+        (item,) = await backend.receive(queue, limit=1, worker="w")
+        group = item.delivery.group
+        assert group.startswith("~auto.")
+        failed = [AttemptResult(item.delivery.message_id, item.delivery.token, "failed", reason="x")]
+        assert [o.status for o in await backend.report(queue, "w", failed)] == ["ok"]
+        assert await backend.parked_groups(queue) == [group]
+        assert [a["reason"] for a in await backend.group_log(queue, group)] == ["x"]
+        assert (await backend.group_policy(queue, group)).effective.max_attempts == 1
+        assert await backend.release_group(queue, group) == 1
+        assert await backend.parked_groups(queue) == []
+        with pytest.raises(NotFound):
+            await backend.release_group(queue, "~auto.0.nothing-here")
+
+
+async def test_the_retry_workflow_goes_to_each_groups_partition(servers: list[ServerProcess]) -> None:
+    queue = queue_name()
+    groups = [group_in(p, f"retry{p}-") for p in range(P)]
+    async with cluster(urls_of(servers)) as backend, direct(servers) as nodes:
+        await backend.create_queue(queue, {"retry_backoff": 0})
+        policy = await backend.set_group_policy(queue, groups[1], {"max_attempts": 1})
+        assert policy.override == {"max_attempts": 1} and policy.effective.max_attempts == 1
+        assert [(await node.group_policy(queue, groups[1])).override for node in nodes] == [
+            {"max_attempts": 1} if partition_of(groups[1], P) == p else {} for p in range(P)
+        ]
+        await backend.set_group_policy(queue, groups[0], {"max_attempts": 1})
+        await send_each(backend, queue, groups, 1)
+        got = await backend.receive(queue, limit=10, worker="w")
+        results = [
+            AttemptResult(r.delivery.message_id, r.delivery.token, "failed", reason="down")
+            for r in got
+            if r.delivery.group in groups[:2]
+        ]
+        assert [o.status for o in await backend.report(queue, "w", results)] == ["ok", "ok"]
+        assert await backend.parked_groups(queue) == sorted(groups[:2])  # merged over the partitions
+        log = await backend.group_log(queue, groups[0])
+        assert [(a["outcome"], a["reason"]) for a in log] == [("failed", "down")]
+        assert await backend.release_group(queue, groups[0]) == 1
+        assert await backend.parked_groups(queue) == [groups[1]]
+        redriven = await backend.redrive_group(queue, groups[1])
+        assert (redriven.restored, redriven.released) == (0, 1)
+        assert await backend.parked_groups(queue) == []
+        cleared = await backend.set_group_policy(queue, groups[1], None)
+        assert cleared.override == {} and cleared.effective.max_attempts == 0
+        with pytest.raises(NotFound):
+            await backend.release_group(queue, "no-such-group")
 
 
 # ---------------------------------------------------------------------------------------- no owner

@@ -31,14 +31,6 @@ GAPS: dict[str, dict[str, str]] = {
         "remote": "failure management runs in the queue server; the gateway does not serve its routes",
         "cluster": "failure management does not run in a cluster yet",
     },
-    "retry": {
-        "remote": "the retry workflow's routes need the core in the gateway's process",
-        "cluster": "the retry workflow's routes need the core in the gateway's process",
-    },
-    "fences": {
-        "remote": "in front of a queue server the gateway mounts no control stream or fence routes",
-    },
-    "move": {"cluster": "moves between queues are refused in cluster mode"},
     "fleet": {
         "remote": "the fleet's admin routes run where the core runs",
         "cluster": "a cluster's gateway has no fleet yet",

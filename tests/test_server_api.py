@@ -410,6 +410,71 @@ async def test_move_keeps_group_order(client: QueueClient) -> None:
     assert (missing.value.status, missing.value.code) == (404, "queue_not_found")
 
 
+async def test_a_move_under_a_clusters_id_and_its_refusals(
+    server: InProcessServer, client: QueueClient
+) -> None:
+    """POST /v1/moves with `id` (a cluster gateway's one id over its partitions): repeated, it answers the
+    move it started; a malformed id or one naming another move is a 400."""
+    await client.send("idsrc", [{"body": "x", "group": "g"}])
+    body = orjson.dumps({"from": "idsrc", "to": "iddst", "id": "mv-cfeed"})
+    status, move = await raw(server, "POST", "/v1/moves", body)
+    assert status == 200 and move["id"] == "mv-cfeed", move
+    status, again = await raw(server, "POST", "/v1/moves", body)
+    assert status == 200 and again["id"] == "mv-cfeed" and again["started_at"] == move["started_at"]
+    for bad in ({"id": "mine"}, {"id": 7}, {"id": "mv-c" + "0" * 70}, {"id": "mv-cfeed", "to": "other"}):
+        status, answer = await raw(
+            server, "POST", "/v1/moves", orjson.dumps({"from": "idsrc", "to": "iddst", **bad})
+        )
+        assert_error(status, answer, 400, "invalid_argument")
+    status, answer = await raw(server, "GET", "/v1/moves/mv-cfeed")
+    assert status == 200 and answer["id"] == "mv-cfeed"
+
+
+async def test_the_retry_workflow_routes_answer_json_errors(
+    server: InProcessServer, client: QueueClient
+) -> None:
+    """The port's retry routes on the internal API (RemoteQueueService speaks them): each error its status."""
+    await client.send("rq", [{"body": "x", "group": "g"}])
+    status, answer = await raw(
+        server, "PUT", "/v1/queues/rq/groups/policy?group=g", b'{"override": {"max_attempts": 2}}'
+    )
+    assert (
+        status == 200
+        and answer["override"] == {"max_attempts": 2}
+        and answer["effective"]["max_attempts"] == 2
+    )
+    status, answer = await raw(server, "GET", "/v1/queues/rq/groups/policy?group=g")
+    assert status == 200 and answer["override"] == {"max_attempts": 2}
+    status, answer = await raw(server, "PUT", "/v1/queues/rq/groups/policy?group=g", b'{"override": null}')
+    assert status == 200 and answer["override"] == {}
+    status, answer = await raw(server, "GET", "/v1/queues/rq/parked")
+    assert status == 200 and answer == {"groups": []}
+    status, answer = await raw(server, "GET", "/v1/queues/rq/groups/log?group=g&limit=3")
+    assert status == 200 and answer == {"attempts": []}
+    status, answer = await raw(server, "POST", "/v1/queues/rq/groups/redrive?group=g")
+    assert status == 200 and answer == {"restored": 0, "released": 0}
+    for method, path, body, want, code in (
+        ("POST", "/v1/queues/rq/groups/release", None, 400, "invalid_argument"),
+        ("POST", "/v1/queues/rq/groups/release?group=none", None, 404, "not_found"),
+        ("POST", "/v1/queues/nope/groups/release?group=g", None, 404, "queue_not_found"),
+        ("GET", "/v1/queues/nope/parked", None, 404, "queue_not_found"),
+        (
+            "PUT",
+            "/v1/queues/rq/groups/policy?group=g",
+            b'{"override": {"on_exhausted": "shrug"}}',
+            400,
+            "invalid_argument",
+        ),
+        ("PUT", "/v1/queues/rq/groups/policy?group=g", b'{"override": [1]}', 400, "invalid_argument"),
+        ("GET", "/v1/queues/rq/groups/log?group=g&limit=0", None, 400, "invalid_argument"),
+        ("GET", "/v1/queues/rq/groups/log?group=g&limit=x", None, 400, "invalid_argument"),
+        ("POST", "/v1/queues/rq/handover", b'{"groups": ["g"]}', 400, "invalid_argument"),
+        ("POST", "/v1/queues/rq/handover/release", b'{"groups": "g"}', 400, "invalid_argument"),
+    ):
+        status, answer = await raw(server, method, path, body)
+        assert_error(status, answer, want, code)
+
+
 async def test_long_poll_returns_when_another_task_sends(server: InProcessServer) -> None:
     async with QueueClient(server.url) as consumer, QueueClient(server.url) as producer:
         await producer.create_queue("lp")

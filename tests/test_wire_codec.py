@@ -285,4 +285,7 @@ def test_a_move_and_its_request_round_trip(move: MoveStatus, source: str, destin
     assert wire.decode_move_request(over_the_wire(wire.encode_move_request(source, destination))) == (
         source,
         destination,
+        None,
     )
+    with_id = wire.encode_move_request(source, destination, "mv-c" + source)
+    assert wire.decode_move_request(over_the_wire(with_id)) == (source, destination, "mv-c" + source)

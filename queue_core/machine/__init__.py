@@ -1,6 +1,6 @@
 """The sans-I/O strict-queue state machine: no clocks, sockets, threads or randomness (ruff enforces it)."""
 
-from .attributes import QueueAttributes
+from .attributes import GroupPolicy, QueueAttributes
 from .core import QueueCore
 from .errors import (
     AlreadyExists,
@@ -19,12 +19,21 @@ from .errors import (
     error_from_dict,
 )
 from .inputs import SendRequest, Snapshot, parse_receipt
-from .records import AckOutcome, Delivery, MoveStatus, PeekItem, QueueMetrics, SendResult
+from .records import (
+    AckOutcome,
+    Delivery,
+    MoveStatus,
+    PeekItem,
+    QueueMetrics,
+    Redriven,
+    SendResult,
+)
 
 __all__ = [
     "AckOutcome",
     "AlreadyExists",
     "Delivery",
+    "GroupPolicy",
     "InvalidArgument",
     "InvalidReceipt",
     "LimitExceeded",
@@ -38,6 +47,7 @@ __all__ = [
     "QueueError",
     "QueueMetrics",
     "QueueNotFound",
+    "Redriven",
     "SendRequest",
     "SendResult",
     "Snapshot",

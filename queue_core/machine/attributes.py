@@ -235,6 +235,21 @@ class RetryPolicy:
         return dataclasses.asdict(self)
 
 
+@dataclass(frozen=True, slots=True)
+class GroupPolicy:
+    """A group's effective retry policy and its override of the queue's ({} when it follows the queue)."""
+
+    effective: RetryPolicy
+    override: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"override": dict(self.override), "effective": self.effective.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GroupPolicy:
+        return cls(RetryPolicy(**data["effective"]), dict(data["override"]))
+
+
 def _coerce(changes: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in changes.items():

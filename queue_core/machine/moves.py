@@ -10,8 +10,11 @@ from __future__ import annotations
 from .errors import InvalidArgument, NotFound, NotInFlight
 from .records import MoveStatus
 from .state import CoreState, prefix
+from .text import check_name
 
 MOVE_CHUNK = 2000  # messages moved per timer call, so a big move never stalls the shell
+CLUSTER_MOVE_PREFIX = "mv-c"  # ids a cluster gateway gives (the core's own are mv-<epoch>-<n>)
+MAX_MOVE_ID = 64
 
 
 class Moves:
@@ -20,9 +23,23 @@ class Moves:
     def __init__(self, state: CoreState) -> None:
         self.state = state
 
-    def start(self, source: str, destination: str, now: float) -> MoveStatus:
-        """EmoDB `_move`: asynchronously move every message present now, group by group, in order."""
+    def start(self, source: str, destination: str, now: float, move_id: str | None = None) -> MoveStatus:
+        """EmoDB `_move`: asynchronously move every message present now, group by group, in order.
+        `move_id`: the id a cluster gateway gives the move on every partition (one move over them all);
+        a start repeated with it answers the move it started (a retry), None: the core names it."""
         state = self.state
+        if move_id is not None:
+            shaped = isinstance(move_id, str) and move_id.startswith(CLUSTER_MOVE_PREFIX)
+            if not shaped or len(move_id) > MAX_MOVE_ID:
+                raise InvalidArgument(
+                    f"a move id starts {CLUSTER_MOVE_PREFIX!r}, at most {MAX_MOVE_ID} characters", field="id"
+                )
+            check_name(move_id, "id")
+            known = state.moves.get(move_id)
+            if known is not None:
+                if (known.source, known.destination) != (source, destination):
+                    raise InvalidArgument(f"move {move_id!r} moves another queue", field="id")
+                return known
         src = state.queue(source)
         if source == destination:
             raise InvalidArgument("cannot move a queue onto itself", field="to")
@@ -30,7 +47,7 @@ class Moves:
             state.create_queue(destination, now)
         state.move_counter += 1
         move = MoveStatus(
-            id=f"mv-{state.epoch:x}-{state.move_counter}",
+            id=move_id or f"mv-{state.epoch:x}-{state.move_counter}",
             source=source,
             destination=destination,
             remaining=len(src.by_id),

@@ -353,6 +353,15 @@ class MoveStatus:
         }
 
 
+# ------------------------------------------------------------------ the retry workflow's answers (retries.py)
+@dataclass(frozen=True, slots=True)
+class Redriven:
+    """A redrive: messages back from the dead-letter queue at the group's head, parked ones released."""
+
+    restored: int
+    released: int
+
+
 # ------------------------------------------------------------------------------ state transfer (handover.py)
 HandoverPhase = Literal["draining", "awaiting", "waiting", "arrived"]
 HELD_PHASES = frozenset(("draining", "awaiting", "waiting"))

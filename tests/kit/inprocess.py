@@ -20,7 +20,7 @@ from pathlib import Path
 from aiohttp.test_utils import TestServer
 
 from access.keys import KeyRing
-from queue_core.admin_routes import add_admin_routes
+from queue_core.admin_routes import add_admin_routes, add_queue_admin_routes
 from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
 from queue_core.machine.health import HealthSettings
@@ -71,6 +71,7 @@ async def serve_in_process(
         hub = ControlHub(service)
         failures = FailureManager(service, hub, health) if health is not None else None
         add_admin_routes(app, hub, keys, failures, untenanted=True)
+        add_queue_admin_routes(app, service, keys, untenanted=True)
         add_queue_metrics(app, service, hub, keys)
     server = TestServer(app, host="127.0.0.1")
     try:
