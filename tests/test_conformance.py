@@ -31,6 +31,9 @@ GAPS: dict[str, dict[str, str]] = {
         "remote": "failure management runs in the queue server; the gateway does not serve its routes",
         "cluster": "failure management does not run in a cluster yet",
     },
+    "fences": {
+        "remote": "in front of a queue server the gateway mounts no control stream or fence routes",
+    },
     "fleet": {
         "remote": "the fleet's admin routes run where the core runs",
         "cluster": "a cluster's gateway has no fleet yet",
