@@ -155,13 +155,18 @@ def sqs_client(cluster: Cluster, role: str = "admin", *, attempts: int = 5, read
     """boto3's SQS client on the cluster's gateway with the first credential of `role`; `attempts`: boto's
     own tries per call (1: every failure is the caller's to see)."""
     credential = cluster.credential(role)
+    return sqs_at(cluster.url, cluster.ca, credential, attempts=attempts, read_timeout=read_timeout)
+
+
+def sqs_at(url: str, ca: str, credential: Credential, *, attempts: int = 5, read_timeout: float = 30) -> Any:
+    """boto3's SQS client on the gateway at `url` (trusting `ca`), signing as `credential`."""
     return boto3.client(
         "sqs",
-        endpoint_url=cluster.url,
+        endpoint_url=url,
         region_name="us-east-1",
         aws_access_key_id=credential.id,
         aws_secret_access_key=credential.secret,
-        verify=cluster.ca,
+        verify=ca,
         config=Config(
             retries={"mode": "standard", "max_attempts": attempts},
             connect_timeout=5,

@@ -20,9 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import boto3
-from botocore.config import Config
-from cluster_support import start_cluster
+from cluster_support import sqs_at, start_cluster
 from conftest import start_server
 from kit.process import ROOT, ChildProcess, launch, strictq
 
@@ -60,18 +58,7 @@ class Edge:
         return {"X-BV-API-Key": self.credential(role, index).secret}
 
     def sqs(self, role: str = "producer") -> Any:
-        credential = self.credential(role)
-        return boto3.client(
-            "sqs",
-            endpoint_url=self.url,
-            region_name="us-east-1",
-            aws_access_key_id=credential.id,
-            aws_secret_access_key=credential.secret,
-            verify=self.ca,
-            config=Config(
-                retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=30
-            ),
-        )
+        return sqs_at(self.url, self.ca, self.credential(role))
 
     def client_env(self) -> dict[str, str]:
         """The variables of the client env file `strictq serve` wrote (what a user sources)."""
