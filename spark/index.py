@@ -116,7 +116,7 @@ class IndexReport:
 # ---------------------------------------------------------------------------------------- segments
 def closed_segments(wirelog_dir: Path) -> list[Segment]:
     """Closed segments in time order, one file per segment (the most final state)."""
-    from wirelog.layout import parse_segment_name
+    from wirelog.layout import GZ, parse_segment_name
     from wirelog.reader import segments
 
     found: list[Segment] = []
@@ -127,7 +127,13 @@ def closed_segments(wirelog_dir: Path) -> list[Segment]:
         try:
             size = path.stat().st_size
         except FileNotFoundError:
-            continue  # compressed between listing and stat: the next run sees its .gz
+            # Compressed between listing and stat: the writer renames the .gz into place before it
+            # removes the .jsonl, so the compressed file is there now.
+            path = path.with_name(name.filename(GZ))
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                continue  # removed by retention meanwhile: nothing left to index
         found.append(Segment(name.base, path, size))
     return found
 
