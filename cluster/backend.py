@@ -58,7 +58,7 @@ from queue_core.machine.capabilities import PLAIN, Capabilities
 from queue_core.machine.core import RenewMode
 from queue_core.machine.gauges import TOP_GROUPS
 from queue_core.machine.groups import AUTO_GROUP_PREFIX, partition_of
-from queue_core.machine.handover import MAX_GROUPS_PER_CALL, HandoverPolicy
+from queue_core.machine.handover import MAX_GROUPS_PER_CALL, HandoverPolicy, check_states
 from queue_core.machine.inputs import AttemptResult
 from queue_core.machine.moves import CLUSTER_MOVE_PREFIX
 from queue_core.remote import PROBE_INTERVAL, RemoteQueueService, Unreachable, client_session
@@ -440,6 +440,8 @@ class ClusterBackend:
             got, failed = await self._receive_pass(queue, limit, ttl, worker, probes, capabilities)
             if got or self._stopping:
                 return got
+            if capabilities.state and self._exporting(queue, worker):
+                return got  # a donor's poll answers at once when it has state to upload (as one core's)
             if failed:
                 await self.owners.refresh()
             if len(failed) == self.partitions:  # nobody answered: retried as any call is
@@ -822,6 +824,28 @@ class ClusterBackend:
         """Every partition's groups in handover, by group name."""
         rows = [row for rows in await self._all(lambda r: r.handovers(queue)) for row in rows]
         return sorted(rows, key=lambda row: str(row.get("group", "")))
+
+    def _exporting(self, queue: str, worker: str) -> bool:
+        return any(remote.has_exports(queue, worker) for remote in self._remotes.values())
+
+    def export_requests(self, queue: str, worker: str) -> list[str]:
+        """What the partitions the last poll asked named for `worker` to upload (each partition names
+        its own groups; one not asked by that poll names them on a later one)."""
+        named = (g for remote in self._remotes.values() for g in remote.export_requests(queue, worker))
+        return list(dict.fromkeys(named))
+
+    async def put_state(self, queue: str, worker: str, states: dict[str, Any]) -> dict[str, str]:
+        """The whole upload checked first (as one core checks it), then each group on its partition; a
+        group the core named, on every partition, `ok` where one took it."""
+        check_states(states)
+
+        def uploading(names: list[str]) -> Operation[dict[str, str]]:
+            return lambda r: r.put_state(queue, worker, {name: states[name] for name in names})
+
+        plan = self._plan_groups(list(states))
+        answers = await asyncio.gather(*(self._call(p, uploading(names)) for p, names in plan.items()))
+        taken = {g for answer in answers for g, status in answer.items() if status == "ok"}
+        return {g: "ok" if g in taken else "not_requested" for g in states}
 
     # ---------------------------------------------------------------------------- the retry workflow
     async def _by_group(self, group: str, operation: Operation[T], known: Callable[[T], bool]) -> T:

@@ -100,7 +100,7 @@ from .fleet_control import control_headers
 from .limits_http import check_backlog, check_sends
 from .request_ids import request_id_of
 from .results_log import log_results
-from .state_transfer import add_handover_header, state_service
+from .state_transfer import add_handover_header
 
 log = logging.getLogger("strictq.gateway.emodb")
 
@@ -617,9 +617,8 @@ async def put_state(call: Call) -> web.StreamResponse:
     states = await read_json(call.request)
     if not isinstance(states, dict):
         raise InvalidArgument('the body must be a JSON object: {"<group>": {<state>}, ...}', field="body")
-    service = state_service(call.service_for_queue(queue))
     try:
-        outcomes = await service.put_state(queue, call.credential.id, states)
+        outcomes = await call.service_for_queue(queue).put_state(queue, call.credential.id, states)
     except QueueNotFound:  # a queue nobody sent to has no handover either
         outcomes = {group: "not_requested" for group in states}
     return json_response({"results": [{"group": g, "status": status} for g, status in outcomes.items()]})

@@ -89,6 +89,9 @@ class RemoteQueueService:
         self._stopping = False
         self._probe: asyncio.Task[None] | None = None
         self._polls: set[asyncio.Task[Any]] = set()
+        # State transfer: the groups the last poll answer to a donor named for upload, by (queue, worker);
+        # set only when named, taken by `export_requests` right after that poll (so it stays small).
+        self._exports: dict[tuple[str, str], list[str]] = {}
 
     # ------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -273,6 +276,9 @@ class RemoteQueueService:
                 raise
             finally:
                 self._polls.discard(task)
+        exports = payload.get("exports")
+        if capabilities.state and worker and isinstance(exports, list) and exports:
+            self._exports[(queue, worker)] = [str(group) for group in exports]
         return [wire.decode_received(item) for item in payload["messages"]]
 
     async def wait_ready(self, queue: str, wait: float, worker: str = "") -> bool:
@@ -378,6 +384,19 @@ class RemoteQueueService:
 
     async def handovers(self, queue: str) -> list[dict[str, Any]]:
         return list((await self._call("GET", self._q(queue) + "/handover"))["handovers"])
+
+    def has_exports(self, queue: str, worker: str) -> bool:
+        """Whether the last poll answer to `worker` named groups it has not been told of yet."""
+        return (queue, worker) in self._exports
+
+    def export_requests(self, queue: str, worker: str) -> list[str]:
+        """What the server's last answer to `worker`'s poll named (once: a later poll names them again
+        until they are uploaded)."""
+        return self._exports.pop((queue, worker), [])
+
+    async def put_state(self, queue: str, worker: str, states: dict[str, Any]) -> dict[str, str]:
+        payload = await self._call("PUT", self._q(queue) + "/state", {"worker": worker, "states": states})
+        return {str(group): str(status) for group, status in payload["results"].items()}
 
     # ------------------------------------------------------------------------------------ moves
     async def start_move(self, source: str, destination: str, move_id: str | None = None) -> MoveStatus:

@@ -207,7 +207,12 @@ async def receive(request: web.Request) -> web.Response:
         probes=polled.probes,
         capabilities=polled.capabilities,
     )
-    return json_response({"messages": [wire.encode_received(r) for r in received]})
+    answer: dict[str, Any] = {"messages": [wire.encode_received(r) for r in received]}
+    if polled.capabilities.state and polled.worker:  # state transfer: what this donor should upload now
+        exports = service_of(request).export_requests(request.match_info["queue"], polled.worker)
+        if exports:
+            answer["exports"] = exports
+    return json_response(answer)
 
 
 async def wait_ready(request: web.Request) -> web.Response:
@@ -390,6 +395,19 @@ async def list_handovers(request: web.Request) -> web.Response:
     return json_response({"handovers": await service_of(request).handovers(request.match_info["queue"])})
 
 
+async def put_state(request: web.Request) -> web.Response:
+    """A donor's upload (`{"worker": ..., "states": {"<group>": {...}}}`): each group's status, once
+    durable."""
+    data = await read_object(request)
+    worker, states = data.get("worker"), data.get("states")
+    if not isinstance(worker, str) or not worker:
+        raise InvalidArgument("worker must be a non-empty string", field="worker")
+    if not isinstance(states, dict):
+        raise InvalidArgument('states must be a JSON object: {"<group>": {<state>}, ...}', field="states")
+    outcomes = await service_of(request).put_state(request.match_info["queue"], worker, states)
+    return json_response({"results": outcomes})
+
+
 def make_app(
     service: QueueService | None, source: ServiceSource | None = None, ready: Callable[[], bool] | None = None
 ) -> web.Application:
@@ -435,6 +453,7 @@ def make_app(
             web.post(q + "/handover", hand_over),
             web.post(q + "/handover/release", release_handover),
             web.get(q + "/handover", list_handovers),
+            web.put(q + "/state", put_state),
             web.post("/v1/moves", start_move),
             web.get("/v1/moves/{move}", move_status),
             web.post("/v1/moves/{move}/cancel", cancel_move),

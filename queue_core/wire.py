@@ -289,6 +289,7 @@ def encode_received(item: Received) -> dict[str, Any]:
         **({"history": d.history} if d.history else {}),  # prior failed attempts' log data
         **({"request_id": item.request_id} if item.request_id else {}),  # the sending request's id
         **({"estimate": item.estimate.to_json()} if item.estimate else {}),  # pipelining (estimates)
+        **({"state": item.state} if item.state is not None else {}),  # a moved group's state (handover)
     }
 
 
@@ -314,6 +315,7 @@ def decode_received(item: dict[str, Any]) -> Received:
         probe=item.get("probe") is True,
         request_id=request_id if isinstance(request_id, str) else None,
         estimate=Estimate.from_json(item.get("estimate")),
+        state=item.get("state"),
     )
 
 

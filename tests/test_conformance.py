@@ -374,6 +374,47 @@ async def test_move_between_queues_keeps_group_order(edge: Edge) -> None:
     assert orders == {group: [0, 1, 2] for group in ("a", "b", "c", "d")}
 
 
+async def poll_with_state(edge: Edge, queue: str, index: int) -> tuple[list[dict[str, Any]], str]:
+    """A state-taking worker's poll (capability `state`): its items and the X-Strictq-Handover header."""
+    connector = aiohttp.TCPConnector(ssl=edge.ssl_context())
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
+        headers = {**edge.headers("worker", index), "X-Strictq-Capabilities": "state"}
+        params = {"ttl": "30", "limit": "10"}
+        async with session.get(f"{edge.url}/queue/1/{queue}/poll", headers=headers, params=params) as answer:
+            assert answer.status == 200, await answer.text()
+            return list(await answer.json()), answer.headers.get("X-Strictq-Handover", "")
+
+
+@gapped("state")
+async def test_state_transfer_moves_a_groups_state_to_the_next_worker(edge: Edge) -> None:
+    """A handover asks the donor's poll for the group's state, the upload is kept, and the next worker to
+    claim the group gets it inline (docs/state-transfer.md)."""
+    queue = queue_name("state")
+    donor = edge.credential("worker", 0).id
+    await send_emodb(edge, queue, "g", [{"n": 1}])
+    items, _ = await poll_with_state(edge, queue, 0)
+    assert [item["payload"] for item in items] == [{"n": 1}]
+    status, body = await call(
+        edge, "POST", f"/admin/v1/queues/{queue}/handover", json={"from": donor, "groups": ["g"]}
+    )
+    assert status == 200 and body["groups"] == ["g"], body
+    status, body = await call(edge, "POST", f"/queue/1/{queue}/ack", role="worker", json=[items[0]["id"]])
+    assert status == 200, body  # the donor's claim ends: the group now waits for its state
+
+    async def named() -> bool:
+        return (await poll_with_state(edge, queue, 0))[1] == "g"
+
+    assert await until(named, 30.0, what="the donor's poll naming the group to upload")
+    status, body = await call(
+        edge, "PUT", f"/queue/1/{queue}/state", role="worker", json={"g": {"count": 1}, "other": {}}
+    )
+    assert status == 200, body
+    assert body["results"] == [{"group": "g", "status": "ok"}, {"group": "other", "status": "not_requested"}]
+    await send_emodb(edge, queue, "g", [{"n": 2}])
+    items, _ = await poll_with_state(edge, queue, 1)
+    assert [(item["payload"], item.get("state")) for item in items] == [({"n": 2}, {"count": 1})]
+
+
 @gapped("fleet")
 async def test_fleet_heartbeat_is_listed(edge: Edge) -> None:
     """A worker's heartbeat makes it a member of the fleet the admin route lists."""

@@ -115,6 +115,29 @@ def new_deadline_heap(state: CoreState) -> LazyHeap[tuple[float, int, QueueState
 
 
 # ------------------------------------------------------------------------------------ the operations
+def check_states(states: Any) -> dict[str, int]:
+    """An upload's shape and per-group bounds, checked before any of it is applied (a cluster checks the
+    whole upload before it splits it over partitions); each group's state size."""
+    if not isinstance(states, dict):
+        raise InvalidArgument('the body must be a JSON object: {"<group>": {<state>}, ...}')
+    if len(states) > MAX_GROUPS_PER_CALL:
+        raise InvalidArgument(f"at most {MAX_GROUPS_PER_CALL} groups per upload", field="groups")
+    sizes: dict[str, int] = {}
+    for name, value in states.items():
+        check_name(name, "group")
+        if not isinstance(value, dict):
+            raise InvalidArgument(f"the state of group {name!r} must be a JSON object", field=name)
+        sizes[name] = size = state_size(value, name)
+        if size > MAX_GROUP_STATE:
+            raise TooLarge(
+                f"the state of group {name!r} is {size} bytes, over {MAX_GROUP_STATE}",
+                field=name,
+                size=size,
+                limit=MAX_GROUP_STATE,
+            )
+    return sizes
+
+
 class Handovers:
     """hand_over, put_state, export_requests, take_states, release and the timeout."""
 
@@ -188,23 +211,7 @@ class Handovers:
         handover of it from this worker is waiting for its state). Bad shapes and sizes raise."""
         state = self.state
         queue = state.queue(queue_name)
-        if not isinstance(states, dict):
-            raise InvalidArgument('the body must be a JSON object: {"<group>": {<state>}, ...}')
-        if len(states) > MAX_GROUPS_PER_CALL:
-            raise InvalidArgument(f"at most {MAX_GROUPS_PER_CALL} groups per upload", field="groups")
-        sizes: dict[str, int] = {}
-        for name, value in states.items():
-            check_name(name, "group")
-            if not isinstance(value, dict):
-                raise InvalidArgument(f"the state of group {name!r} must be a JSON object", field=name)
-            sizes[name] = size = state_size(value, name)
-            if size > MAX_GROUP_STATE:
-                raise TooLarge(
-                    f"the state of group {name!r} is {size} bytes, over {MAX_GROUP_STATE}",
-                    field=name,
-                    size=size,
-                    limit=MAX_GROUP_STATE,
-                )
+        sizes = check_states(states)
         accepted = [
             name
             for name in states
