@@ -61,6 +61,7 @@ from queue_core.machine.groups import AUTO_GROUP_PREFIX, partition_of
 from queue_core.machine.handover import MAX_GROUPS_PER_CALL, HandoverPolicy, check_states
 from queue_core.machine.inputs import AttemptResult
 from queue_core.machine.moves import CLUSTER_MOVE_PREFIX
+from queue_core.machine.routing import VersionFigures
 from queue_core.remote import PROBE_INTERVAL, RemoteQueueService, Unreachable, client_session
 from queue_core.service import MAX_WAIT, Received
 
@@ -780,9 +781,11 @@ class ClusterBackend:
         """Named groups by partition; a group the core named (no partition in its name) on every one."""
         plan: dict[int, list[str]] = {}
         for group in groups:
-            targets = range(self.partitions) if group.startswith(AUTO_GROUP_PREFIX) else [
-                partition_of(group, self.partitions)
-            ]
+            targets = (
+                range(self.partitions)
+                if group.startswith(AUTO_GROUP_PREFIX)
+                else [partition_of(group, self.partitions)]
+            )
             for partition in targets:
                 plan.setdefault(partition, []).append(group)
         return plan
@@ -824,6 +827,10 @@ class ClusterBackend:
         """Every partition's groups in handover, by group name."""
         rows = [row for rows in await self._all(lambda r: r.handovers(queue)) for row in rows]
         return sorted(rows, key=lambda row: str(row.get("group", "")))
+
+    async def version_figures(self, queue: str, recent: float) -> VersionFigures:
+        """Every partition's (each counts its own pollers and attempts), merged."""
+        return VersionFigures.merged(await self._all(lambda r: r.version_figures(queue, recent)))
 
     def _exporting(self, queue: str, worker: str) -> bool:
         return any(remote.has_exports(queue, worker) for remote in self._remotes.values())

@@ -91,7 +91,6 @@ def make_gateway_app(
     limiter = limiter if limiter is not None else TenantRateLimiter()
     add_limit_routes(app, limiter, keys)
     add_estimate_routes(app)  # pipelining: a queue's processing-time estimates
-    add_queue_admin_routes(app, service, keys)  # the retry workflow, over the port: in every topology
     # /metrics (queue_core.metrics_http): this app's registry, and the queues' series read through the port
     # at each scrape (summed over the partitions of a cluster, which adds its own series).
     registry = CollectorRegistry()
@@ -105,6 +104,8 @@ def make_gateway_app(
             add_fleet_routes(app, fleet)
     elif control is not None:  # a cluster's gateway: floors from the queue servers, fences here
         add_admin_routes(app, control, keys)
+    # The retry workflow, handovers and group routing, over the port: in every topology.
+    add_queue_admin_routes(app, service, keys, failures=failures, hub=hub)
     sources = [core_source(service, hub, keys)]
     if cluster is not None:
         sources.append(cluster_metrics(cluster))

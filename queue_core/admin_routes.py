@@ -22,7 +22,7 @@ from .failures import FailureManager
 from .handover_http import add_handover_routes
 from .health_http import add_health_routes
 from .retry_http import add_retry_routes
-from .routing_http import add_routing_routes
+from .routing_http import RoutingHooks, add_routing_routes
 
 
 def add_admin_routes(
@@ -45,7 +45,6 @@ def add_admin_routes(
     app.router.add_delete("/admin/v1/fences/{worker}", delete_fence)
     if failures is not None:
         add_health_routes(app, failures)
-        add_routing_routes(app)  # group routing and rollouts (docs/rollouts.md)
 
     async def start(app: web.Application) -> None:
         await hub.start()
@@ -66,13 +65,37 @@ def add_admin_routes(
 
 
 def add_queue_admin_routes(
-    app: web.Application, backend: QueueBackend, keys: KeyRing, *, untenanted: bool = False
+    app: web.Application,
+    backend: QueueBackend,
+    keys: KeyRing,
+    *,
+    untenanted: bool = False,
+    failures: FailureManager | None = None,
+    hub: ControlHub | None = None,
 ) -> None:
-    """Serve the retry workflow's routes (release, redrive, group policies, the group log, parked groups)
-    and the handover routes (queue_core.handover_http) from `app` over `backend`: the same routes in
-    process, in front of a queue server and of a cluster. `keys` authenticate them (the same ring as
-    `add_admin_routes`'); `untenanted`: see UNTENANTED."""
+    """Serve the retry workflow's routes (release, redrive, group policies, the group log, parked groups),
+    the handover routes (queue_core.handover_http) and group routing's (queue_core.routing_http) from
+    `app` over `backend`: the same routes in process, in front of a queue server and of a cluster. `keys`
+    authenticate them (the same ring as `add_admin_routes`'); `untenanted`: see UNTENANTED. `failures`
+    (where failure management runs beside the core) or else `hub` tell routing which workers are fenced."""
     app[ADMIN_KEYS] = keys
     app[UNTENANTED] = untenanted or app.get(UNTENANTED, False)
     add_retry_routes(app, backend)
     add_handover_routes(app, backend)  # moving groups between workers with their local state
+    add_routing_routes(app, backend, routing_hooks(failures, hub))  # pins and rollouts (docs/rollouts.md)
+
+
+def routing_hooks(failures: FailureManager | None, hub: ControlHub | None) -> RoutingHooks:
+    """Failure management's view of who is blocked and its event stream where it runs here; else the
+    hub's fences (a fenced worker takes nothing wherever it polls) and no events."""
+    if failures is not None:
+        manager = failures
+
+        def record(event: str, reason: str, queue: str) -> None:
+            manager.record(event, reason, queue=queue)
+
+        return RoutingHooks(lambda worker: manager.monitor.blocked(worker), record, manager.settled)
+    if hub is not None:
+        fences = hub.registry
+        return RoutingHooks(lambda worker: fences.get(worker) is not None)
+    return RoutingHooks(lambda worker: False)

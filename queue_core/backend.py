@@ -29,6 +29,7 @@ from .machine.gauges import TOP_GROUPS
 from .machine.handover import HandoverPolicy
 from .machine.inputs import AttemptResult
 from .machine.records import Received
+from .machine.routing import VersionFigures
 
 # How far a FIFO send's deduplication reaches: the whole queue (one core holds every group: in process, a
 # queue server), or only the groups of the send's partition (a cluster: each partition is its own core).
@@ -126,4 +127,6 @@ class QueueBackend(Protocol):
     # from that poll's answer (no call of its own), a cluster from every partition that poll asked.
     # `put_state`: the donor's upload, each group on its partition, answered once durable.
     def export_requests(self, queue: str, worker: str) -> list[str]: ...
+    # Group routing's figures (docs/rollouts.md; queue_core.routing_http): a cluster sums its partitions'.
+    async def version_figures(self, queue: str, recent: float) -> VersionFigures: ...
     async def put_state(self, queue: str, worker: str, states: dict[str, Any]) -> dict[str, str]: ...

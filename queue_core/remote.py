@@ -45,6 +45,7 @@ from .machine.gauges import TOP_GROUPS
 from .machine.groups import DEFAULT_PARTITIONS
 from .machine.handover import HandoverPolicy
 from .machine.inputs import AttemptResult
+from .machine.routing import VersionFigures
 from .service import MAX_WAIT, Received
 
 log = logging.getLogger("strictq.remote")
@@ -393,6 +394,10 @@ class RemoteQueueService:
         """What the server's last answer to `worker`'s poll named (once: a later poll names them again
         until they are uploaded)."""
         return self._exports.pop((queue, worker), [])
+
+    async def version_figures(self, queue: str, recent: float) -> VersionFigures:
+        payload = await self._call("GET", self._q(queue) + "/routing/figures", params={"recent": str(recent)})
+        return VersionFigures.from_json(payload)
 
     async def put_state(self, queue: str, worker: str, states: dict[str, Any]) -> dict[str, str]:
         payload = await self._call("PUT", self._q(queue) + "/state", {"worker": worker, "states": states})

@@ -395,6 +395,18 @@ async def list_handovers(request: web.Request) -> web.Response:
     return json_response({"handovers": await service_of(request).handovers(request.match_info["queue"])})
 
 
+async def version_figures(request: web.Request) -> web.Response:
+    """Group routing's figures of the queue (`?recent=SECONDS`, default 30): what a rollout compares."""
+    try:
+        recent = float(request.query.get("recent", "30"))
+    except ValueError:
+        recent = -1.0
+    if not 0 <= recent <= 86_400:
+        raise InvalidArgument("recent must be 0-86400 seconds", field="recent")
+    figures = await service_of(request).version_figures(request.match_info["queue"], recent)
+    return json_response(figures.to_json())
+
+
 async def put_state(request: web.Request) -> web.Response:
     """A donor's upload (`{"worker": ..., "states": {"<group>": {...}}}`): each group's status, once
     durable."""
@@ -454,6 +466,7 @@ def make_app(
             web.post(q + "/handover/release", release_handover),
             web.get(q + "/handover", list_handovers),
             web.put(q + "/state", put_state),
+            web.get(q + "/routing/figures", version_figures),
             web.post("/v1/moves", start_move),
             web.get("/v1/moves/{move}", move_status),
             web.post("/v1/moves/{move}/cancel", cancel_move),

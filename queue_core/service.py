@@ -56,6 +56,7 @@ from .machine.health import Probe
 from .machine.inputs import AttemptResult, ControlRows
 from .machine.queue import QueueState
 from .machine.records import Received as Received  # re-exported: the faces import it from here
+from .machine.routing import VersionFigures, version_figures
 from .machine.supervisor import HealthEffect, ProbeDelivered, Supervisor, SupervisorEffect
 from .store import SqliteStore, StoredBody, read_attempt_log
 
@@ -636,6 +637,15 @@ class QueueService:
 
     async def handovers(self, queue: str) -> list[dict[str, Any]]:
         return self._read(self.core.handovers, queue)
+
+    # ------------------------------------------------------------ group routing (machine.routing)
+    async def version_figures(self, queue: str, recent: float) -> VersionFigures:
+        """What a rollout's gate compares: the workers' versions, those that polled in the last `recent`
+        seconds, the attempts per version since the routing last changed (QueueNotFound for none)."""
+        state = self.core.queue(queue)
+        router = state.router
+        attempts = router.attempts if router is not None else {}
+        return version_figures(state.worker_versions, state.pollers, attempts, self.clock() - recent)
 
     # ---------------------------------------------------------- attempt results and the retry workflow
     async def report(

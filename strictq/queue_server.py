@@ -78,7 +78,8 @@ async def serve(
     )
     # Its internal API has no tenants: untenanted queues and workers are every admin's (queue_core.scope).
     add_admin_routes(app, hub, key_ring, failures, untenanted=True)
-    add_queue_admin_routes(app, service, key_ring, untenanted=True)  # the retry workflow
+    # The retry workflow, handovers and group routing.
+    add_queue_admin_routes(app, service, key_ring, untenanted=True, failures=failures, hub=hub)
     # The worker fleet (docs/fleet.md): its admin routes, and the heartbeats gateways forward.
     add_fleet_routes(app, FleetService(service, failures, fleet))
     add_internal_heartbeat_route(app)

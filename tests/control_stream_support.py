@@ -218,7 +218,7 @@ async def core_with_admin(data_dir: Path, **hub_options: Any) -> AsyncIterator[C
     hub = ControlHub(service, **hub_options)
     app = web.Application()
     add_admin_routes(app, hub, KEYS, untenanted=True)  # as the queue server mounts them
-    add_queue_admin_routes(app, service, KEYS, untenanted=True)
+    add_queue_admin_routes(app, service, KEYS, untenanted=True, hub=hub)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

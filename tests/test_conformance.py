@@ -38,10 +38,6 @@ GAPS: dict[str, dict[str, str]] = {
         "remote": "the fleet's admin routes run where the core runs",
         "cluster": "a cluster's gateway has no fleet yet",
     },
-    "routing": {
-        "remote": "routing and rollout routes need failure management in the gateway's process",
-        "cluster": "routing and rollout routes need failure management in the gateway's process",
-    },
 }
 
 
@@ -434,16 +430,35 @@ async def test_fleet_heartbeat_is_listed(edge: Edge) -> None:
 
 
 @gapped("routing")
-async def test_routing_pin_round_trip(edge: Edge) -> None:
-    """A group-routing pin set through the admin route reads back the same."""
+async def test_routing_pins_versions_and_a_rollout_step(edge: Edge) -> None:
+    """Group routing over the port: a pin set through the admin route reads back, a worker's polled
+    version is counted (from whichever partition it polled), and a rollout step sets the canary share."""
     queue = queue_name("routing")
+    worker = edge.credential("worker").id
     await send_emodb(edge, queue, "g", [{"n": 1}])
-    pin = {"pins": [{"name": "vip", "prefix": "vip:", "workers": [edge.credential("worker").id]}]}
+    pin = {"pins": [{"name": "vip", "prefix": "vip:", "workers": [worker]}]}
     status, body = await call(edge, "PUT", f"/admin/v1/queues/{queue}/routing", json=pin)
     assert status == 200, body
+    assert body["routing"]["pins"][0]["name"] == "vip", body
+    status, items = await call(
+        edge,
+        "GET",
+        f"/queue/1/{queue}/poll",
+        role="worker",
+        params={"ttl": "30", "limit": "10"},
+        headers={"X-Strictq-Worker-Version": "1.0"},
+    )
+    assert status == 200 and [item["payload"] for item in items] == [{"n": 1}], items
     status, body = await call(edge, "GET", f"/admin/v1/queues/{queue}/routing")
     assert status == 200, body
-    assert "vip" in json.dumps(body)
+    assert body["workers"] == {worker: "1.0"} and body["versions"]["1.0"]["workers"] == 1, body
+    step = {"version": "2.0", "percent": 25, "state": "running", "reason": "canary"}
+    status, body = await call(edge, "PUT", f"/admin/v1/queues/{queue}/rollout", json=step)
+    assert status == 200, body
+    assert body["routing"]["canary"] == {"version": "2.0", "percent": 25}, body
+    assert body["rollout"]["state"] == "running", body
+    status, body = await call(edge, "PUT", f"/admin/v1/queues/{queue}/rollout", json={**step, "state": "x"})
+    assert status == 400 and body["error"]["code"] == "bad_state", body
 
 
 def test_topologies_are_what_they_say(edge: Edge, tmp_path: Path) -> None:

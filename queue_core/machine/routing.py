@@ -18,7 +18,7 @@ other 99 % (the skip-and-push-back used for retry exclusions would not scale to 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -240,6 +240,51 @@ def figures_of(
         }
         for version in sorted(set(attempts) | set(known.values()))
     }
+
+
+@dataclass(frozen=True, slots=True)
+class VersionFigures:
+    """What a rollout's gate compares, as one core knows it (read through the port; a cluster sums its
+    partitions'): every worker's last polled version, those polled within the caller's horizon, and the
+    attempt tallies per version ([succeeded, failed]) since the routing last changed."""
+
+    known: dict[str, str]
+    recent: dict[str, str]
+    attempts: dict[str, list[int]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"known": self.known, "recent": self.recent, "attempts": self.attempts}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> VersionFigures:
+        return cls(
+            {str(w): str(v) for w, v in data["known"].items()},
+            {str(w): str(v) for w, v in data["recent"].items()},
+            {str(v): [int(t[0]), int(t[1])] for v, t in data["attempts"].items()},
+        )
+
+    @classmethod
+    def merged(cls, parts: Sequence[VersionFigures]) -> VersionFigures:
+        """Partitions' figures as one queue's: workers seen anywhere, tallies summed."""
+        known: dict[str, str] = {}
+        recent: dict[str, str] = {}
+        attempts: dict[str, list[int]] = {}
+        for part in parts:
+            known.update(part.known)
+            recent.update(part.recent)
+            for version, (succeeded, failed) in part.attempts.items():
+                tally = attempts.setdefault(version, [0, 0])
+                tally[0] += succeeded
+                tally[1] += failed
+        return cls(known, recent, attempts)
+
+
+def version_figures(
+    versions: dict[str, str], pollers: dict[str, float], attempts: dict[str, list[int]], since: float
+) -> VersionFigures:
+    """A queue's figures: `pollers` (worker -> last receive) seen at `since` or later count as recent."""
+    recent = {w: v for w, v in versions.items() if pollers.get(w, since - 1) >= since}
+    return VersionFigures(dict(versions), recent, {v: list(t) for v, t in attempts.items()})
 
 
 class Router:

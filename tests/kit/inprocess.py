@@ -71,7 +71,7 @@ async def serve_in_process(
         hub = ControlHub(service)
         failures = FailureManager(service, hub, health) if health is not None else None
         add_admin_routes(app, hub, keys, failures, untenanted=True)
-        add_queue_admin_routes(app, service, keys, untenanted=True)
+        add_queue_admin_routes(app, service, keys, untenanted=True, failures=failures, hub=hub)
         add_queue_metrics(app, service, hub, keys)
     server = TestServer(app, host="127.0.0.1")
     try:
