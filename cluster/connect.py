@@ -32,6 +32,7 @@ from wirelog.files import StartupError
 log = logging.getLogger("strictq.cluster.nats")
 
 CREDENTIALS_FILE = Path("nats") / "credentials"  # under the data dir of `strictq cluster up`
+GATEWAY_CREDENTIALS_FILE = Path("nats") / "gateway.credentials"  # the edges' restricted login (nats_roles)
 DEFAULT_PORT = 4222
 SCHEMES = ("nats", "tls")
 
@@ -90,6 +91,20 @@ def read_credentials(path: Path | str) -> tuple[str, str]:
     return user, password
 
 
+def gateway_credentials_path(data_dir: Path | str) -> Path:
+    """Where `strictq cluster up` keeps the edges' (gateway role's) JetStream login for a data dir."""
+    return Path(data_dir) / GATEWAY_CREDENTIALS_FILE
+
+
+def read_cluster_id(path: Path | str) -> str | None:
+    """The cluster id a credentials file names (`cluster`, written with the role logins), if any."""
+    try:
+        value = json.loads(Path(path).read_bytes()).get("cluster")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and value else None
+
+
 def credentials_from(data_dir: Path | str) -> tuple[str, str]:
     """(user, password) of the JetStream servers `strictq cluster up` started in `data_dir`."""
     return read_credentials(credentials_path(data_dir))
@@ -104,6 +119,9 @@ class NatsSettings:
     urls: tuple[str, ...]
     user: str
     password: str = field(repr=False)
+    # The id the cluster's layout is created with when a first queue server creates it (the servers'
+    # permissions name it: cluster.nats_roles); None: a random one.
+    cluster_id: str | None = None
 
     @classmethod
     def from_url_arg(cls, value: str, credentials_file: Path | None) -> NatsSettings:
@@ -124,15 +142,17 @@ class NatsSettings:
             raise NatsUrlError("no NATS server given: expected nats://host:port[,nats://host:port...]")
         if len(auth) > 1:
             raise NatsUrlError("the NATS URLs give different users or passwords: give one login for all")
+        cluster_id = None
         if auth:
             user, password = auth.pop()
         elif credentials_file is not None:
             user, password = read_credentials(credentials_file)
+            cluster_id = read_cluster_id(credentials_file)
         else:
             raise NatsUrlError(
                 "no NATS credentials: give nats://user:password@host:port or the cluster's credentials file"
             )
-        return cls(tuple(urls), user, password)
+        return cls(tuple(urls), user, password, cluster_id)
 
 
 def _parse_url(part: str) -> tuple[str, tuple[str, str] | None]:

@@ -9,6 +9,7 @@ data after a same-named stream was deleted and re-created during leader kills; d
 from __future__ import annotations
 
 import asyncio
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -33,6 +34,7 @@ from nats.js.kv import KeyValue
 TRANSIENT = (NoStreamResponseError, NoRespondersError, NatsTimeoutError, TimeoutError, APIError)
 
 LAYOUT_BUCKET = "strictq_cluster"
+CLUSTER_ID = re.compile(r"[a-z0-9]{1,16}")
 LAYOUT_KEY = "layout"
 DEFAULT_PARTITIONS = 3
 MAX_PARTITIONS = 256
@@ -136,21 +138,32 @@ async def read_layout(js: JetStreamContext) -> ClusterLayout | None:
 
 
 async def ensure_layout(
-    js: JetStreamContext, partitions: int, replicas: int, within: float = 30.0
+    js: JetStreamContext,
+    partitions: int,
+    replicas: int,
+    within: float = 30.0,
+    cluster_id: str | None = None,
 ) -> ClusterLayout:
     """The cluster's layout: created with these values if there is none, else the existing one (the first
     creator wins). Retried while JetStream is still electing leaders or another node is creating the same
-    bucket (NoStreamResponse, NoResponders), for up to `within` seconds."""
-    return await retrying(lambda: _ensure_layout(js, partitions, replicas), "the cluster's layout", within)
+    bucket (NoStreamResponse, NoResponders), for up to `within` seconds. `cluster_id`: the id to create it
+    with (the one the servers' permissions name, cluster.nats_roles); None: a random one."""
+    return await retrying(
+        lambda: _ensure_layout(js, partitions, replicas, cluster_id), "the cluster's layout", within
+    )
 
 
-async def _ensure_layout(js: JetStreamContext, partitions: int, replicas: int) -> ClusterLayout:
+async def _ensure_layout(
+    js: JetStreamContext, partitions: int, replicas: int, cluster_id: str | None = None
+) -> ClusterLayout:
     if not 1 <= partitions <= MAX_PARTITIONS:
         raise LayoutError(f"partitions must be 1-{MAX_PARTITIONS}, not {partitions}")
     if replicas not in (1, 3):
         raise LayoutError(f"replicas must be 1 or 3, not {replicas}")
     bucket = await layout_bucket(js, replicas)
-    wanted = ClusterLayout(secrets.token_hex(4), partitions, replicas)
+    if cluster_id is not None and not CLUSTER_ID.fullmatch(cluster_id):
+        raise LayoutError(f"a cluster id is 1-16 lowercase letters or digits, not {cluster_id!r}")
+    wanted = ClusterLayout(cluster_id or secrets.token_hex(4), partitions, replicas)
     try:
         await bucket.create(LAYOUT_KEY, wanted.to_json())
         return wanted

@@ -33,8 +33,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from cluster.connect import credentials_path
+from cluster.connect import credentials_path, gateway_credentials_path
+from cluster.layout import LAYOUT_BUCKET
 from cluster.names import check_node_name
+from cluster.nats_roles import GATEWAY_USER, RoleLogin, authorization_lines
 from wirelog.files import StartupError, file_faults, open_private, private_dir, write_private
 
 BINARY = "nats-server"
@@ -121,6 +123,10 @@ class _Secrets:
     password: str
     route_user: str
     route_password: str
+    # The edges' restricted login and the cluster id its permissions name (cluster.nats_roles); None in a
+    # data dir made before roles existed (one user for everything, as then).
+    gateway_password: str | None = None
+    cluster_id: str | None = None
 
 
 class NatsCluster:
@@ -185,6 +191,25 @@ class NatsCluster:
             self._prepare()
         assert self._secrets is not None
         return self._secrets.user, self._secrets.password
+
+    @property
+    def gateway_credentials(self) -> tuple[str, str]:
+        """(user, password) for the edges (`strictq serve --cluster`): the gateway role's restricted login
+        (the server login for a data dir made before roles)."""
+        if self._secrets is None:
+            self._prepare()
+        assert self._secrets is not None
+        if self._secrets.gateway_password is None:
+            return self.credentials
+        return GATEWAY_USER, self._secrets.gateway_password
+
+    @property
+    def cluster_id(self) -> str | None:
+        """The id the first queue server gives the cluster's layout (its permissions name it)."""
+        if self._secrets is None:
+            self._prepare()
+        assert self._secrets is not None
+        return self._secrets.cluster_id
 
     @property
     def _url_host(self) -> str:
@@ -321,22 +346,51 @@ class NatsCluster:
         if path.exists():
             try:
                 data = json.loads(path.read_bytes())
-                return _Secrets(data["user"], data["password"], data["route_user"], data["route_password"])
+                found = _Secrets(
+                    data["user"],
+                    data["password"],
+                    data["route_user"],
+                    data["route_password"],
+                    data.get("gateway_password"),
+                    data.get("cluster"),
+                )
             except (OSError, ValueError, TypeError, KeyError) as exc:
                 raise StartupError(
                     path,
                     f"is not a JetStream credentials file ({exc})",
                     "restore it, or remove the data dir's nats/ directory to start a new cluster",
                 ) from None
-        made = _Secrets(CLIENT_USER, secrets.token_urlsafe(24), ROUTE_USER, secrets.token_urlsafe(24))
+            self._write_gateway_credentials(found)
+            return found
+        made = _Secrets(
+            CLIENT_USER,
+            secrets.token_urlsafe(24),
+            ROUTE_USER,
+            secrets.token_urlsafe(24),
+            secrets.token_urlsafe(24),
+            secrets.token_hex(4),
+        )
         record = {
             "user": made.user,
             "password": made.password,
             "route_user": made.route_user,
             "route_password": made.route_password,
+            "gateway_password": made.gateway_password,
+            "cluster": made.cluster_id,
         }
         write_private(path, json.dumps(record, indent=1) + "\n")
+        self._write_gateway_credentials(made)
         return made
+
+    def _write_gateway_credentials(self, made: _Secrets) -> None:
+        """The edges' file (`--nats-credentials` of `strictq serve --cluster`): their login only."""
+        if made.gateway_password is None:
+            return
+        path = gateway_credentials_path(self.data_dir)
+        record = {"user": GATEWAY_USER, "password": made.gateway_password, "cluster": made.cluster_id}
+        text = json.dumps(record, indent=1) + "\n"
+        if not path.exists() or path.read_text() != text:
+            write_private(path, text)
 
     def _load_ports(self) -> bool:
         """Read ports.json, or pick free ports and write it; True if picked now."""
@@ -385,10 +439,13 @@ class NatsCluster:
             *([f"  unique_tag: {_q(ZONE_TAG)}"] if self.zone_distinct else []),
             "}",
             *self._tags_lines(i),
-            "authorization {",
-            f"  user: {_q(s.user)}",
-            f"  password: {_q(s.password)}",
-            "}",
+            *authorization_lines(
+                RoleLogin(s.user, s.password),
+                None if s.gateway_password is None else RoleLogin(GATEWAY_USER, s.gateway_password),
+                s.cluster_id,
+                LAYOUT_BUCKET,
+                _q,
+            ),
         ]
         if self.count > 1:
             assert p.cluster is not None

@@ -62,7 +62,12 @@ async def serve_node(options: NodeOptions) -> None:
         ) from None
     try:
         try:
-            layout = await ensure_layout(nc.jetstream(), options.cluster_partitions, options.replicas)
+            layout = await ensure_layout(
+                nc.jetstream(),
+                options.cluster_partitions,
+                options.replicas,
+                cluster_id=options.nats.cluster_id,
+            )
         except LayoutError as exc:
             raise StartupLine(options.data_dir, str(exc)) from None
         node = ClusterNode(

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import FrameType
 
 from access.keys import write_development_keys
-from cluster.connect import NatsSettings, NatsUnavailable, connect, credentials_path
+from cluster.connect import NatsSettings, NatsUnavailable, connect, credentials_path, gateway_credentials_path
 from cluster.layout import read_layout
 from cluster.nats_servers import NatsCluster, NatsClusterError
 from wirelog.files import file_faults, open_private, private_dir
@@ -218,14 +218,14 @@ class ClusterUp:
         """The gateway's key file (`strictq serve`'s default in its data dir), which the nodes share."""
         return self.data_dir / "gateway" / "keys.toml"
 
-    def nats_args(self) -> list[str]:
+    def nats_args(self, role: str = "server") -> list[str]:
+        """`--cluster URLS --nats-credentials FILE`: the queue servers' login, or the edges' restricted
+        one for `role` "gateway" (cluster.nats_roles) where the data dir has it."""
         assert self.nats is not None
-        return [
-            "--cluster",
-            ",".join(self.nats.client_urls),
-            "--nats-credentials",
-            str(credentials_path(self.data_dir)),
-        ]
+        credentials = credentials_path(self.data_dir)
+        if role == "gateway" and gateway_credentials_path(self.data_dir).exists():
+            credentials = gateway_credentials_path(self.data_dir)
+        return ["--cluster", ",".join(self.nats.client_urls), "--nats-credentials", str(credentials)]
 
     def node_argv(self, name: str) -> list[str]:
         o = self.options
@@ -269,7 +269,7 @@ class ClusterUp:
         )
         return self.strictq(
             "serve",
-            *self.nats_args(),
+            *self.nats_args("gateway"),
             "--data-dir",
             str(self.data_dir / "gateway"),
             "--host",

@@ -1,0 +1,81 @@
+"""Who may do what on the cluster's JetStream servers: one NATS user per role, not one with every right.
+
+Why a module of its own: the permissions are the contract between what each process of a cluster does on
+NATS and what the servers let it do, and they name the cluster's subjects and buckets (cluster.layout), so
+they are written from the cluster's id, which `strictq cluster up` fixes before the first node creates
+the layout (`cluster` in the credentials file; `ensure_layout` takes it).
+
+- `strictq` (the queue servers, their master, `strictq cluster` commands): every right. They create and
+  trim the streams and buckets, append partition frames and write the owner map.
+- `gateway` (the edges, `strictq serve --cluster`): reads what it needs (KV gets and watches, stream info,
+  the floors), writes only the buckets an edge keeps (its traffic reports, and the control and fleet state
+  shared by every edge), and may not append to a partition's stream (a forged frame would be applied by
+  every replica as the owner's), write the owner map, the nodes', master's, placement or layout records,
+  the snapshots, nor create, change, purge or delete any stream or consumer's stream.
+
+A gateway's credentials leaking therefore cannot rewrite the queue behind the owners' back; it can still
+read what it serves anyway (every message body passes through an edge).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+SERVER_USER = "strictq"
+GATEWAY_USER = "gateway"
+
+# JetStream API calls that change streams, consumers' streams or the servers: refused to a gateway.
+JS_ADMIN = (
+    "$JS.API.STREAM.CREATE.>",
+    "$JS.API.STREAM.UPDATE.>",
+    "$JS.API.STREAM.DELETE.>",
+    "$JS.API.STREAM.PURGE.>",
+    "$JS.API.STREAM.MSG.DELETE.>",
+    "$JS.API.STREAM.SNAPSHOT.>",
+    "$JS.API.STREAM.RESTORE.>",
+    "$JS.API.STREAM.PEER.>",
+    "$JS.API.STREAM.LEADER.>",
+    "$JS.API.META.>",
+    "$JS.API.ACCOUNT.>",
+    "$JS.API.SERVER.>",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RoleLogin:
+    user: str
+    password: str
+
+
+def gateway_publish_denied(cluster_id: str, layout_bucket: str) -> list[str]:
+    """The subjects a gateway may not publish to (deny wins over any allow in NATS)."""
+    prefix = f"sq_{cluster_id}_"
+    return [
+        # A partition's frames (`sq.<id>.p<K>`: three tokens; the edges only subscribe to the floors,
+        # `sq.<id>.floors`, and ask for a floor sync on `sq.<id>.floors.sync`, four tokens).
+        f"sq.{cluster_id}.*",
+        *(f"$KV.{prefix}{name}.>" for name in ("owners", "nodes", "master", "placement")),
+        f"$KV.{layout_bucket}.>",
+        f"$O.{prefix}snapshots.>",
+        *JS_ADMIN,
+    ]
+
+
+def authorization_lines(
+    server: RoleLogin,
+    gateway: RoleLogin | None,
+    cluster_id: str | None,
+    layout_bucket: str,
+    q: Callable[[str], str],
+) -> list[str]:
+    """nats-server's `authorization { users: [...] }` block (`q` quotes a string for its config format);
+    without a cluster id (a data dir made before roles) or a gateway login, the one server user."""
+    users = [f"    {{user: {q(server.user)}, password: {q(server.password)}}}"]
+    if gateway is not None and cluster_id is not None:
+        denied = ", ".join(q(subject) for subject in gateway_publish_denied(cluster_id, layout_bucket))
+        users.append(
+            f"    {{user: {q(gateway.user)}, password: {q(gateway.password)}, "
+            f"permissions: {{publish: {{deny: [{denied}]}}}}}}"
+        )
+    return ["authorization {", "  users: [", *users, "  ]", "}"]
