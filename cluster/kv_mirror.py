@@ -126,6 +126,23 @@ class KvMirror:
         else:
             self.entries[key] = MirroredEntry(entry.value, entry.revision or 0, time.monotonic())
 
+    async def caught_up(self, within: float) -> bool:
+        """Wait until this copy has heard every revision the bucket held when called (another process's
+        write just acknowledged is then here: read-your-writes across processes); False after `within`
+        seconds, or when the bucket's stream cannot be asked."""
+        if self._js is None:
+            return False
+        try:
+            last = (await self._js.stream_info(self._stream)).state.last_seq
+        except Exception:  # JetStream unreachable now: the copy is what there is
+            return False
+        deadline = time.monotonic() + within
+        while self._revision < last:
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
+
     def poke(self) -> None:
         """Wake whoever waits in `changed` (a local event that calls for another look)."""
         self._changed.set()
