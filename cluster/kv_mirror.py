@@ -126,6 +126,21 @@ class KvMirror:
         else:
             self.entries[key] = MirroredEntry(entry.value, entry.revision or 0, time.monotonic())
 
+    @property
+    def revision(self) -> int:
+        """The newest revision (the bucket stream's sequence) this copy has heard: every change up to it is
+        in `entries` (a watch delivers in order)."""
+        return self._revision
+
+    async def heard(self, revision: int, within: float) -> bool:
+        """Wait until this copy has heard `revision` (a write of this process); False after `within`."""
+        deadline = time.monotonic() + within
+        while self._revision < revision:
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.002)
+        return True
+
     async def caught_up(self, within: float) -> bool:
         """Wait until this copy has heard every revision the bucket held when called (another process's
         write just acknowledged is then here: read-your-writes across processes); False after `within`
@@ -136,12 +151,7 @@ class KvMirror:
             last = (await self._js.stream_info(self._stream)).state.last_seq
         except Exception:  # JetStream unreachable now: the copy is what there is
             return False
-        deadline = time.monotonic() + within
-        while self._revision < last:
-            if time.monotonic() > deadline:
-                return False
-            await asyncio.sleep(0.005)
-        return True
+        return await self.heard(last, within)
 
     def poke(self) -> None:
         """Wake whoever waits in `changed` (a local event that calls for another look)."""
