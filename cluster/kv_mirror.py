@@ -37,6 +37,7 @@ class KvMirror:
         self.name = name
         self.entries: dict[str, MirroredEntry] = {}
         self._changed = asyncio.Event()
+        self._heard = asyncio.Event()  # set at every revision heard (for `heard`; `changed` clears its own)
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._guard: asyncio.Task[None] | None = None
@@ -135,11 +136,15 @@ class KvMirror:
     async def heard(self, revision: int, within: float) -> bool:
         """Wait until this copy has heard `revision` (a write of this process); False after `within`."""
         deadline = time.monotonic() + within
-        while self._revision < revision:
-            if time.monotonic() > deadline:
+        while True:
+            self._heard.clear()
+            if self._revision >= revision:
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 return False
-            await asyncio.sleep(0.002)
-        return True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._heard.wait(), remaining)
 
     async def caught_up(self, within: float) -> bool:
         """Wait until this copy has heard every revision the bucket held when called (another process's
@@ -197,6 +202,7 @@ class KvMirror:
                     self._changed.set()
                 continue
             self._revision = max(self._revision, entry.revision or 0)
+            self._heard.set()
             if delivered is not None:
                 delivered.add(entry.key)
             if entry.operation in ("DEL", "PURGE") or entry.value is None:
