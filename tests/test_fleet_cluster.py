@@ -120,6 +120,17 @@ async def row_of(edge: EdgeAt, worker: str, key: str = "admin") -> dict[str, Any
     return next((w for w in view["workers"] if w["worker"] == worker), {})
 
 
+async def control_header(edge: EdgeAt, worker: str) -> str | None:
+    """The X-Strictq-Control header of an empty EmoDB poll by `worker` that declares `control`."""
+    headers = {"X-BV-API-Key": SECRET[worker], "X-Strictq-Capabilities": "control"}
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=edge.context())) as session,
+        session.get(f"{edge.url}/queue/1/fleet-prompt/poll?ttl=1&limit=1", headers=headers) as answer,
+    ):
+        assert answer.status == 200, await answer.text()
+        return answer.headers.get("X-Strictq-Control")
+
+
 def cli(edge: EdgeAt, *args: str) -> subprocess.CompletedProcess[str]:
     """`strictq ARGS` as an operator runs it against `edge`."""
     env = {
@@ -208,6 +219,8 @@ async def test_a_control_waits_for_its_worker_at_whichever_edge_it_beats(edges: 
     assert status == 200, issued
     (control,) = issued["controls"]
     assert (await row_of(edges.one, "fw-3"))["state"] == "unknown"  # never beat: listed with its control
+    # Prompt delivery at the other edge: a poll declaring `control` is told a control waits.
+    assert await until(lambda: control_header(edges.one, "fw-3"), WAIT, what="X-Strictq-Control") == "pending"
     answer = await beat(edges.one, "fw-3", queues=["fleet-config"])
     assert [c["id"] for c in answer["controls"]] == [control["id"]]
     again = await beat(edges.two, "fw-3", queues=["fleet-config"])  # not acknowledged: delivered again
