@@ -266,9 +266,12 @@ class ClusterFleet:
     # --------------------------------------------------------------------------------------- inputs
     async def heartbeat(self, beat: Heartbeat) -> Answer:
         answer, events = await self._update(beat.worker, lambda m, now: m.heartbeat(beat, now))
-        for queue in beat.queues:  # the load just changed: look at once rather than at the next tick
-            await self._rebalance(queue)
         self._publish(events)
+        for queue in beat.queues:  # the load just changed: look at once rather than at the next tick
+            try:
+                await self._rebalance(queue)
+            except Unavailable as exc:  # a partition cannot tell its backlog now: the tick looks again
+                log.info("fleet: rebalancing %s after a heartbeat: %s", queue, exc)
         return answer
 
     async def issue(
