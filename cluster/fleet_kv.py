@@ -508,6 +508,8 @@ class ClusterFleet:
             await asyncio.sleep(self.tick)
             try:
                 await self._expire_and_forget()
+                if self._policies():  # decide on what every edge wrote until now
+                    await self.mirror.caught_up(SYNC_WITHIN)
                 for queue in list(self._policies()):
                     await self._rebalance(queue)
             except Exception:  # JetStream or a partition unreachable now: the next tick tries again
