@@ -9,9 +9,10 @@ at any edge reaches the worker at whichever edge it heartbeats through:
 - key `w.<worker>` (the id base64url-encoded, keys allow few characters): the worker's registry entry
   (queues, version, load, state, desired state, last heartbeat as wall-clock time) and its pending
   controls. Every change of a worker (a heartbeat and its acknowledgements, a control issued, expiry, a
-  rebalancing decision) is read-modify-write of that one key with compare-and-set on its revision, read
-  again and replayed on a conflict: two edges never lose each other's updates, and an acknowledgement or
-  an expiry happens (and is published as an event) once;
+  rebalancing decision) is read-modify-write of that one key, written only if the bucket has not changed
+  since the read (compare-and-set on the bucket's stream, `ClusterFleet._write` says why not on the
+  key's revision), heard again and replayed on a conflict: two edges never lose each other's updates,
+  and an acknowledgement or an expiry happens (and is published as an event) once;
 - key `p.<queue>`: a queue's rebalancing policy (a plain put: the operator's last word wins).
 
 Each edge watches the bucket (cluster.kv_mirror) for the poll answers' `X-Strictq-Control: pending` and
