@@ -248,6 +248,13 @@ async def test_a_policy_set_at_one_edge_rebalances_at_the_other(edges: TwoEdges)
     row = await row_of(edges.one, "fw-4")
     assert [c["issued_by"] for c in row["pending"]] == ["rebalance"] and row["desired"] == "active"
     await beat(edges.one, "fw-4", queues=[queue], acks=[{"id": wake["id"], "status": "applied"}])
+    # A control addressed by queue reaches its live workers, whichever edge they beat through.
+    sent = await acli(edges.two, "control", "log_level", "--queue", queue, "--set", "level=DEBUG")
+    assert sent.returncode == 0, sent.stderr
+    pending = (await row_of(edges.one, "fw-4"))["pending"]
+    assert [(c["kind"], c["args"], c["queue"]) for c in pending] == [("log_level", {"level": "DEBUG"}, queue)]
+    missing = await acli(edges.one, "control", "sleep", "--queue", "fleet-nobody-here")
+    assert missing.returncode == 1 and "fleet-nobody-here" in missing.stderr, missing
     await acli(edges.two, "fleet-policy", queue, "--off")
     status, view = await call(edges.one, "GET", "/admin/v1/fleet", "admin")
     assert queue not in view["policies"]
