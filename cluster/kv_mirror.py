@@ -37,6 +37,7 @@ class KvMirror:
         self.name = name
         self.entries: dict[str, MirroredEntry] = {}
         self._changed = asyncio.Event()
+        self._heard = asyncio.Event()  # set at every revision heard (for `heard`; `changed` clears its own)
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._guard: asyncio.Task[None] | None = None
@@ -126,6 +127,37 @@ class KvMirror:
         else:
             self.entries[key] = MirroredEntry(entry.value, entry.revision or 0, time.monotonic())
 
+    @property
+    def revision(self) -> int:
+        """The newest revision (the bucket stream's sequence) this copy has heard: every change up to it is
+        in `entries` (a watch delivers in order)."""
+        return self._revision
+
+    async def heard(self, revision: int, within: float) -> bool:
+        """Wait until this copy has heard `revision` (a write of this process); False after `within`."""
+        deadline = time.monotonic() + within
+        while True:
+            self._heard.clear()
+            if self._revision >= revision:
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._heard.wait(), remaining)
+
+    async def caught_up(self, within: float) -> bool:
+        """Wait until this copy has heard every revision the bucket held when called (another process's
+        write just acknowledged is then here: read-your-writes across processes); False after `within`
+        seconds, or when the bucket's stream cannot be asked."""
+        if self._js is None:
+            return False
+        try:
+            last = (await self._js.stream_info(self._stream)).state.last_seq
+        except Exception:  # JetStream unreachable now: the copy is what there is
+            return False
+        return await self.heard(last, within)
+
     def poke(self) -> None:
         """Wake whoever waits in `changed` (a local event that calls for another look)."""
         self._changed.set()
@@ -170,6 +202,7 @@ class KvMirror:
                     self._changed.set()
                 continue
             self._revision = max(self._revision, entry.revision or 0)
+            self._heard.set()
             if delivered is not None:
                 delivered.add(entry.key)
             if entry.operation in ("DEL", "PURGE") or entry.value is None:

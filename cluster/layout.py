@@ -105,6 +105,12 @@ class ClusterLayout:
         return f"sq_{self.id}_placement"
 
     @property
+    def fleet_bucket(self) -> str:
+        """The worker fleet's registry for every edge: workers' heartbeats, their pending controls and the
+        queues' rebalancing policies (cluster.fleet_kv)."""
+        return f"strictq_fleet_{self.id}"
+
+    @property
     def snapshots_bucket(self) -> str:
         """The object store holding each partition's latest snapshot (cluster.snapshots)."""
         return f"sq_{self.id}_snapshots"
@@ -210,6 +216,7 @@ async def _ensure_streams(js: JetStreamContext, layout: ClusterLayout) -> None:
     await _bucket(js, layout.master_bucket, layout.replicas, ttl=MASTER_TTL)
     await _bucket(js, layout.edges_bucket, layout.replicas, ttl=EDGE_TTL)
     await _bucket(js, layout.placement_bucket, layout.replicas)
+    await _bucket(js, layout.fleet_bucket, layout.replicas)
     try:
         await js.object_store(layout.snapshots_bucket)
     except BucketNotFoundError:

@@ -18,7 +18,7 @@ from queue_core.admin_routes import add_admin_routes, add_queue_admin_routes
 from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
-from queue_core.fleet import FleetBackend, FleetService
+from queue_core.fleet import FleetBackend
 from queue_core.fleet_http import add_fleet_routes
 from queue_core.http_errors import json_http_errors
 from queue_core.metrics_export import core_source
@@ -74,7 +74,8 @@ def make_gateway_app(
     `limiter`: per-tenant send rates (gateway.rate_limits); None: unlimited, not kept on disk.
     `story_index`: the wire-log index the operator's dashboard searches (gateway.dashboard); None: none.
     `fleet`: the worker fleet (queue_core.fleet): heartbeats, controls, rebalancing where the core runs;
-    in front of a queue server, `RemoteFleet` forwards the heartbeats to it (queue_core.fleet_remote).
+    in front of a queue server, `RemoteFleet` forwards the heartbeats to it (queue_core.fleet_remote); in a
+    cluster, `ClusterFleet` keeps the registry in the cluster's fleet bucket (cluster.fleet_kv).
     `cluster`: a cluster's state (partitions, owners, lag) for the dashboard and /metrics of its edge."""
     requests = RequestCounter()  # outermost: it counts the status the client gets
     app = web.Application(client_max_size=MAX_EDGE_BODY, middlewares=[requests.middleware, json_http_errors])
@@ -100,12 +101,13 @@ def make_gateway_app(
     if isinstance(service, QueueService):  # the core is in this process: its control stream and fences too
         hub = control or (failures.hub if failures is not None else ControlHub(service))
         add_admin_routes(app, hub, keys, failures)  # failures: failure management's routes and hooks
-        if isinstance(fleet, FleetService):  # the fleet's admin routes (docs/fleet.md)
-            add_fleet_routes(app, fleet)
     elif control is not None:  # a cluster's gateway: floors from the queue servers, fences here
         add_admin_routes(app, control, keys)
     # The retry workflow, handovers and group routing, over the port: in every topology.
     add_queue_admin_routes(app, service, keys, failures=failures, hub=hub)
+    fleet_admin = fleet.admin() if fleet is not None else None
+    if fleet_admin is not None:  # the fleet's admin routes where this edge holds the registry (docs/fleet.md)
+        add_fleet_routes(app, fleet_admin)
     sources = [core_source(service, hub, keys)]
     if cluster is not None:
         sources.append(cluster_metrics(cluster))

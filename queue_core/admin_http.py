@@ -128,11 +128,16 @@ async def queue_in_path(
     that does not exist or is another tenant's."""
     scope = scope_of(request, roles)
     name = request.match_info["queue"]
-    face = request.query.get("face", "queue")
+    return name, await existing_queue(scope, backend, name, request.query.get("face", "queue"))
+
+
+async def existing_queue(scope: Scope, backend: QueueBackend, name: str, face: str = "queue") -> str:
+    """The core's name of the existing queue `name` the caller names, looked up through the port
+    (Scope.internal_queue's rules); QueueNotFound (404) otherwise."""
     existing: set[str] = set()
     for candidate in _candidates(scope, name, face):
         existing.update(q for q in await backend.list_queues(candidate) if q == candidate)
-    return name, scope.internal_queue(name, existing, face)
+    return scope.internal_queue(name, existing, face)
 
 
 def _candidates(scope: Scope, name: str, face: str) -> list[str]:

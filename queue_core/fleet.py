@@ -22,6 +22,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .backend import QueueBackend
 from .machine.errors import LimitExceeded
 from .machine.fleet import Answer, Control, Fleet, FleetEvent, FleetSettings, Heartbeat, WorkerEntry
 from .machine.handover import MAX_GROUPS_PER_CALL
@@ -36,11 +37,39 @@ TICK = 0.5  # seconds between rebalancing passes and expiry sweeps
 
 
 class FleetBackend(Protocol):
-    """What the gateway's heartbeat route needs: this process's `FleetService`, or `RemoteFleet` in front
-    of a `strictq queue-server` (queue_core.fleet_remote)."""
+    """What the gateway's heartbeat route needs: this process's `FleetService`, `RemoteFleet` in front
+    of a `strictq queue-server` (queue_core.fleet_remote), or a cluster's `ClusterFleet` (cluster.fleet_kv).
+    `admin()`: the registry's admin side where this edge serves the fleet's admin routes, else None."""
 
     async def heartbeat(self, beat: Heartbeat) -> Answer: ...
     def has_pending(self, worker: str) -> bool: ...
+    def admin(self) -> FleetAdmin | None: ...
+
+
+class FleetAdmin(Protocol):
+    """What the fleet's admin routes (queue_core.fleet_http) need, whatever holds the registry: the core's
+    process (FleetService) or a cluster's KV bucket (cluster.fleet_kv.ClusterFleet). Queue names are the
+    core's; `backend` is the port the routes look queues up through."""
+
+    @property
+    def settings(self) -> FleetSettings: ...
+    @property
+    def backend(self) -> QueueBackend: ...
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...
+    async def heartbeat(self, beat: Heartbeat) -> Answer: ...
+    async def registry(self) -> tuple[list[dict[str, Any]], dict[str, RebalancePolicy]]: ...
+    async def live_targets(self, queue: str, version: str | None) -> list[str]: ...
+    async def issue(
+        self,
+        kind: str,
+        args: dict[str, Any] | None,
+        workers: list[str],
+        *,
+        ttl: float | None = None,
+        queue: str | None = None,
+    ) -> list[Control]: ...
+    async def set_policy(self, queue: str, policy: RebalancePolicy | None) -> None: ...
 
 
 class FleetService:
@@ -60,6 +89,13 @@ class FleetService:
         self.tick = tick
         self.fleet = Fleet(self.settings)
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def backend(self) -> QueueBackend:
+        return self.service
+
+    def admin(self) -> FleetAdmin:
+        return self
 
     # ------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -145,6 +181,13 @@ class FleetService:
 
     def view(self) -> list[dict[str, Any]]:
         return self.fleet.view(self.service.clock())
+
+    async def registry(self) -> tuple[list[dict[str, Any]], dict[str, RebalancePolicy]]:
+        """Every known worker with its pending controls (Fleet.view), and the queues' policies."""
+        return self.view(), dict(self.fleet.policies)
+
+    async def live_targets(self, queue: str, version: str | None) -> list[str]:
+        return self.targets(queue, version)
 
     # ------------------------------------------------------------------------------------- plumbing
     async def _rebalance(self, queue: str) -> None:

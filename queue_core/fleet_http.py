@@ -22,15 +22,15 @@ from aiohttp import web
 from access.permissions import READ_ROLES, WRITE_ROLES
 from protocol.errors import RequestTooLarge
 
-from .admin_http import errors_as_json, known_worker, scope_of
-from .fleet import FleetService
+from .admin_http import errors_as_json, existing_queue, known_worker, scope_of
+from .fleet import FleetAdmin
 from .http_errors import json_response
 from .machine import InvalidArgument, NotFound
 from .machine.fleet import heartbeat_from_json
 from .machine.rebalance import RebalancePolicy
 from .scope import Scope
 
-FLEET = web.AppKey("strictq_fleet", FleetService)
+FLEET = web.AppKey("strictq_fleet", FleetAdmin)
 MAX_BODY = 64 * 1024
 MAX_TARGETS = 1000
 
@@ -54,10 +54,10 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return data
 
 
-def scoped_view(fleet: FleetService, scope: Scope) -> list[dict[str, Any]]:
+def scoped_view(view: list[dict[str, Any]], scope: Scope) -> list[dict[str, Any]]:
     """The registry as the caller sees it: its tenant's workers, queues named as it names them."""
     rows = []
-    for row in fleet.view():
+    for row in view:
         if not scope.sees_worker(row["worker"]):
             continue
         row["queues"] = [n for n in (scope.queue_name(q) for q in row.get("queues", [])) if n is not None]
@@ -72,12 +72,13 @@ def scoped_view(fleet: FleetService, scope: Scope) -> list[dict[str, Any]]:
 async def list_fleet(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request, READ_ROLES)
     fleet = request.app[FLEET]
+    view, all_policies = await fleet.registry()
     policies = {
         name: policy.to_dict()
-        for queue, policy in sorted(fleet.fleet.policies.items())
+        for queue, policy in sorted(all_policies.items())
         if (name := scope.queue_name(queue)) is not None
     }
-    body = {"workers": scoped_view(fleet, scope), "policies": policies, "settings": fleet.settings.to_dict()}
+    body = {"workers": scoped_view(view, scope), "policies": policies, "settings": fleet.settings.to_dict()}
     return json_response(body)
 
 
@@ -112,8 +113,8 @@ async def control(request: web.Request) -> web.StreamResponse:
     else:
         if not isinstance(queue, str) or not queue:
             raise InvalidArgument("queue must be a queue name", field="queue")
-        internal = scope.internal_queue(queue, fleet.service.core.queues)
-        targets = [w for w in fleet.targets(internal, version) if scope.sees_worker(w)]
+        internal = await existing_queue(scope, fleet.backend, queue)
+        targets = [w for w in await fleet.live_targets(internal, version) if scope.sees_worker(w)]
         if not targets:
             what = f"queue {queue!r}" + (f" at version {version!r}" if version else "")
             raise NoWorkers(f"no live worker of {what} is known", queue=queue)
@@ -133,7 +134,7 @@ async def put_policy(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request, WRITE_ROLES)
     fleet = request.app[FLEET]
     name = request.match_info["queue"]
-    queue = scope.internal_queue(name, fleet.service.core.queues)
+    queue = await existing_queue(scope, fleet.backend, name)
     policy = RebalancePolicy.from_dict(await _body(request))
     await fleet.set_policy(queue, policy)
     return json_response({"queue": name, "policy": policy.to_dict()})
@@ -144,8 +145,8 @@ async def delete_policy(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request, WRITE_ROLES)
     fleet = request.app[FLEET]
     name = request.match_info["queue"]
-    queue = scope.internal_queue(name, fleet.service.core.queues)
-    if queue not in fleet.fleet.policies:
+    queue = await existing_queue(scope, fleet.backend, name)
+    if queue not in (await fleet.registry())[1]:
         raise NotFound(f"queue {name!r} has no rebalancing policy", queue=name)
     await fleet.set_policy(queue, None)
     return json_response({"queue": name, "policy": None})
@@ -172,7 +173,7 @@ def add_internal_heartbeat_route(app: web.Application) -> None:
     app.router.add_post("/v1/fleet/heartbeat", internal_heartbeat)
 
 
-def add_fleet_routes(app: web.Application, fleet: FleetService) -> None:
+def add_fleet_routes(app: web.Application, fleet: FleetAdmin) -> None:
     """Serve the routes above from `app` (which already has the admin keys); the fleet lives as long as
     the app."""
     app[FLEET] = fleet

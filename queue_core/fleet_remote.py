@@ -8,8 +8,13 @@ process: here `has_pending` is always False, and workers get their controls at t
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .machine.fleet import Answer, Heartbeat, heartbeat_to_json
 from .remote import RemoteQueueService
+
+if TYPE_CHECKING:
+    from .fleet import FleetAdmin
 
 
 class RemoteFleet:
@@ -21,3 +26,7 @@ class RemoteFleet:
 
     def has_pending(self, worker: str) -> bool:
         return False
+
+    def admin(self) -> FleetAdmin | None:
+        """The admin routes are the queue server's, where the registry lives."""
+        return None

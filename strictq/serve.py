@@ -258,11 +258,14 @@ async def serve(options: ServeOptions) -> None:
     # Operators' per-tenant limits (gateway.rate_limits): a damaged file stops the start before the store.
     limiter = TenantRateLimiter.load(data_dir / "limits.json", options.tenant_limit)
     service: QueueBackend
+    fleet: FleetBackend | None = None  # the worker fleet (docs/fleet.md): where the registry is held
     control = None
     publisher = None  # an edge of a cluster's traffic reports (cluster.traffic), started once it listens
     cluster_state: ClusterSource | None = None
     if options.cluster is not None:
-        service, control, publisher, cluster_state = await cluster_backend(options.cluster, data_dir, options)
+        service, control, publisher, cluster_state, fleet = await cluster_backend(
+            options.cluster, data_dir, options
+        )
     elif options.queue_server is None:
         service = QueueService(data_dir / "queue", partitions=options.partitions)
         await start_service(service, data_dir)
@@ -274,7 +277,6 @@ async def serve(options: ServeOptions) -> None:
     # With the core in-process, this process serves the control stream and fences (in the store; a legacy
     # <data-dir>/fences.json is migrated into it).
     failures = None
-    fleet: FleetBackend | None = None
     if isinstance(service, RemoteQueueService):  # heartbeats go on to the queue server's fleet
         fleet = RemoteFleet(service)
     if isinstance(service, QueueService):
@@ -476,16 +478,18 @@ def edge_identity(options: ServeOptions, port: int, url: str) -> EdgeIdentity:
 
 async def cluster_backend(
     settings: NatsSettings, data_dir: Path, options: ServeOptions | None = None
-) -> tuple[QueueBackend, ControlHub, EdgePublisher, ClusterSource]:
+) -> tuple[QueueBackend, ControlHub, EdgePublisher, ClusterSource, FleetBackend]:
     """The gateway of a cluster: every group's operations go to its partition's owner (cluster.backend),
     read from the cluster's KV buckets (cluster.kv_owners), through `options.reach` where given; its
     control stream relays the owners' floors (cluster.floors) and holds the fences in
     <data-dir>/fences.json. Its sends are measured (cluster.traffic.TrafficMeter over
     `options.traffic_window`) and published by the EdgePublisher returned, which the caller starts once
-    it listens (edge_identity needs the port) and the backend's close closes; and the cluster's state for
-    the edge's dashboard and /metrics (strictq.cluster_source)."""
+    it listens (edge_identity needs the port) and the backend's close closes; the cluster's state for
+    the edge's dashboard and /metrics (strictq.cluster_source); and the worker fleet, held once for the
+    cluster in its fleet bucket (cluster.fleet_kv; the app starts and closes it)."""
     from cluster.backend import ClusterBackend
     from cluster.connect import connect
+    from cluster.fleet_kv import ClusterFleet
     from cluster.floors import ClusterFloors
     from cluster.kv_owners import KvOwnerMap
     from cluster.layout import read_layout, retrying
@@ -530,7 +534,8 @@ async def cluster_backend(
     )
     await backend.start()
     hub = ControlHub(floors, FenceRegistry(data_dir / "fences.json"))
-    return backend, hub, publisher, KvClusterSource(js, layout, tuple(settings.urls))
+    fleet = ClusterFleet(js, layout, backend, options.fleet)
+    return backend, hub, publisher, KvClusterSource(js, layout, tuple(settings.urls)), fleet
 
 
 def run(options: ServeOptions) -> None:

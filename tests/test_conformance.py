@@ -36,7 +36,6 @@ GAPS: dict[str, dict[str, str]] = {
     },
     "fleet": {
         "remote": "the fleet's admin routes run where the core runs",
-        "cluster": "a cluster's gateway has no fleet yet",
     },
 }
 
