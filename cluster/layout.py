@@ -103,6 +103,11 @@ class ClusterLayout:
         return f"sq_{self.id}_placement"
 
     @property
+    def control_bucket(self) -> str:
+        """Fences and per-tenant limits, one state for every edge of the cluster (cluster.control_state)."""
+        return f"strictq_control_{self.id}"
+
+    @property
     def snapshots_bucket(self) -> str:
         """The object store holding each partition's latest snapshot (cluster.snapshots)."""
         return f"sq_{self.id}_snapshots"
@@ -197,6 +202,7 @@ async def _ensure_streams(js: JetStreamContext, layout: ClusterLayout) -> None:
     await _bucket(js, layout.master_bucket, layout.replicas, ttl=MASTER_TTL)
     await _bucket(js, layout.edges_bucket, layout.replicas, ttl=EDGE_TTL)
     await _bucket(js, layout.placement_bucket, layout.replicas)
+    await _bucket(js, layout.control_bucket, layout.replicas)
     try:
         await js.object_store(layout.snapshots_bucket)
     except BucketNotFoundError:

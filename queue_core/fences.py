@@ -146,6 +146,10 @@ class FenceRegistry:
         self.path = Path(path)
         self._fences: dict[str, Fence] = {}
         self._lock = asyncio.Lock()
+        # Told of changes that did not come through `put`/`remove` here: another process made them (a
+        # cluster's other edges, its failure management; cluster.control_fences), as (worker, the fence
+        # before, the fence now; None: none). Called with `lock` held, after the change applies.
+        self.listeners: list[Callable[[str, Fence | None, Fence | None], None]] = []
 
     def load(self) -> None:
         """Read the file left by an earlier run (none yet: no fences)."""

@@ -44,7 +44,6 @@ from queue_core.admin_http import search_gate
 from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub, store_registry
 from queue_core.failures import FailureManager
-from queue_core.fences import FenceRegistry
 from queue_core.fleet import FleetBackend, FleetService
 from queue_core.fleet_remote import RemoteFleet
 from queue_core.http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
@@ -479,13 +478,15 @@ async def cluster_backend(
 ) -> tuple[QueueBackend, ControlHub, EdgePublisher, ClusterSource]:
     """The gateway of a cluster: every group's operations go to its partition's owner (cluster.backend),
     read from the cluster's KV buckets (cluster.kv_owners), through `options.reach` where given; its
-    control stream relays the owners' floors (cluster.floors) and holds the fences in
-    <data-dir>/fences.json. Its sends are measured (cluster.traffic.TrafficMeter over
+    control stream relays the owners' floors (cluster.floors) and serves the cluster's one set of fences,
+    kept in its control bucket (cluster.control_fences; a legacy <data-dir>/fences.json is migrated into
+    it). Its sends are measured (cluster.traffic.TrafficMeter over
     `options.traffic_window`) and published by the EdgePublisher returned, which the caller starts once
     it listens (edge_identity needs the port) and the backend's close closes; and the cluster's state for
     the edge's dashboard and /metrics (strictq.cluster_source)."""
     from cluster.backend import ClusterBackend
     from cluster.connect import connect
+    from cluster.control_fences import ClusterFenceRegistry
     from cluster.floors import ClusterFloors
     from cluster.kv_owners import KvOwnerMap
     from cluster.layout import read_layout, retrying
@@ -516,9 +517,12 @@ async def cluster_backend(
     await floors.start()
     meter = TrafficMeter(edge_identity(options, options.port, ""), window=options.traffic_window)
     publisher = EdgePublisher(js, layout, meter, owners, reach=reach)
+    fences = ClusterFenceRegistry(js, layout, data_dir / "fences.json")
+    await fences.start()
 
     async def closed() -> None:
         await publisher.close()  # first: it reads the owner map and deletes its key over `nc`
+        await fences.close()
         await floors.close()
         await owners.close()
         await nc.close()
@@ -529,7 +533,7 @@ async def cluster_backend(
         owners, on_close=closed, timeout=APPEND_RETRY_SECONDS + 3, meter=meter, reach=reach
     )
     await backend.start()
-    hub = ControlHub(floors, FenceRegistry(data_dir / "fences.json"))
+    hub = ControlHub(floors, fences)
     return backend, hub, publisher, KvClusterSource(js, layout, tuple(settings.urls))
 
 
