@@ -1,0 +1,187 @@
+"""One control state for a whole cluster (issue 27): fences kept in the cluster's control bucket
+(cluster.control_state, cluster.control_fences), so a fence set through any edge, or written into the
+bucket by failure management, is listed at every edge and emitted on every edge's control stream.
+
+Two layers, both over real JetStream: two edges' ControlHubs in this process over one NATS server (every
+race: compare-and-set, echoes, expiry at both edges, the decider's direct writes, a legacy fences.json),
+then two `strictq serve --cluster` edges over a `strictq cluster up` cluster, through their HTTP APIs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from cluster_support import nats_client, running_nats
+from kit.until import until
+
+from cluster.control_fences import ClusterFenceRegistry
+from cluster.control_state import control_bucket, decode_fence, encode_fence, fence_key, fence_worker
+from cluster.floors import ClusterFloors
+from cluster.layout import ClusterLayout
+from cluster.nats_servers import NatsCluster
+from queue_core.control import ControlHub, Subscription
+from queue_core.fences import FILE_VERSION, Fence, NotFenced
+
+WITHIN = 10.0  # bound of every wait (the watch delivers in milliseconds); never a timing assertion
+
+
+@pytest.fixture(scope="module")
+def nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
+    with running_nats(tmp_path_factory.mktemp("control-nats"), 1) as cluster:
+        yield cluster
+
+
+class EdgeHub:
+    """One edge's control side as `strictq serve --cluster` builds it: registry, floors, hub, a stream."""
+
+    def __init__(self, hub: ControlHub, registry: ClusterFenceRegistry) -> None:
+        self.hub = hub
+        self.registry = registry
+        self.stream: Subscription = hub.subscribe()
+        assert b"event: synced" in self.stream.catch_up  # a snapshot, then live events only
+
+    async def event(self) -> tuple[str, dict[str, Any]]:
+        """The next event of the stream (bounded); keepalives skipped."""
+        async with asyncio.timeout(WITHIN):
+            while True:
+                frame = await self.stream.next(WITHIN)
+                if frame is not None:
+                    return parse(frame)
+
+    def quiet(self) -> bool:
+        """No event waiting on the stream (what a double event would leave)."""
+        return self.stream._queue.empty()
+
+
+def parse(frame: bytes) -> tuple[str, dict[str, Any]]:
+    fields = dict(line.split(": ", 1) for line in frame.decode().strip().splitlines())
+    return fields["event"], orjson.loads(fields["data"])
+
+
+@contextlib.asynccontextmanager
+async def edge_hub(nats: NatsCluster, layout: ClusterLayout, data_dir: Path) -> AsyncIterator[EdgeHub]:
+    async with nats_client(nats, "edge") as nc:
+        registry = ClusterFenceRegistry(nc.jetstream(), layout, data_dir / "fences.json")
+        await registry.start()
+        floors = ClusterFloors(nc, layout)
+        await floors.start()
+        hub = ControlHub(floors, registry)
+        await hub.start()
+        try:
+            yield EdgeHub(hub, registry)
+        finally:
+            await hub.close()
+            await floors.close()
+            await registry.close()
+
+
+@contextlib.asynccontextmanager
+async def two_edges(nats: NatsCluster, base: Path) -> AsyncIterator[tuple[EdgeHub, EdgeHub, ClusterLayout]]:
+    """Two edges over a fresh cluster id (a bucket of its own: tests do not see one another's fences)."""
+    layout = ClusterLayout(secrets.token_hex(4), 1, 1)
+    (base / "e1").mkdir(mode=0o700)
+    (base / "e2").mkdir(mode=0o700)
+    async with edge_hub(nats, layout, base / "e1") as one, edge_hub(nats, layout, base / "e2") as two:
+        yield one, two, layout
+
+
+def workers(edge: EdgeHub) -> dict[str, str]:
+    return {fence.worker: fence.mode for fence in edge.hub.fences()}
+
+
+# ------------------------------------------------------------------------------------- the contract
+def test_the_key_and_value_contract() -> None:
+    """What the failure-management decider writes: `fence.<urlsafe base64, no padding>`, Fence JSON."""
+    assert fence_key("worker-1") == "fence.d29ya2VyLTE"
+    assert fence_worker(fence_key("w/ü 1")) == "w/ü 1"
+    assert fence_worker("limits") is None
+    fence = Fence("worker-1", "mimic", "flaky", 10.0, 70.0)
+    assert orjson.loads(encode_fence(fence)) == fence.to_dict()
+    assert decode_fence(encode_fence(fence)) == fence
+    assert ClusterLayout("ab12cd34", 3, 3).control_bucket == "strictq_control_ab12cd34"
+
+
+# ------------------------------------------------------------------------------------- two edges
+async def test_a_fence_through_one_edge_is_in_force_at_the_other(nats: NatsCluster, tmp_path: Path) -> None:
+    async with two_edges(nats, tmp_path) as (one, two, _):
+        fence = await two.hub.fence("worker-1", "block", "double charges", ttl=600)
+        assert await two.event() == ("fence", fence.to_dict())  # once: its echo from the watch is silent
+        assert await one.event() == ("fence", fence.to_dict())
+        assert one.hub.fences() == [fence]
+
+        await one.hub.unfence("worker-1", "operator")
+        assert await one.event() == ("unfence", {"worker": "worker-1", "reason": "operator"})
+        assert await two.event() == ("unfence", {"worker": "worker-1", "reason": "lifted"})
+        assert two.hub.fences() == []
+        with pytest.raises(NotFenced):
+            await two.hub.unfence("worker-1")
+        assert one.quiet() and two.quiet()
+
+
+async def test_concurrent_fences_through_both_edges_all_survive(nats: NatsCluster, tmp_path: Path) -> None:
+    async with two_edges(nats, tmp_path) as (one, two, _):
+        await asyncio.gather(
+            one.hub.fence("worker-a", "block", "a"),
+            two.hub.fence("worker-b", "mimic", "b"),
+        )
+        wanted = {"worker-a": "block", "worker-b": "mimic"}
+        await until(lambda: workers(one) == wanted and workers(two) == wanted, WITHIN, what="both fences")
+        # The same worker through both at once: compare-and-set makes one win everywhere, none lost halfway.
+        await asyncio.gather(
+            one.hub.fence("worker-c", "block", "from one"),
+            two.hub.fence("worker-c", "mimic", "from two"),
+        )
+        await until(lambda: one.registry.get("worker-c") == two.registry.get("worker-c"), WITHIN)
+        async with nats_client(nats) as nc:
+            bucket = await control_bucket(nc.jetstream(), one.registry._layout)
+            stored = decode_fence((await bucket.get(fence_key("worker-c"))).value or b"")
+        assert one.registry.get("worker-c") == stored
+
+
+async def test_an_expired_fence_is_lifted_once_at_each_edge(nats: NatsCluster, tmp_path: Path) -> None:
+    async with two_edges(nats, tmp_path) as (one, two, _):
+        await one.hub.fence("worker-1", "block", "for a moment", ttl=0.3)
+        assert (await one.event())[0] == "fence"
+        assert (await two.event())[0] == "fence"
+        for edge in (one, two):
+            assert await edge.event() == ("unfence", {"worker": "worker-1", "reason": "expired"})
+        assert one.hub.fences() == [] and two.hub.fences() == []
+        await one.hub.fence("worker-2", "block", "after")  # the next event is this one: no second unfence
+        for edge in (one, two):
+            assert (await edge.event())[1]["worker"] == "worker-2"
+
+
+async def test_fences_written_into_the_bucket_directly_are_emitted(nats: NatsCluster, tmp_path: Path) -> None:
+    """The failure-management decider writes the bucket itself, per the contract."""
+    async with two_edges(nats, tmp_path) as (one, two, layout), nats_client(nats, "decider") as nc:
+        bucket = await control_bucket(nc.jetstream(), layout)
+        fence = Fence("worker-9", "mimic", "unhealthy", 1.0e9)
+        await bucket.create(fence_key("worker-9"), encode_fence(fence))
+        for edge in (one, two):
+            assert await edge.event() == ("fence", fence.to_dict())
+        await bucket.put(fence_key("worker-9"), b"not json")  # an unreadable value changes nothing
+        await bucket.delete(fence_key("worker-9"))
+        for edge in (one, two):
+            assert await edge.event() == ("unfence", {"worker": "worker-9", "reason": "lifted"})
+            assert edge.hub.fences() == []
+
+
+async def test_a_legacy_fences_file_is_migrated_into_the_bucket(nats: NatsCluster, tmp_path: Path) -> None:
+    layout = ClusterLayout(secrets.token_hex(4), 1, 1)
+    old = Fence("worker-1", "block", "from before", 5.0)
+    legacy = tmp_path / "fences.json"
+    legacy.write_bytes(orjson.dumps({"version": FILE_VERSION, "fences": [old.to_dict()]}))
+    async with edge_hub(nats, layout, tmp_path) as edge:
+        assert edge.hub.fences() == [old]
+    assert not legacy.exists() and (tmp_path / "fences.json.migrated").exists()
+    other = tmp_path / "other"
+    other.mkdir()
+    async with edge_hub(nats, layout, other) as edge:  # another edge of the cluster sees it too
+        assert edge.hub.fences() == [old]
