@@ -18,9 +18,12 @@ from typing import Any
 
 import orjson
 import pytest
-from cluster_support import nats_client, running_nats
+from cluster_support import Cluster, nats_client, run, running_nats, start_cluster
+from control_stream_support import admin_call, open_stream
+from kit.process import ChildProcess, launch, strictq
 from kit.until import until
 
+from cluster.connect import credentials_path
 from cluster.control_fences import ClusterFenceRegistry
 from cluster.control_state import control_bucket, decode_fence, encode_fence, fence_key, fence_worker
 from cluster.floors import ClusterFloors
@@ -185,3 +188,88 @@ async def test_a_legacy_fences_file_is_migrated_into_the_bucket(nats: NatsCluste
     other.mkdir()
     async with edge_hub(nats, layout, other) as edge:  # another edge of the cluster sees it too
         assert edge.hub.fences() == [old]
+
+
+# ------------------------------------------------------------------------ two `strictq serve --cluster`
+class Edges:
+    """`strictq cluster up` (its gateway: edge 1) and a second `strictq serve --cluster` edge over it."""
+
+    def __init__(self, cluster: Cluster, second: ChildProcess) -> None:
+        self.cluster = cluster
+        self.second = second
+        self.admin = cluster.credential("admin").secret
+
+    def url(self, edge: int) -> str:
+        return self.cluster.url if edge == 1 else self.second.value("strictq: listening on ") or ""
+
+    def ca(self, edge: int) -> Path:
+        return Path(self.cluster.ca if edge == 1 else self.second.value("strictq: ca ") or "")
+
+    async def call(self, edge: int, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        return await admin_call(self.url(edge), method, path, self.admin, body, ca_file=self.ca(edge))
+
+    async def fenced(self, edge: int) -> list[str]:
+        status, body = await self.call(edge, "GET", "/admin/v1/fences")
+        assert status == 200, body
+        return [fence["worker"] for fence in body["fences"]]
+
+
+@pytest.fixture(scope="module")
+def edges(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Edges]:
+    base = tmp_path_factory.mktemp("control-edges")
+    cluster = start_cluster(base / "c")
+    try:
+        urls = run("cluster", "urls", "--data-dir", str(base / "c")).stdout.strip()
+        argv = strictq(
+            "serve", "--cluster", urls, "--nats-credentials", str(credentials_path(base / "c")),
+            "--keys", str(base / "c" / "gateway" / "keys.toml"), "--data-dir", str(base / "edge2"),
+            "--host", "127.0.0.1", "--port", "0", "--no-proxy",
+        )  # fmt: skip
+        second: ChildProcess = launch(argv, base / "edge2.log", wait_for=("strictq: client env ",))
+        try:
+            yield Edges(cluster, second)
+        finally:
+            second.stop()
+    finally:
+        cluster.process.stop()
+
+
+async def test_a_fence_through_edge_2_is_listed_and_streamed_at_edge_1(edges: Edges) -> None:
+    async with open_stream(edges.url(1), edges.admin, ca_file=edges.ca(1)) as stream:
+        await stream.catch_up()
+        body = {"mode": "block", "reason": "through edge 2"}
+        status, fence = await edges.call(2, "PUT", "/admin/v1/fences/worker-1", body)
+        assert status == 200, fence
+        event = await stream.until("fence")
+        assert event.data == fence
+        assert await edges.fenced(1) == ["worker-1"]
+
+        assert await edges.call(1, "DELETE", "/admin/v1/fences/worker-1") == (
+            200,
+            {"worker": "worker-1", "unfenced": True},
+        )
+        assert (await stream.until("unfence")).data["worker"] == "worker-1"
+    await until(_none_fenced(edges, 2), WITHIN, what="the fence lifted at edge 2")
+
+
+def _none_fenced(edges: Edges, edge: int) -> Any:
+    async def check() -> bool:
+        return await edges.fenced(edge) == []
+
+    return check
+
+
+async def test_concurrent_fences_through_both_edges_are_both_kept(edges: Edges) -> None:
+    body = {"mode": "mimic", "reason": "both"}
+    answers = await asyncio.gather(
+        edges.call(1, "PUT", "/admin/v1/fences/worker-2", body),
+        edges.call(2, "PUT", "/admin/v1/fences/worker-3", body),
+    )
+    assert [status for status, _ in answers] == [200, 200], answers
+
+    async def both_everywhere() -> bool:
+        return [await edges.fenced(edge) for edge in (1, 2)] == [["worker-2", "worker-3"]] * 2
+
+    await until(both_everywhere, WITHIN, what="both fences at both edges")
+    for worker in ("worker-2", "worker-3"):
+        assert (await edges.call(2, "DELETE", f"/admin/v1/fences/{worker}"))[0] == 200
