@@ -261,7 +261,9 @@ async def serve(options: ServeOptions) -> None:
     publisher = None  # an edge of a cluster's traffic reports (cluster.traffic), started once it listens
     cluster_state: ClusterSource | None = None
     if options.cluster is not None:
-        service, control, publisher, cluster_state = await cluster_backend(options.cluster, data_dir, options)
+        service, control, publisher, cluster_state = await cluster_backend(
+            options.cluster, data_dir, options, limiter
+        )
     elif options.queue_server is None:
         service = QueueService(data_dir / "queue", partitions=options.partitions)
         await start_service(service, data_dir)
@@ -474,13 +476,17 @@ def edge_identity(options: ServeOptions, port: int, url: str) -> EdgeIdentity:
 
 
 async def cluster_backend(
-    settings: NatsSettings, data_dir: Path, options: ServeOptions | None = None
+    settings: NatsSettings,
+    data_dir: Path,
+    options: ServeOptions | None = None,
+    limiter: TenantRateLimiter | None = None,
 ) -> tuple[QueueBackend, ControlHub, EdgePublisher, ClusterSource]:
     """The gateway of a cluster: every group's operations go to its partition's owner (cluster.backend),
     read from the cluster's KV buckets (cluster.kv_owners), through `options.reach` where given; its
     control stream relays the owners' floors (cluster.floors) and serves the cluster's one set of fences,
     kept in its control bucket (cluster.control_fences; a legacy <data-dir>/fences.json is migrated into
-    it). Its sends are measured (cluster.traffic.TrafficMeter over
+    it), and `limiter`'s per-tenant limits live in the same bucket (strictq.cluster_limits; a legacy
+    <data-dir>/limits.json is migrated too). Its sends are measured (cluster.traffic.TrafficMeter over
     `options.traffic_window`) and published by the EdgePublisher returned, which the caller starts once
     it listens (edge_identity needs the port) and the backend's close closes; and the cluster's state for
     the edge's dashboard and /metrics (strictq.cluster_source)."""
@@ -492,6 +498,7 @@ async def cluster_backend(
     from cluster.layout import read_layout, retrying
     from cluster.replicated_log import APPEND_RETRY_SECONDS
     from cluster.traffic import EdgePublisher, TrafficMeter
+    from strictq.cluster_limits import ClusterLimits
     from strictq.cluster_source import KvClusterSource
 
     options = options or ServeOptions(host="127.0.0.1", port=0, data_dir=data_dir, cluster=settings)
@@ -519,10 +526,16 @@ async def cluster_backend(
     publisher = EdgePublisher(js, layout, meter, owners, reach=reach)
     fences = ClusterFenceRegistry(js, layout, data_dir / "fences.json")
     await fences.start()
+    limits = None
+    if limiter is not None:
+        limits = ClusterLimits(js, layout, limiter, data_dir / "limits.json")
+        await limits.start()
 
     async def closed() -> None:
         await publisher.close()  # first: it reads the owner map and deletes its key over `nc`
         await fences.close()
+        if limits is not None:
+            await limits.close()
         await floors.close()
         await owners.close()
         await nc.close()

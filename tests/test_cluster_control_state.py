@@ -29,8 +29,10 @@ from cluster.control_state import control_bucket, decode_fence, encode_fence, fe
 from cluster.floors import ClusterFloors
 from cluster.layout import ClusterLayout
 from cluster.nats_servers import NatsCluster
+from gateway.rate_limits import TenantLimit, TenantRateLimiter
 from queue_core.control import ControlHub, Subscription
 from queue_core.fences import FILE_VERSION, Fence, NotFenced
+from strictq.cluster_limits import ClusterLimits
 
 WITHIN = 10.0  # bound of every wait (the watch delivers in milliseconds); never a timing assertion
 
@@ -190,6 +192,45 @@ async def test_a_legacy_fences_file_is_migrated_into_the_bucket(nats: NatsCluste
         assert edge.hub.fences() == [old]
 
 
+# ------------------------------------------------------------------------------------- limits
+@contextlib.asynccontextmanager
+async def edge_limits(
+    nats: NatsCluster, layout: ClusterLayout, data_dir: Path
+) -> AsyncIterator[TenantRateLimiter]:
+    """One edge's limiter as `strictq serve --cluster` builds it: its limits.json read, then the cluster's."""
+    limiter = TenantRateLimiter.load(data_dir / "limits.json", None)
+    async with nats_client(nats, "edge") as nc:
+        store = ClusterLimits(nc.jetstream(), layout, limiter, data_dir / "limits.json")
+        await store.start()
+        try:
+            yield limiter
+        finally:
+            await store.close()
+
+
+async def test_limits_set_at_one_edge_apply_at_the_other(nats: NatsCluster, tmp_path: Path) -> None:
+    layout = ClusterLayout(secrets.token_hex(4), 1, 1)
+    one_dir, two_dir = tmp_path / "e1", tmp_path / "e2"
+    one_dir.mkdir()
+    two_dir.mkdir()
+    legacy = TenantRateLimiter.load(one_dir / "limits.json", None)
+    legacy.set("old", TenantLimit(3, 3))  # an earlier version's file at edge 1: migrated
+    async with (
+        edge_limits(nats, layout, one_dir) as one,
+        edge_limits(nats, layout, two_dir) as two,
+    ):
+        assert one.overrides == two.overrides == {"old": TenantLimit(3, 3)}
+        assert not (one_dir / "limits.json").exists() and (one_dir / "limits.json.migrated").exists()
+        # Two tenants' limits through the two edges at once: compare-and-set keeps both.
+        await asyncio.gather(one.update("t1", TenantLimit(5, 10)), two.update("t2", None))
+        wanted = {"old": TenantLimit(3, 3), "t1": TenantLimit(5, 10), "t2": None}
+        await until(lambda: one.overrides == wanted and two.overrides == wanted, WITHIN, what="both limits")
+        assert two.limit_of("t1") == TenantLimit(5, 10)
+        assert await two.reset("old") and not await two.reset("old")
+        await until(lambda: "old" not in one.overrides, WITHIN, what="the limit lifted at edge 1")
+        assert not (two_dir / "limits.json").exists()  # the bucket, not a file, holds an edge's limits
+
+
 # ------------------------------------------------------------------------ two `strictq serve --cluster`
 class Edges:
     """`strictq cluster up` (its gateway: edge 1) and a second `strictq serve --cluster` edge over it."""
@@ -273,3 +314,28 @@ async def test_concurrent_fences_through_both_edges_are_both_kept(edges: Edges) 
     await until(both_everywhere, WITHIN, what="both fences at both edges")
     for worker in ("worker-2", "worker-3"):
         assert (await edges.call(2, "DELETE", f"/admin/v1/fences/{worker}"))[0] == 200
+
+
+async def test_limits_set_through_edge_1_are_in_force_at_edge_2(edges: Edges) -> None:
+    tenant = edges.cluster.credential("producer").tenant
+    status, body = await edges.call(1, "PUT", f"/admin/v1/limits/{tenant}", {"rate": 7, "burst": 9})
+    assert status == 200, body
+
+    async def at_edge_2() -> Any:
+        status, body = await edges.call(2, "GET", "/admin/v1/limits")
+        assert status == 200, body
+        return next((t["limit"] for t in body["tenants"] if t["tenant"] == tenant), None)
+
+    assert await until(at_edge_2, WITHIN, what="the limit at edge 2") == {"rate": 7.0, "burst": 9.0}
+    assert (await edges.call(2, "DELETE", f"/admin/v1/limits/{tenant}"))[0] == 200
+
+    async def lifted_at_edge_1() -> bool:
+        return await _limit_is_default(edges, 1, tenant)
+
+    await until(lifted_at_edge_1, WITHIN, what="the limit lifted at edge 1")
+
+
+async def _limit_is_default(edges: Edges, edge: int, tenant: str) -> bool:
+    status, body = await edges.call(edge, "GET", "/admin/v1/limits")
+    assert status == 200, body
+    return any(t["tenant"] == tenant and t["source"] == "default" for t in body["tenants"])
