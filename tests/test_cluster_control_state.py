@@ -20,8 +20,10 @@ import orjson
 import pytest
 from cluster_support import Cluster, nats_client, run, running_nats, start_cluster
 from control_stream_support import admin_call, open_stream
+from control_support import proxy_control
 from kit.process import ChildProcess, launch, strictq
 from kit.until import until
+from proxy_support import ProxyProcess, WorkerClient, running_proxy
 
 from cluster.connect import credentials_path
 from cluster.control_fences import ClusterFenceRegistry
@@ -29,6 +31,7 @@ from cluster.control_state import control_bucket, decode_fence, encode_fence, fe
 from cluster.floors import ClusterFloors
 from cluster.layout import ClusterLayout
 from cluster.nats_servers import NatsCluster
+from fencing.context import PROXY_ACTION_HEADER
 from gateway.rate_limits import TenantLimit, TenantRateLimiter
 from queue_core.control import ControlHub, Subscription
 from queue_core.fences import FILE_VERSION, Fence, NotFenced
@@ -339,3 +342,32 @@ async def _limit_is_default(edges: Edges, edge: int, tenant: str) -> bool:
     status, body = await edges.call(edge, "GET", "/admin/v1/limits")
     assert status == 200, body
     return any(t["tenant"] == tenant and t["source"] == "default" for t in body["tenants"])
+
+
+async def test_a_proxy_following_edge_1_refuses_a_worker_fenced_through_edge_2(
+    edges: Edges, tmp_path: Path
+) -> None:
+    worker = edges.cluster.credential("worker")
+    keys = Path(edges.cluster.process.value("strictq: keys ") or "")
+    control = ("--control", edges.url(1), "--control-ca", str(edges.ca(1)))
+    with running_proxy(tmp_path / "proxy", *control, keys=keys) as proxy:
+        await until(_proxy_synced(proxy), WITHIN, what="the proxy synchronised with edge 1")
+        status, body = await edges.call(
+            2, "PUT", f"/admin/v1/fences/{worker.id}", {"mode": "block", "reason": "fenced at edge 2"}
+        )
+        assert status == 200, body
+        async with WorkerClient(proxy, worker.id, secret=worker.secret) as client:
+
+            async def refused() -> bool:
+                reply = await client.call("GET", "http://127.0.0.1:9/charge")  # no server: never reached
+                return reply.status == 403 and reply.headers.get(PROXY_ACTION_HEADER) == "block"
+
+            await until(refused, WITHIN, what="the proxy refusing the fenced worker")
+        assert (await edges.call(2, "DELETE", f"/admin/v1/fences/{worker.id}"))[0] == 200
+
+
+def _proxy_synced(proxy: ProxyProcess) -> Any:
+    async def synced() -> bool:
+        return bool((await proxy_control(proxy.admin_url))["synced"])
+
+    return synced
