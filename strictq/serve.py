@@ -524,12 +524,19 @@ async def cluster_backend(
     await floors.start()
     meter = TrafficMeter(edge_identity(options, options.port, ""), window=options.traffic_window)
     publisher = EdgePublisher(js, layout, meter, owners, reach=reach)
+    # The cluster's fences and limits (its control bucket); a damaged legacy file stops the start here.
     fences = ClusterFenceRegistry(js, layout, data_dir / "fences.json")
-    await fences.start()
-    limits = None
-    if limiter is not None:
-        limits = ClusterLimits(js, layout, limiter, data_dir / "limits.json")
-        await limits.start()
+    limits = None if limiter is None else ClusterLimits(js, layout, limiter, data_dir / "limits.json")
+    try:
+        await fences.start()
+        if limits is not None:
+            await limits.start()
+    except BaseException:
+        for part in (limits, fences, floors, owners):
+            if part is not None:
+                await part.close()
+        await nc.close()
+        raise
 
     async def closed() -> None:
         await publisher.close()  # first: it reads the owner map and deletes its key over `nc`

@@ -238,9 +238,10 @@ async def test_limits_set_at_one_edge_apply_at_the_other(nats: NatsCluster, tmp_
 class Edges:
     """`strictq cluster up` (its gateway: edge 1) and a second `strictq serve --cluster` edge over it."""
 
-    def __init__(self, cluster: Cluster, second: ChildProcess) -> None:
+    def __init__(self, cluster: Cluster, second: ChildProcess, serve_args: list[str]) -> None:
         self.cluster = cluster
         self.second = second
+        self.serve_args = serve_args  # `serve --cluster ... --keys ...`: another edge but for its data dir
         self.admin = cluster.credential("admin").secret
 
     def url(self, edge: int) -> str:
@@ -264,14 +265,15 @@ def edges(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Edges]:
     cluster = start_cluster(base / "c")
     try:
         urls = run("cluster", "urls", "--data-dir", str(base / "c")).stdout.strip()
-        argv = strictq(
+        serve_args = [
             "serve", "--cluster", urls, "--nats-credentials", str(credentials_path(base / "c")),
-            "--keys", str(base / "c" / "gateway" / "keys.toml"), "--data-dir", str(base / "edge2"),
-            "--host", "127.0.0.1", "--port", "0", "--no-proxy",
-        )  # fmt: skip
+            "--keys", str(base / "c" / "gateway" / "keys.toml"), "--host", "127.0.0.1", "--port", "0",
+            "--no-proxy",
+        ]  # fmt: skip
+        argv = strictq(*serve_args, "--data-dir", str(base / "edge2"))
         second: ChildProcess = launch(argv, base / "edge2.log", wait_for=("strictq: client env ",))
         try:
-            yield Edges(cluster, second)
+            yield Edges(cluster, second, serve_args)
         finally:
             second.stop()
     finally:
@@ -371,3 +373,14 @@ def _proxy_synced(proxy: ProxyProcess) -> Any:
         return bool((await proxy_control(proxy.admin_url))["synced"])
 
     return synced
+
+
+def test_a_damaged_legacy_fences_file_stops_an_edge_in_one_line(edges: Edges, tmp_path: Path) -> None:
+    data_dir = tmp_path / "edge"
+    data_dir.mkdir(mode=0o700)
+    (data_dir / "fences.json").write_text("{not json")
+    result = run(*edges.serve_args, "--data-dir", str(data_dir))
+    assert result.returncode == 2, result
+    assert "fences.json" in result.stderr and "malformed" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert (data_dir / "fences.json").exists()  # left as it was, for the operator to fix
