@@ -66,9 +66,7 @@ class ClusterFenceRegistry(FenceRegistry):
     async def start(self) -> None:
         """Open (or create) the bucket, fill the view from it, follow it, then migrate a legacy file."""
         layout = self._layout
-        self._bucket = await retrying(
-            lambda: control_bucket(self._js, layout), "the cluster's control bucket"
-        )
+        self._bucket = await control_bucket(self._js, layout)
         self._mirror = KvMirror(self._bucket, "control", self._js, f"KV_{layout.control_bucket}")
         self._mirror.listeners.append(self._on_heard)
         await retrying(self._mirror.start, "the cluster's control state")

@@ -12,7 +12,9 @@ at once never lose one another's change.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import time
 
 import orjson
 from nats.js.client import JetStreamContext
@@ -21,7 +23,7 @@ from nats.js.kv import KeyValue
 
 from queue_core.fences import Fence
 
-from .layout import ClusterLayout
+from .layout import ClusterLayout, LayoutError, retrying
 
 FENCE_PREFIX = "fence."
 LIMITS_KEY = "limits"
@@ -56,10 +58,31 @@ def decode_fence(raw: bytes) -> Fence:
     return Fence.from_dict(data)
 
 
-async def control_bucket(js: JetStreamContext, layout: ClusterLayout) -> KeyValue:
-    """The cluster's control bucket, created if missing (idempotent: the nodes create it with the other
-    buckets, an edge of a cluster started by an earlier version creates it here)."""
+async def create_control_bucket(js: JetStreamContext, layout: ClusterLayout) -> KeyValue:
+    """The cluster's control bucket, created if missing (idempotent). The queue servers create it with
+    the other buckets (cluster.layout.ensure_streams): an edge's NATS user may not create streams."""
     try:
         return await js.key_value(layout.control_bucket)
     except BucketNotFoundError:
         return await js.create_key_value(bucket=layout.control_bucket, history=1, replicas=layout.replicas)
+
+
+async def control_bucket(js: JetStreamContext, layout: ClusterLayout, within: float = 30.0) -> KeyValue:
+    """The cluster's control bucket as an edge opens it: waiting up to `within` seconds for the queue
+    servers to create it (a cluster just created), then LayoutError saying who creates it."""
+
+    async def opened() -> KeyValue | None:
+        try:
+            return await js.key_value(layout.control_bucket)
+        except BucketNotFoundError:  # an APIError, which `retrying` would take for a transient one
+            return None
+
+    deadline = time.monotonic() + within
+    while (bucket := await retrying(opened, "the cluster's control bucket", within)) is None:
+        if time.monotonic() > deadline:
+            raise LayoutError(
+                f"the cluster has no control bucket ({layout.control_bucket}): its queue servers create it "
+                "when they start; start (or upgrade) them first (docs/cluster.md)"
+            )
+        await asyncio.sleep(0.25)
+    return bucket

@@ -104,7 +104,8 @@ class ClusterLayout:
 
     @property
     def control_bucket(self) -> str:
-        """Fences and per-tenant limits, one state for every edge of the cluster (cluster.control_state)."""
+        """Fences and per-tenant limits, one state for every edge of the cluster (cluster.control_state);
+        created by the queue servers, written by the edges."""
         return f"strictq_control_{self.id}"
 
     @property

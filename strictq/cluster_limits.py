@@ -54,9 +54,7 @@ class ClusterLimits:
     async def start(self) -> None:
         layout = self._layout
         file_limits = dict(self.limiter.overrides)  # before the watch replaces them with the bucket's
-        self._bucket = await retrying(
-            lambda: control_bucket(self._js, layout), "the cluster's control bucket"
-        )
+        self._bucket = await control_bucket(self._js, layout)
         self._mirror = KvMirror(self._bucket, "control-limits", self._js, f"KV_{layout.control_bucket}")
         self._mirror.listeners.append(self._heard)
         await retrying(self._mirror.start, "the cluster's control state")

@@ -495,7 +495,7 @@ async def cluster_backend(
     from cluster.control_fences import ClusterFenceRegistry
     from cluster.floors import ClusterFloors
     from cluster.kv_owners import KvOwnerMap
-    from cluster.layout import read_layout, retrying
+    from cluster.layout import LayoutError, read_layout, retrying
     from cluster.replicated_log import APPEND_RETRY_SECONDS
     from cluster.traffic import EdgePublisher, TrafficMeter
     from strictq.cluster_limits import ClusterLimits
@@ -531,11 +531,13 @@ async def cluster_backend(
         await fences.start()
         if limits is not None:
             await limits.start()
-    except BaseException:
+    except BaseException as exc:
         for part in (limits, fences, floors, owners):
             if part is not None:
                 await part.close()
         await nc.close()
+        if isinstance(exc, LayoutError):  # no control bucket: the queue servers make it
+            raise StartupLine(data_dir, str(exc)) from None
         raise
 
     async def closed() -> None:

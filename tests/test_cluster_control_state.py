@@ -27,9 +27,16 @@ from proxy_support import ProxyProcess, WorkerClient, running_proxy
 
 from cluster.connect import credentials_path
 from cluster.control_fences import ClusterFenceRegistry
-from cluster.control_state import control_bucket, decode_fence, encode_fence, fence_key, fence_worker
+from cluster.control_state import (
+    control_bucket,
+    create_control_bucket,
+    decode_fence,
+    encode_fence,
+    fence_key,
+    fence_worker,
+)
 from cluster.floors import ClusterFloors
-from cluster.layout import ClusterLayout
+from cluster.layout import ClusterLayout, LayoutError
 from cluster.nats_servers import NatsCluster
 from fencing.context import PROXY_ACTION_HEADER
 from gateway.rate_limits import TenantLimit, TenantRateLimiter
@@ -90,10 +97,19 @@ async def edge_hub(nats: NatsCluster, layout: ClusterLayout, data_dir: Path) -> 
             await registry.close()
 
 
+async def new_cluster(nats: NatsCluster) -> ClusterLayout:
+    """A fresh cluster id over the shared servers (a bucket of its own: tests do not see one another's
+    state), with its control bucket made as its queue servers would."""
+    layout = ClusterLayout(secrets.token_hex(4), 1, 1)
+    async with nats_client(nats, "node") as nc:
+        await create_control_bucket(nc.jetstream(), layout)
+    return layout
+
+
 @contextlib.asynccontextmanager
 async def two_edges(nats: NatsCluster, base: Path) -> AsyncIterator[tuple[EdgeHub, EdgeHub, ClusterLayout]]:
-    """Two edges over a fresh cluster id (a bucket of its own: tests do not see one another's fences)."""
-    layout = ClusterLayout(secrets.token_hex(4), 1, 1)
+    """Two edges over a new cluster."""
+    layout = await new_cluster(nats)
     (base / "e1").mkdir(mode=0o700)
     (base / "e2").mkdir(mode=0o700)
     async with edge_hub(nats, layout, base / "e1") as one, edge_hub(nats, layout, base / "e2") as two:
@@ -182,7 +198,7 @@ async def test_fences_written_into_the_bucket_directly_are_emitted(nats: NatsClu
 
 
 async def test_a_legacy_fences_file_is_migrated_into_the_bucket(nats: NatsCluster, tmp_path: Path) -> None:
-    layout = ClusterLayout(secrets.token_hex(4), 1, 1)
+    layout = await new_cluster(nats)
     old = Fence("worker-1", "block", "from before", 5.0)
     legacy = tmp_path / "fences.json"
     legacy.write_bytes(orjson.dumps({"version": FILE_VERSION, "fences": [old.to_dict()]}))
@@ -212,7 +228,7 @@ async def edge_limits(
 
 
 async def test_limits_set_at_one_edge_apply_at_the_other(nats: NatsCluster, tmp_path: Path) -> None:
-    layout = ClusterLayout(secrets.token_hex(4), 1, 1)
+    layout = await new_cluster(nats)
     one_dir, two_dir = tmp_path / "e1", tmp_path / "e2"
     one_dir.mkdir()
     two_dir.mkdir()
@@ -384,3 +400,10 @@ def test_a_damaged_legacy_fences_file_stops_an_edge_in_one_line(edges: Edges, tm
     assert "fences.json" in result.stderr and "malformed" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     assert (data_dir / "fences.json").exists()  # left as it was, for the operator to fix
+
+
+async def test_an_edge_waits_for_the_queue_servers_bucket_then_says_who_makes_it(nats: NatsCluster) -> None:
+    layout = ClusterLayout(secrets.token_hex(4), 1, 1)  # no queue server made its bucket
+    async with nats_client(nats, "edge") as nc:
+        with pytest.raises(LayoutError, match="its queue servers create it"):
+            await control_bucket(nc.jetstream(), layout, within=0.5)
