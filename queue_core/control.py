@@ -136,7 +136,9 @@ class ControlHub:
     Python API (used by the admin HTTP routes, and by failure management inside the core process):
     `await hub.fence(worker, mode, reason, ttl)`, `await hub.unfence(worker, reason)`, `hub.fences()`,
     `hub.probe(worker, message_id, mode)`, `hub.probe_end(message_id)`, `hub.subscribe(last_event_id)`;
-    `event_listeners` hear every fence, unfence, probe and probe_end event as it is emitted. Start it
+    `event_listeners` hear every fence, unfence, probe and probe_end event as it is emitted. A change the
+    registry hears of from elsewhere (`FenceRegistry.listeners`: a cluster's other edges) is emitted like
+    one made here. Start it
     after the service (`await hub.start()`), end the streams on shutdown (`await
     hub.shutdown_streams()`), then `await hub.close()`.
     """

@@ -10,7 +10,8 @@ like every other effect), so fences, suspensions and blacklists share one durabl
 A `fences.json` left by an earlier version is migrated at start (read once, written to the store, renamed
 `fences.json.migrated`); a damaged one still stops the start (`FenceFileError`). `FenceRegistry` alone
 keeps the JSON file (one file, replaced atomically: write, fsync, rename, fsync the directory) for
-callers without a store.
+callers without a store. A cluster's edges hold the cluster's one set in its control bucket
+(cluster.control_fences.ClusterFenceRegistry).
 """
 
 from __future__ import annotations
