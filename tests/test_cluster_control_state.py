@@ -281,8 +281,11 @@ def edges(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Edges]:
     cluster = start_cluster(base / "c")
     try:
         urls = run("cluster", "urls", "--data-dir", str(base / "c")).stdout.strip()
+        # The edges' restricted NATS login where `cluster up` made one (NATS users per role), else its one.
+        login = base / "c" / "nats" / "gateway.credentials"
+        login = login if login.exists() else credentials_path(base / "c")
         serve_args = [
-            "serve", "--cluster", urls, "--nats-credentials", str(credentials_path(base / "c")),
+            "serve", "--cluster", urls, "--nats-credentials", str(login),
             "--keys", str(base / "c" / "gateway" / "keys.toml"), "--host", "127.0.0.1", "--port", "0",
             "--no-proxy",
         ]  # fmt: skip
