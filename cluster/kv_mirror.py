@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -45,6 +46,9 @@ class KvMirror:
         self._stream = stream  # the bucket's stream (KV_<bucket>), for the stall check below
         self._revision = 0  # the newest revision heard
         self.restarts = 0
+        # Hear each change as the watch applies it: (key, value or None when gone, revision; for a key
+        # dropped at the end of the initial values, the newest revision heard). Must not block.
+        self.listeners: list[Callable[[str, bytes | None, int], None]] = []
 
     @classmethod
     async def open(cls, js: JetStreamContext, bucket: str, name: str) -> KvMirror:
@@ -197,6 +201,7 @@ class KvMirror:
                 if delivered is not None:
                     for key in set(self.entries) - delivered:
                         del self.entries[key]
+                        self._tell(key, None, self._revision)
                     delivered = None
                     self._ready.set()
                     self._changed.set()
@@ -207,6 +212,15 @@ class KvMirror:
                 delivered.add(entry.key)
             if entry.operation in ("DEL", "PURGE") or entry.value is None:
                 self.entries.pop(entry.key, None)
+                self._tell(entry.key, None, entry.revision or 0)
             else:
                 self.entries[entry.key] = MirroredEntry(entry.value, entry.revision or 0, time.monotonic())
+                self._tell(entry.key, entry.value, entry.revision or 0)
             self._changed.set()
+
+    def _tell(self, key: str, value: bytes | None, revision: int) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(key, value, revision)
+            except Exception:  # a listener's bug must not stop the watch
+                log.exception("listener of %s failed on %s", self.name, key)

@@ -111,6 +111,12 @@ class ClusterLayout:
         return f"strictq_fleet_{self.id}"
 
     @property
+    def control_bucket(self) -> str:
+        """Fences and per-tenant limits, one state for every edge of the cluster (cluster.control_state);
+        created by the queue servers, written by the edges."""
+        return f"strictq_control_{self.id}"
+
+    @property
     def snapshots_bucket(self) -> str:
         """The object store holding each partition's latest snapshot (cluster.snapshots)."""
         return f"sq_{self.id}_snapshots"
@@ -217,6 +223,7 @@ async def _ensure_streams(js: JetStreamContext, layout: ClusterLayout) -> None:
     await _bucket(js, layout.edges_bucket, layout.replicas, ttl=EDGE_TTL)
     await _bucket(js, layout.placement_bucket, layout.replicas)
     await _bucket(js, layout.fleet_bucket, layout.replicas)
+    await _bucket(js, layout.control_bucket, layout.replicas)
     try:
         await js.object_store(layout.snapshots_bucket)
     except BucketNotFoundError:

@@ -9,7 +9,8 @@ makes the meta leader put a replacement in its place, chosen under the servers' 
 What the repair covers: every stream of this cluster, the partitions' (`SQ_<id>_P<N>`) and the buckets'
 (`KV_sq_<id>_*`: the owners bucket holds the assignments, the nodes bucket the heartbeats, the master
 bucket the lease; `OBJ_sq_<id>_snapshots`; `KV_strictq_cluster`, the layout record; `KV_strictq_fleet_<id>`,
-the worker fleet): a bucket that loses its quorum stops the cluster as surely as a partition's stream does.
+the worker fleet; `KV_strictq_control_<id>`, the fences and limits of cluster.control_state): a bucket that
+loses its quorum stops the cluster as surely as a partition's stream does.
 
 When a replica is removed (`replicas_to_remove`, pure):
 - it is down: `offline`, or not heard from by the stream's leader (`active`) for SILENT_AFTER seconds
@@ -201,13 +202,11 @@ def peers_of(info: StreamInfo) -> StreamPeers | None:
 
 
 def cluster_streams(layout: ClusterLayout, names: Iterable[str]) -> list[str]:
-    """The streams of this cluster among `names`: partitions, buckets, the snapshots and the layout record."""
+    """The streams of this cluster among `names`: partitions, buckets, the snapshots, the layout record
+    and the control state."""
     prefixes = (f"SQ_{layout.id}_P", f"KV_sq_{layout.id}_", f"OBJ_sq_{layout.id}_")
-    return sorted(
-        n
-        for n in names
-        if n.startswith(prefixes) or n in (f"KV_{LAYOUT_BUCKET}", f"KV_{layout.fleet_bucket}")
-    )
+    exact = (f"KV_{LAYOUT_BUCKET}", f"KV_{layout.fleet_bucket}", f"KV_{layout.control_bucket}")
+    return sorted(n for n in names if n.startswith(prefixes) or n in exact)
 
 
 class ReplicaRepair:

@@ -124,9 +124,9 @@ async def put_limit(request: web.Request) -> web.StreamResponse:
     if data["rate"] is None:
         if data.get("burst") is not None:
             raise InvalidLimit('an unlimited tenant ({"rate": null}) has no burst')
-        limiter.set(tenant, None)
+        await limiter.update(tenant, None)
     else:
-        limiter.set(tenant, TenantLimit.parse(data["rate"], data.get("burst")))
+        await limiter.update(tenant, TenantLimit.parse(data["rate"], data.get("burst")))
     return json_response(limiter.describe(tenant))
 
 
@@ -134,7 +134,7 @@ async def put_limit(request: web.Request) -> web.StreamResponse:
 async def delete_limit(request: web.Request) -> web.StreamResponse:
     tenant = _tenant(request)
     limiter = request.app[LIMITER]
-    limiter.clear(tenant)
+    await limiter.reset(tenant)
     return json_response(limiter.describe(tenant))
 
 

@@ -13,15 +13,18 @@ change at run time; the token-bucket libraries on PyPI own their clocks or their
 Limits are messages per second. A request costs its message count, capped at the burst, so a full batch
 still passes when the bucket is full. The default (`strictq serve --tenant-rate/--tenant-burst`) applies
 to every tenant without its own limit; per-tenant limits are set at run time by an operator (the admin
-routes, gateway.limits_http) and kept in `<data-dir>/limits.json` (0600) across restarts. Each edge
-process limits the sends it sees: a cluster with N edges admits up to N times a tenant's rate.
+routes, gateway.limits_http) and kept in `<data-dir>/limits.json` (0600) across restarts; at an edge of a
+cluster, in the cluster's control bucket instead (a `LimitStore`, strictq.cluster_limits), so a limit set
+through one edge applies at every edge. Each edge process limits the sends it sees: a cluster with N
+edges admits up to N times a tenant's rate.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -92,13 +95,50 @@ class TenantCounters:
     throttled_messages: int = 0
 
 
+type Overrides = dict[str, TenantLimit | None]
+
+
+class LimitStore(Protocol):
+    """Where an edge's per-tenant limits live when not in its limits.json (a cluster's control bucket):
+    `change` applies `edit` to the stored overrides (read-modify-write, retried on a concurrent change)
+    and sets the limiter's `overrides` to the result before it returns."""
+
+    async def change(self, edit: Callable[[Overrides], Overrides]) -> None: ...
+
+
+def encode_overrides(overrides: Overrides) -> bytes:
+    """The limits file's JSON (also the cluster bucket's `limits` value): version and tenants."""
+    tenants = {t: (None if v is None else v.to_dict()) for t, v in sorted(overrides.items())}
+    return orjson.dumps({"version": LIMITS_VERSION, "tenants": tenants}, option=orjson.OPT_INDENT_2)
+
+
+def decode_overrides(raw: bytes) -> Overrides:
+    """The overrides `encode_overrides` wrote; ValueError naming what is wrong."""
+    overrides: Overrides = {}
+    try:
+        data = orjson.loads(raw)
+        tenants = data["tenants"]
+        if not isinstance(tenants, dict):
+            raise TypeError("tenants is not an object")
+        for tenant, value in tenants.items():
+            if value is None:
+                overrides[str(tenant)] = None
+            else:
+                overrides[str(tenant)] = TenantLimit.parse(value.get("rate"), value.get("burst"))
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, InvalidLimit) as exc:
+        raise ValueError(str(exc)) from None
+    return overrides
+
+
 @dataclass
 class TenantRateLimiter:
     """The edge's limits: a default for every tenant (None: unlimited) and operators' per-tenant ones
-    (a tenant mapped to None is unlimited whatever the default). `path`: where per-tenant limits persist."""
+    (a tenant mapped to None is unlimited whatever the default). `path`: where per-tenant limits persist;
+    `store`: where they live instead (a cluster's; then `update`/`reset`, not `set`/`clear`)."""
 
     default: TenantLimit | None = None
     path: Path | None = None
+    store: LimitStore | None = None
     overrides: dict[str, TenantLimit | None] = field(default_factory=dict)
     counters: dict[str, TenantCounters] = field(default_factory=dict)
     _buckets: dict[str, _Bucket] = field(default_factory=dict)
@@ -163,6 +203,21 @@ class TenantRateLimiter:
         self.overrides = overrides
         return True
 
+    async def update(self, tenant: str, limit: TenantLimit | None) -> None:
+        """`set`, through the store when there is one (the admin routes call this)."""
+        if self.store is None:
+            self.set(tenant, limit)
+            return
+        await self.store.change(lambda overrides: {**overrides, tenant: limit})
+
+    async def reset(self, tenant: str) -> bool:
+        """`clear`, through the store when there is one."""
+        if self.store is None:
+            return self.clear(tenant)
+        had = tenant in self.overrides
+        await self.store.change(lambda overrides: {t: v for t, v in overrides.items() if t != tenant})
+        return had
+
     def describe(self, tenant: str) -> dict[str, Any]:
         """The tenant's effective limit, where it comes from, and its counters (admin routes, status)."""
         limit = self.limit_of(tenant)
@@ -179,9 +234,7 @@ class TenantRateLimiter:
     def _save(self, overrides: dict[str, TenantLimit | None]) -> None:
         if self.path is None:
             return
-        tenants = {t: (None if v is None else v.to_dict()) for t, v in sorted(overrides.items())}
-        data = {"version": LIMITS_VERSION, "tenants": tenants}
-        write_private(self.path, orjson.dumps(data, option=orjson.OPT_INDENT_2))
+        write_private(self.path, encode_overrides(overrides))
 
     @classmethod
     def load(cls, path: Path, default: TenantLimit | None) -> TenantRateLimiter:
@@ -195,16 +248,8 @@ class TenantRateLimiter:
         except OSError as exc:
             raise StartupError(path, f"cannot read it: {exc.strerror or exc}", "fix its mode") from None
         try:
-            data = orjson.loads(raw)
-            tenants = data["tenants"]
-            if not isinstance(tenants, dict):
-                raise TypeError("tenants is not an object")
-            for tenant, value in tenants.items():
-                if value is None:
-                    limiter.overrides[str(tenant)] = None
-                else:
-                    limiter.overrides[str(tenant)] = TenantLimit.parse(value.get("rate"), value.get("burst"))
-        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, InvalidLimit) as exc:
+            limiter.overrides = decode_overrides(raw)
+        except ValueError as exc:
             raise StartupError(
                 path, f"not a limits file ({exc})", "fix or remove it (then set limits again: strictq limits)"
             ) from None

@@ -136,7 +136,9 @@ class ControlHub:
     Python API (used by the admin HTTP routes, and by failure management inside the core process):
     `await hub.fence(worker, mode, reason, ttl)`, `await hub.unfence(worker, reason)`, `hub.fences()`,
     `hub.probe(worker, message_id, mode)`, `hub.probe_end(message_id)`, `hub.subscribe(last_event_id)`;
-    `event_listeners` hear every fence, unfence, probe and probe_end event as it is emitted. Start it
+    `event_listeners` hear every fence, unfence, probe and probe_end event as it is emitted. A change the
+    registry hears of from elsewhere (`FenceRegistry.listeners`: a cluster's other edges) is emitted like
+    one made here. Start it
     after the service (`await hub.start()`), end the streams on shutdown (`await
     hub.shutdown_streams()`), then `await hub.close()`.
     """
@@ -192,6 +194,7 @@ class ControlHub:
             await self.registry.migrate()
         self.instance = self.service.epoch
         self.service.floor_listeners.append(self._on_floor)
+        self.registry.listeners.append(self._on_registry_change)
         await self._expire_due()  # fences that expired while the process was down
         log.info("control stream: instance %d, %d fences", self.instance, len(self.registry.fences))
 
@@ -215,6 +218,8 @@ class ControlHub:
         self._closed = True
         if self._on_floor in self.service.floor_listeners:
             self.service.floor_listeners.remove(self._on_floor)
+        if self._on_registry_change in self.registry.listeners:
+            self.registry.listeners.remove(self._on_registry_change)
         for handle in (self._flush_handle, self._expiry_handle):
             if handle is not None:
                 handle.cancel()
@@ -282,6 +287,18 @@ class ControlHub:
         if at is None or self._closed or self._loop is None:
             return
         self._expiry_handle = self._loop.call_later(max(0.0, at - self._clock()), self._on_expiry_timer)
+
+    def _on_registry_change(self, worker: str, before: Fence | None, now: Fence | None) -> None:
+        """A fence set or lifted elsewhere (another edge of a cluster, its failure management): the same
+        events as a change made here, so proxies following this stream see it too."""
+        if self._closed:
+            return
+        if now is not None:
+            self._emit("fence", now.to_dict())
+        elif before is not None:
+            expired = before.expires is not None and before.expires <= self._clock()
+            self._emit("unfence", {"worker": worker, "reason": "expired" if expired else "lifted"})
+        self._arm_expiry()
 
     def _on_expiry_timer(self) -> None:
         self._expiry_handle = None

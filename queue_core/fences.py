@@ -10,7 +10,8 @@ like every other effect), so fences, suspensions and blacklists share one durabl
 A `fences.json` left by an earlier version is migrated at start (read once, written to the store, renamed
 `fences.json.migrated`); a damaged one still stops the start (`FenceFileError`). `FenceRegistry` alone
 keeps the JSON file (one file, replaced atomically: write, fsync, rename, fsync the directory) for
-callers without a store.
+callers without a store. A cluster's edges hold the cluster's one set in its control bucket
+(cluster.control_fences.ClusterFenceRegistry).
 """
 
 from __future__ import annotations
@@ -146,6 +147,10 @@ class FenceRegistry:
         self.path = Path(path)
         self._fences: dict[str, Fence] = {}
         self._lock = asyncio.Lock()
+        # Told of changes that did not come through `put`/`remove` here: another process made them (a
+        # cluster's other edges, its failure management; cluster.control_fences), as (worker, the fence
+        # before, the fence now; None: none). Called with `lock` held, after the change applies.
+        self.listeners: list[Callable[[str, Fence | None, Fence | None], None]] = []
 
     def load(self) -> None:
         """Read the file left by an earlier run (none yet: no fences)."""

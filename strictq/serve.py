@@ -44,7 +44,6 @@ from queue_core.admin_http import search_gate
 from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub, store_registry
 from queue_core.failures import FailureManager
-from queue_core.fences import FenceRegistry
 from queue_core.fleet import FleetBackend, FleetService
 from queue_core.fleet_remote import RemoteFleet
 from queue_core.http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
@@ -264,7 +263,7 @@ async def serve(options: ServeOptions) -> None:
     cluster_state: ClusterSource | None = None
     if options.cluster is not None:
         service, control, publisher, cluster_state, fleet = await cluster_backend(
-            options.cluster, data_dir, options
+            options.cluster, data_dir, options, limiter
         )
     elif options.queue_server is None:
         service = QueueService(data_dir / "queue", partitions=options.partitions)
@@ -477,24 +476,31 @@ def edge_identity(options: ServeOptions, port: int, url: str) -> EdgeIdentity:
 
 
 async def cluster_backend(
-    settings: NatsSettings, data_dir: Path, options: ServeOptions | None = None
+    settings: NatsSettings,
+    data_dir: Path,
+    options: ServeOptions | None = None,
+    limiter: TenantRateLimiter | None = None,
 ) -> tuple[QueueBackend, ControlHub, EdgePublisher, ClusterSource, FleetBackend]:
     """The gateway of a cluster: every group's operations go to its partition's owner (cluster.backend),
     read from the cluster's KV buckets (cluster.kv_owners), through `options.reach` where given; its
-    control stream relays the owners' floors (cluster.floors) and holds the fences in
-    <data-dir>/fences.json. Its sends are measured (cluster.traffic.TrafficMeter over
+    control stream relays the owners' floors (cluster.floors) and serves the cluster's one set of fences,
+    kept in its control bucket (cluster.control_fences; a legacy <data-dir>/fences.json is migrated into
+    it), and `limiter`'s per-tenant limits live in the same bucket (strictq.cluster_limits; a legacy
+    <data-dir>/limits.json is migrated too). Its sends are measured (cluster.traffic.TrafficMeter over
     `options.traffic_window`) and published by the EdgePublisher returned, which the caller starts once
     it listens (edge_identity needs the port) and the backend's close closes; the cluster's state for
     the edge's dashboard and /metrics (strictq.cluster_source); and the worker fleet, held once for the
     cluster in its fleet bucket (cluster.fleet_kv; the app starts and closes it)."""
     from cluster.backend import ClusterBackend
     from cluster.connect import connect
+    from cluster.control_fences import ClusterFenceRegistry
     from cluster.fleet_kv import ClusterFleet
     from cluster.floors import ClusterFloors
     from cluster.kv_owners import KvOwnerMap
-    from cluster.layout import read_layout, retrying
+    from cluster.layout import LayoutError, read_layout, retrying
     from cluster.replicated_log import APPEND_RETRY_SECONDS
     from cluster.traffic import EdgePublisher, TrafficMeter
+    from strictq.cluster_limits import ClusterLimits
     from strictq.cluster_source import KvClusterSource
 
     options = options or ServeOptions(host="127.0.0.1", port=0, data_dir=data_dir, cluster=settings)
@@ -520,9 +526,27 @@ async def cluster_backend(
     await floors.start()
     meter = TrafficMeter(edge_identity(options, options.port, ""), window=options.traffic_window)
     publisher = EdgePublisher(js, layout, meter, owners, reach=reach)
+    # The cluster's fences and limits (its control bucket); a damaged legacy file stops the start here.
+    fences = ClusterFenceRegistry(js, layout, data_dir / "fences.json")
+    limits = None if limiter is None else ClusterLimits(js, layout, limiter, data_dir / "limits.json")
+    try:
+        await fences.start()
+        if limits is not None:
+            await limits.start()
+    except BaseException as exc:
+        for part in (limits, fences, floors, owners):
+            if part is not None:
+                await part.close()
+        await nc.close()
+        if isinstance(exc, LayoutError):  # no control bucket: the queue servers make it
+            raise StartupLine(data_dir, str(exc)) from None
+        raise
 
     async def closed() -> None:
         await publisher.close()  # first: it reads the owner map and deletes its key over `nc`
+        await fences.close()
+        if limits is not None:
+            await limits.close()
         await floors.close()
         await owners.close()
         await nc.close()
@@ -533,7 +557,7 @@ async def cluster_backend(
         owners, on_close=closed, timeout=APPEND_RETRY_SECONDS + 3, meter=meter, reach=reach
     )
     await backend.start()
-    hub = ControlHub(floors, FenceRegistry(data_dir / "fences.json"))
+    hub = ControlHub(floors, fences)
     fleet = ClusterFleet(js, layout, backend, options.fleet)
     return backend, hub, publisher, KvClusterSource(js, layout, tuple(settings.urls)), fleet
 
