@@ -102,7 +102,8 @@ def make_gateway_app(
         add_admin_routes(app, hub, keys, failures)  # failures: failure management's routes and hooks
         if isinstance(fleet, FleetService):  # the fleet's admin routes (docs/fleet.md)
             add_fleet_routes(app, fleet)
-    elif control is not None:  # a cluster's gateway: floors from the queue servers, fences here
+    elif control is not None:  # a cluster's gateway (floors from the queue servers, fences here), or a
+        # queue server's control stream and fences relayed (queue_core.control_relay)
         add_admin_routes(app, control, keys)
     # The retry workflow, handovers and group routing, over the port: in every topology.
     add_queue_admin_routes(app, service, keys, failures=failures, hub=hub)

@@ -128,11 +128,16 @@ async def queue_in_path(
     that does not exist or is another tenant's."""
     scope = scope_of(request, roles)
     name = request.match_info["queue"]
-    face = request.query.get("face", "queue")
+    return name, await internal_queue(scope, backend, name, request.query.get("face", "queue"))
+
+
+async def internal_queue(scope: Scope, backend: QueueBackend, name: str, face: str = "queue") -> str:
+    """The core's name of the queue the caller names, looked up through the port; QueueNotFound (404) for
+    one that does not exist or is another tenant's."""
     existing: set[str] = set()
     for candidate in _candidates(scope, name, face):
         existing.update(q for q in await backend.list_queues(candidate) if q == candidate)
-    return name, scope.internal_queue(name, existing, face)
+    return scope.internal_queue(name, existing, face)
 
 
 def _candidates(scope: Scope, name: str, face: str) -> list[str]:
@@ -159,9 +164,14 @@ def known_worker(scope: Scope, worker: str) -> None:
 @errors_as_json
 async def control_stream(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request, STREAM_ROLES)
-    hub = request.app[CONTROL]
+    return await stream_events(request, request.app[CONTROL], None if scope.operator else scope)
+
+
+async def stream_events(request: web.Request, hub: ControlHub, scope: Scope | None) -> web.StreamResponse:
+    """The control stream of `hub` as `scope` sees it (None: everything), resuming after the request's
+    Last-Event-ID: the admin route's, and the queue server's internal one its gateway relays."""
     try:
-        subscription = hub.subscribe(request.headers.get("Last-Event-ID"), None if scope.operator else scope)
+        subscription = hub.subscribe(request.headers.get("Last-Event-ID"), scope)
     except StreamClosed:
         raise ShuttingDown("the server is shutting down; reconnect to the new process") from None
     transport = request.transport
