@@ -500,7 +500,8 @@ class _EventParser:
     many floors is one long line."""
 
     def __init__(self) -> None:
-        self._buffer = b""
+        self._buffer = bytearray()
+        self._scanned = 0  # bytes of the buffer known to hold no newline: each byte is searched once
         self._id = ""
         self._event = ""
         self._data = b""
@@ -508,11 +509,15 @@ class _EventParser:
     def feed(self, chunk: bytes) -> list[ControlEvent]:
         self._buffer += chunk
         events: list[ControlEvent] = []
+        start = 0
         while True:
-            end = self._buffer.find(b"\n")
+            end = self._buffer.find(b"\n", max(start, self._scanned))
             if end < 0:
+                del self._buffer[:start]
+                self._scanned = len(self._buffer)
                 return events
-            line, self._buffer = self._buffer[:end].rstrip(b"\r"), self._buffer[end + 1 :]
+            line = bytes(self._buffer[start:end]).rstrip(b"\r")
+            start = end + 1
             if not line:
                 if self._event:
                     events.append((self._id, self._event, self._data))

@@ -319,3 +319,27 @@ async def test_queue_server_down_is_503_json_and_the_gateway_keeps_running(tmp_p
         assert [f["worker"] for f in events[0].data["fences"]] == ["t1-worker"]
         status, body = await remote.call("GET", "/admin/v1/status", "t1-admin")
         assert status == 200, body
+
+
+def test_the_relays_event_reader_takes_the_stream_in_any_pieces() -> None:
+    """The relay reads the queue server's stream as bytes arrive: split anywhere, keepalives between,
+    a line far over aiohttp's line limit (a snapshot of many floors) in one piece."""
+    from queue_core.remote import _EventParser
+
+    floors = [[f"t1.q{n}", f"g{n}", n + 1] for n in range(5000)]
+    snapshot = json.dumps({"instance": 3, "fences": [], "floors": floors}).encode()
+    wire = (
+        b"id: 3-7\nevent: snapshot\ndata: " + snapshot + b"\n\n"
+        b": keepalive\n\n"
+        b'id: 3-7\r\nevent: synced\r\ndata: {"instance": 3}\r\n\r\n'
+        b'id: 3-8\nevent: fence\ndata: {"worker": "w"}\n\n'
+    )
+    for size in (1, 7, len(wire)):
+        parser = _EventParser()
+        events = [e for at in range(0, len(wire), size) for e in parser.feed(wire[at : at + size])]
+        assert [(i, name) for i, name, _ in events] == [
+            ("3-7", "snapshot"),
+            ("3-7", "synced"),
+            ("3-8", "fence"),
+        ]
+        assert json.loads(events[0][2])["floors"] == floors
