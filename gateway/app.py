@@ -101,7 +101,8 @@ def make_gateway_app(
     if isinstance(service, QueueService):  # the core is in this process: its control stream and fences too
         hub = control or (failures.hub if failures is not None else ControlHub(service))
         add_admin_routes(app, hub, keys, failures)  # failures: failure management's routes and hooks
-    elif control is not None:  # a cluster's gateway: floors from the queue servers, fences here
+    elif control is not None:  # a cluster's gateway (floors from the queue servers, fences here), or a
+        # queue server's control stream and fences relayed (queue_core.control_relay)
         add_admin_routes(app, control, keys)
     # The retry workflow, handovers and group routing, over the port: in every topology.
     add_queue_admin_routes(app, service, keys, failures=failures, hub=hub)

@@ -164,9 +164,14 @@ def known_worker(scope: Scope, worker: str) -> None:
 @errors_as_json
 async def control_stream(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request, STREAM_ROLES)
-    hub = request.app[CONTROL]
+    return await stream_events(request, request.app[CONTROL], None if scope.operator else scope)
+
+
+async def stream_events(request: web.Request, hub: ControlHub, scope: Scope | None) -> web.StreamResponse:
+    """The control stream of `hub` as `scope` sees it (None: everything), resuming after the request's
+    Last-Event-ID: the admin route's, and the queue server's internal one its gateway relays."""
     try:
-        subscription = hub.subscribe(request.headers.get("Last-Event-ID"), None if scope.operator else scope)
+        subscription = hub.subscribe(request.headers.get("Last-Event-ID"), scope)
     except StreamClosed:
         raise ShuttingDown("the server is shutting down; reconnect to the new process") from None
     transport = request.transport

@@ -54,39 +54,51 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return data
 
 
-def scoped_view(view: list[dict[str, Any]], scope: Scope) -> list[dict[str, Any]]:
-    """The registry as the caller sees it: its tenant's workers, queues named as it names them."""
-    rows = []
-    for row in view:
+def scope_rows(rows: list[dict[str, Any]], scope: Scope) -> list[dict[str, Any]]:
+    """The fleet's rows (every tenant's, core names) cut to `scope`: its tenant's workers, queues named as
+    it names them; the one rule, whether the registry is here or in a queue server behind the gateway."""
+    shown = []
+    for row in rows:
         if not scope.sees_worker(row["worker"]):
             continue
         row["queues"] = [n for n in (scope.queue_name(q) for q in row.get("queues", [])) if n is not None]
         for control in row["pending"]:
             queue = control.get("queue")
             control["queue"] = scope.queue_name(queue) if isinstance(queue, str) else None
-        rows.append(row)
-    return rows
+        shown.append(row)
+    return shown
+
+
+async def fleet_document(fleet: FleetAdmin) -> dict[str, Any]:
+    """`GET /admin/v1/fleet`'s answer for every tenant (core names): rows, policies, settings."""
+    view, all_policies = await fleet.registry()
+    policies = {queue: policy.to_dict() for queue, policy in sorted(all_policies.items())}
+    return {"workers": view, "policies": policies, "settings": fleet.settings.to_dict()}
+
+
+def scope_fleet(document: dict[str, Any], scope: Scope) -> dict[str, Any]:
+    """`fleet_document` as `scope` sees it."""
+    policies = {
+        name: policy
+        for queue, policy in document["policies"].items()
+        if (name := scope.queue_name(queue)) is not None
+    }
+    return {
+        "workers": scope_rows(document["workers"], scope),
+        "policies": policies,
+        "settings": document["settings"],
+    }
 
 
 @errors_as_json
 async def list_fleet(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request, READ_ROLES)
-    fleet = request.app[FLEET]
-    view, all_policies = await fleet.registry()
-    policies = {
-        name: policy.to_dict()
-        for queue, policy in sorted(all_policies.items())
-        if (name := scope.queue_name(queue)) is not None
-    }
-    body = {"workers": scoped_view(view, scope), "policies": policies, "settings": fleet.settings.to_dict()}
-    return json_response(body)
+    return json_response(scope_fleet(await fleet_document(request.app[FLEET]), scope))
 
 
-@errors_as_json
-async def control(request: web.Request) -> web.StreamResponse:
-    scope = scope_of(request, WRITE_ROLES)
-    fleet = request.app[FLEET]
-    data = await _body(request)
+def control_targets(data: dict[str, Any]) -> tuple[list[str] | None, str | None, str | None]:
+    """A control request's targets, checked: (worker ids, or None) or (None, the queue as the caller names
+    it, a version or None); InvalidArgument naming the field otherwise."""
     for name in data:
         if name not in ("kind", "args", "workers", "queue", "version", "ttl"):
             raise InvalidArgument(f"unknown field {str(name)[:40]!r}", field=str(name)[:40])
@@ -96,7 +108,6 @@ async def control(request: web.Request) -> web.StreamResponse:
     version = data.get("version")
     if version is not None and (not isinstance(version, str) or not version):
         raise InvalidArgument("version must be a non-empty string", field="version")
-    internal: str | None = None
     if workers is not None:
         if version is not None:
             raise InvalidArgument("version narrows a `queue` target only", field="version")
@@ -107,17 +118,34 @@ async def control(request: web.Request) -> web.StreamResponse:
             or not all(isinstance(w, str) and w for w in workers)
         ):
             raise InvalidArgument(f"workers must be a list of 1-{MAX_TARGETS} worker ids", field="workers")
+        return list(dict.fromkeys(workers)), None, None
+    if not isinstance(queue, str) or not queue:
+        raise InvalidArgument("queue must be a queue name", field="queue")
+    return None, queue, version
+
+
+def no_workers(queue: str, version: str | None) -> NoWorkers:
+    what = f"queue {queue!r}" + (f" at version {version!r}" if version else "")
+    return NoWorkers(f"no live worker of {what} is known", queue=queue)
+
+
+@errors_as_json
+async def control(request: web.Request) -> web.StreamResponse:
+    scope = scope_of(request, WRITE_ROLES)
+    fleet = request.app[FLEET]
+    data = await _body(request)
+    workers, queue, version = control_targets(data)
+    internal: str | None = None
+    if workers is not None:
         for worker in workers:
             known_worker(scope, worker)  # another tenant's worker: 404, as if it did not exist
-        targets = list(dict.fromkeys(workers))
+        targets = workers
     else:
-        if not isinstance(queue, str) or not queue:
-            raise InvalidArgument("queue must be a queue name", field="queue")
+        assert queue is not None
         internal = await existing_queue(scope, fleet.backend, queue)
         targets = [w for w in await fleet.live_targets(internal, version) if scope.sees_worker(w)]
         if not targets:
-            what = f"queue {queue!r}" + (f" at version {version!r}" if version else "")
-            raise NoWorkers(f"no live worker of {what} is known", queue=queue)
+            raise no_workers(queue, version)
     kind: Any = data.get("kind")  # checked, with args and ttl, in one place (machine.fleet.check_control)
     ttl: Any = data.get("ttl")
     issued = await fleet.issue(kind, data.get("args"), targets, ttl=ttl, queue=internal)

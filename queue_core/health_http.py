@@ -81,7 +81,8 @@ def _internal_queue(manager: FailureManager, scope: Scope, name: str) -> str:
     return scope.internal_queue(name, manager.service.core.queues)
 
 
-def _events(scope: Scope, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def scoped_events(scope: Scope, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The failure-management events `scope` sees, renamed as it names queues."""
     return [e for e in (scope.event(event) for event in events) if e is not None]
 
 
@@ -123,7 +124,24 @@ def _int_query(request: web.Request, name: str, default: int) -> int:
 def scoped_status(manager: FailureManager, scope: Scope, latest: int = 20) -> dict[str, Any]:
     """`GET /admin/v1/status`'s document as the caller sees it (also the operator's dashboard's): its
     tenant's workers, fences, queues (named as it names them), events, counts and probes."""
-    view = manager.status(latest=latest)
+    return scope_status(manager.status(latest=latest), manager.events(), probe_owners(manager), scope, latest)
+
+
+def probe_owners(manager: FailureManager) -> list[dict[str, str | None]]:
+    """The queue and worker of every probe out (what a scope counts its own probes by)."""
+    return [{"queue": probe.queue, "worker": probe.worker} for probe in manager.monitor.probes.values()]
+
+
+def scope_status(
+    view: dict[str, Any],
+    events: list[dict[str, Any]],
+    probes: list[dict[str, str | None]],
+    scope: Scope,
+    latest: int = 20,
+) -> dict[str, Any]:
+    """The status document `view` (FailureManager.status, every tenant's) cut to `scope`, with the tenant's
+    own latest events and counts out of `events` (all of them) and its probes out of `probes`: the one
+    rule, whether the manager runs in this process or in a queue server behind the gateway."""
     if scope.operator:
         return view
     view["workers"] = [w for w in view["workers"] if scope.sees_worker(w["worker"])]
@@ -137,13 +155,15 @@ def scoped_status(manager: FailureManager, scope: Scope, latest: int = 20) -> di
     for worker in view["workers"]:
         worker["queue"] = scope.queue_name(worker["queue"]) if worker["queue"] else None
     # The tenant's own events, counts and probes only: the server-wide ones tell of other tenants.
-    mine = _events(scope, manager.events())
+    mine = scoped_events(scope, events)
     view["events"] = mine[-latest:] if latest > 0 else []
     view["counts"] = dict(Counter(e["event"] for e in mine))
     view["probes"] = sum(
         1
-        for probe in manager.monitor.probes.values()
-        if scope.sees_queue(probe.queue) and (probe.worker is None or scope.sees_worker(probe.worker))
+        for probe in probes
+        if isinstance(queue := probe.get("queue"), str)
+        and scope.sees_queue(queue)
+        and ((worker := probe.get("worker")) is None or scope.sees_worker(worker))
     )
     return view
 
@@ -160,7 +180,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     manager = request.app[FAILURES]
     limit = _int_query(request, "limit", 1000)
     # Scoped before the limit: another tenant's busy hour must not push this tenant's events out.
-    shown = _events(scope, manager.events(_int_query(request, "since", 0)))
+    shown = scoped_events(scope, manager.events(_int_query(request, "since", 0)))
     return json_response({"events": shown[-limit:] if limit > 0 else [], "last": manager.last_event})
 
 

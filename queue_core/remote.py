@@ -11,18 +11,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 import orjson
 
+from protocol.errors import StrictqError
 from protocol.headers import PARTITION
 
 from . import figures as figures_wire
 from . import wire
 from .backend import DedupReach
+from .fences import Fence
 from .figures import Figures
 from .machine import (
     AckOutcome,
@@ -55,6 +57,20 @@ PROBE_INTERVAL = 1.0
 class Unreachable(Unavailable):
     """The queue server could not be reached: no connection was made, so the request never arrived and
     sending it again (there or to another node) cannot apply it twice. Same code as `Unavailable`."""
+
+
+class Refused(StrictqError):
+    """A queue server's 4xx on an admin call, passed on to the gateway's caller as it was: the same
+    status and the same error object (code, message, details)."""
+
+    def __init__(self, status: int, error: dict[str, Any]) -> None:
+        super().__init__(str(error.get("message", "")))
+        self.status = status
+        self.code = str(error.get("code", "bad_request"))
+        self.error = error
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.error
 
 
 class RemoteQueueService:
@@ -134,7 +150,7 @@ class RemoteQueueService:
             assert self._session is not None
             async with self._session.get(
                 self.url + "/readyz",
-                headers=self._headers,
+                headers=self._request_headers(),
                 timeout=aiohttp.ClientTimeout(total=max(1.0, self._probe_interval)),
             ) as response:
                 ready = response.status == 200
@@ -154,20 +170,22 @@ class RemoteQueueService:
         *,
         deadline: float | None = None,
         batch: bool = False,
+        passed_on: bool = False,
     ) -> Any:
         """One request. Errors come back as the core's typed errors; with `batch`, a 4xx that still
-        carries per-item results (every item failed) returns them instead of raising."""
+        carries per-item results (every item failed) returns them instead of raising; with `passed_on`,
+        a 4xx is `Refused`, carrying the queue server's status and error body unchanged (the admin
+        routes a gateway serves from the queue server: queue_core.remote_admin)."""
         if self._session is None:
             raise Unavailable("the gateway's queue-server client is not started")
         data = None if body is None else orjson.dumps(body)
-        headers = {**self._headers, "Content-Type": "application/json"} if data is not None else self._headers
         try:
             async with self._session.request(
                 method,
                 self.url + path,
                 data=data,
                 params=params,
-                headers=headers,
+                headers=self._request_headers(json_body=data is not None),
                 timeout=aiohttp.ClientTimeout(total=deadline or self._timeout),
             ) as response:
                 raw = await response.read()
@@ -191,7 +209,16 @@ class RemoteQueueService:
         error = payload.get("error") if isinstance(payload, dict) else None
         if status >= 500 or not isinstance(error, dict):
             raise Unavailable(f"queue server {self.url} answered HTTP {status}: {raw[:200]!r}")
+        if passed_on:  # an admin route's refusal, as the queue server gave it (its status, its body)
+            raise Refused(status, error)
         raise error_from_dict(error)
+
+    def _request_headers(self, *, json_body: bool = False) -> dict[str, str]:
+        """The headers of every request to the queue server, built in this one place (the partition of a
+        cluster node; a JSON body's content type): `_call`, the probe and the control stream use it."""
+        if not json_body:
+            return self._headers
+        return {**self._headers, "Content-Type": "application/json"}
 
     @staticmethod
     def _q(name: str) -> str:
@@ -414,6 +441,99 @@ class RemoteQueueService:
     async def cancel_move(self, move_id: str) -> MoveStatus:
         return wire.decode_move(await self._call("POST", "/v1/moves/" + _move_segment(move_id) + "/cancel"))
 
+    # ------------------------------------------------------------- the queue server's admin state
+    # Its internal admin routes (queue_core.admin_internal): every tenant's state by core names; the
+    # gateway's admin routes (queue_core.remote_admin, queue_core.control_relay) scope it to their caller.
+    async def admin(
+        self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
+    ) -> Any:
+        """`METHOD /v1/admin/PATH`; a 4xx is `Refused` with the queue server's status and error body."""
+        return await self._call(method, "/v1/admin/" + path, body, params, passed_on=True)
+
+    async def fences(self) -> list[Fence]:
+        payload = await self.admin("GET", "fences")
+        return [Fence.from_dict(item) for item in payload["fences"]]
+
+    async def put_fence(self, worker: str, mode: str, reason: str, ttl: float | None) -> Fence:
+        body = {"mode": mode, "reason": reason, "ttl": ttl}
+        return Fence.from_dict(await self.admin("PUT", "fences/" + segment(worker), body))
+
+    async def delete_fence(self, worker: str, reason: str) -> Fence:
+        return Fence.from_dict(
+            await self.admin("DELETE", "fences/" + segment(worker), params={"reason": reason})
+        )
+
+    async def control_events(self, last_event_id: str | None, *, idle: float) -> AsyncIterator[ControlEvent]:
+        """The queue server's whole control stream (docs/control-stream.md), after `last_event_id` (None:
+        from a snapshot), as (id, event, data) until it ends; Unavailable when it cannot be read, or when
+        nothing (not even a keepalive) came for `idle` seconds."""
+        if self._session is None:
+            raise Unavailable("the gateway's queue-server client is not started")
+        headers = dict(self._request_headers())
+        if last_event_id:
+            headers["Last-Event-ID"] = last_event_id
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=idle)
+        try:
+            async with self._session.get(
+                self.url + "/v1/admin/control", headers=headers, timeout=timeout
+            ) as response:
+                if response.status != 200:
+                    raw = await response.read()
+                    raise Unavailable(
+                        f"queue server {self.url} answered HTTP {response.status} to the control stream: "
+                        f"{raw[:200]!r}"
+                    )
+                parser = _EventParser()
+                async for chunk in response.content.iter_any():
+                    for event in parser.feed(chunk):
+                        yield event
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise Unavailable(f"queue server {self.url}'s control stream: {_why(exc)}") from None
+
+
+ControlEvent = tuple[str, str, bytes]  # (id, event, the JSON of its data line)
+
+
+class _EventParser:
+    """Server-sent events out of the bytes as they come (one `data:` line each: control.py writes
+    them so); comment lines (keepalives) are skipped. No line-length limit of its own: a snapshot of
+    many floors is one long line."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._scanned = 0  # bytes of the buffer known to hold no newline: each byte is searched once
+        self._id = ""
+        self._event = ""
+        self._data = b""
+
+    def feed(self, chunk: bytes) -> list[ControlEvent]:
+        self._buffer += chunk
+        events: list[ControlEvent] = []
+        start = 0
+        while True:
+            end = self._buffer.find(b"\n", max(start, self._scanned))
+            if end < 0:
+                del self._buffer[:start]
+                self._scanned = len(self._buffer)
+                return events
+            line = bytes(self._buffer[start:end]).rstrip(b"\r")
+            start = end + 1
+            if not line:
+                if self._event:
+                    events.append((self._id, self._event, self._data))
+                self._event, self._data = "", b""
+                continue
+            if line.startswith(b":"):
+                continue
+            name, _, value = line.partition(b":")
+            value = value[1:] if value.startswith(b" ") else value
+            if name == b"id":
+                self._id = value.decode("utf-8", "replace")
+            elif name == b"event":
+                self._event = value.decode("utf-8", "replace")
+            elif name == b"data":
+                self._data = value
+
 
 def client_session(ca_file: str | None = None) -> aiohttp.ClientSession:
     """The pooled session of the internal API (TLS verified against `ca_file` when given)."""
@@ -424,6 +544,11 @@ def client_session(ca_file: str | None = None) -> aiohttp.ClientSession:
         connector=aiohttp.TCPConnector(ssl=ssl_context, limit=0),
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0),
     )
+
+
+def segment(text: str) -> str:
+    """`text` as one path segment (every `/` quoted)."""
+    return quote(text, safe="")
 
 
 def _move_segment(move_id: str) -> str:

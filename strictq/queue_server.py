@@ -16,6 +16,7 @@ import uvloop
 from aiohttp import web
 
 from access.keys import write_development_keys
+from queue_core.admin_internal import add_internal_admin_routes
 from queue_core.admin_routes import add_admin_routes, add_queue_admin_routes
 from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
@@ -81,8 +82,12 @@ async def serve(
     # The retry workflow, handovers and group routing.
     add_queue_admin_routes(app, service, key_ring, untenanted=True, failures=failures, hub=hub)
     # The worker fleet (docs/fleet.md): its admin routes, and the heartbeats gateways forward.
-    add_fleet_routes(app, FleetService(service, failures, fleet))
+    fleet_service = FleetService(service, failures, fleet)
+    add_fleet_routes(app, fleet_service)
     add_internal_heartbeat_route(app)
+    # The same state for the gateway in front (`strictq serve --queue-server`), which serves the admin
+    # routes to its callers within their scope (queue_core.admin_internal, queue_core.remote_admin).
+    add_internal_admin_routes(app, hub, failures, fleet_service)
     add_queue_metrics(app, service, hub, key_ring)  # GET /metrics, scoped per key
     runner = web.AppRunner(app, access_log=None, handle_signals=False, **limits.handler_args())
     await runner.setup()

@@ -43,6 +43,7 @@ from protocol import headers
 from queue_core.admin_http import search_gate
 from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub, store_registry
+from queue_core.control_relay import RelayHub
 from queue_core.failures import FailureManager
 from queue_core.fleet import FleetBackend, FleetService
 from queue_core.fleet_remote import RemoteFleet
@@ -50,6 +51,7 @@ from queue_core.http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
 from queue_core.machine.fleet import FleetSettings
 from queue_core.machine.health import HealthSettings
 from queue_core.remote import RemoteQueueService
+from queue_core.remote_admin import add_remote_admin_routes
 from queue_core.service import QueueService
 from queue_core.startup import (
     check_output_file,
@@ -107,6 +109,8 @@ def make_edge_app(
         story_index=PageIndex(index) if index is not None else None,  # the dashboard's search box
         cluster=cluster,  # an edge of a cluster: its partitions, owners and lag (strictq.cluster_source)
     )
+    if isinstance(service, RemoteQueueService):  # failure management and the fleet: the queue server's
+        add_remote_admin_routes(app, service)
     if index is not None:
         add_search_route(app, index, SearchGate(*search_gate(app, keys)))
     if regions is not None:
@@ -278,6 +282,9 @@ async def serve(options: ServeOptions) -> None:
     failures = None
     if isinstance(service, RemoteQueueService):  # heartbeats go on to the queue server's fleet
         fleet = RemoteFleet(service)
+        # The queue server's control stream and fences, relayed: this gateway serves them to its callers
+        # and proxies within their scope (queue_core.control_relay).
+        control = RelayHub(service)
     if isinstance(service, QueueService):
         control = ControlHub(service, store_registry(service, data_dir / "fences.json"))
         if options.health is not None:  # its events go to the wire log beside the gateway's records
@@ -402,8 +409,8 @@ def proxy_control_args(keys: KeyRing) -> list[str]:
 async def _start_proxy(
     options: ServeOptions, url: str, tls: TlsFiles | None, keys_path: Path, keys: KeyRing, stop: asyncio.Event
 ) -> ProxyChild | None:
-    """`strictq proxy` as a child: same key file, our control stream (the queue server's with
-    --queue-server) and CA, wire log and redaction key in our data directory."""
+    """`strictq proxy` as a child: same key file, our control stream (with --queue-server: the queue
+    server's, relayed) and CA, wire log and redaction key in our data directory."""
     port, admin_port = proxy_ports(options)
     try:
         return await start_proxy_child(
@@ -412,8 +419,8 @@ async def _start_proxy(
             admin_port=admin_port,
             data_dir=serve_proxy_dir(options.data_dir),
             keys=keys_path,
-            control=options.queue_server or url,
-            control_ca=tls.ca if tls is not None and options.queue_server is None else None,
+            control=url,  # with --queue-server too: this gateway relays the queue server's stream
+            control_ca=tls.ca if tls is not None else None,
             wirelog=options.data_dir / "wirelog",
             redaction_key_dir=options.data_dir,
             stop=stop,

@@ -28,14 +28,7 @@ from queue_core.machine.groups import partition_of
 # feature -> topology -> why it is not served there yet (issue 27's list of what is missing).
 GAPS: dict[str, dict[str, str]] = {
     "status": {
-        "remote": "failure management runs in the queue server; the gateway does not serve its routes",
         "cluster": "failure management does not run in a cluster yet",
-    },
-    "fences": {
-        "remote": "in front of a queue server the gateway mounts no control stream or fence routes",
-    },
-    "fleet": {
-        "remote": "the fleet's admin routes run where the core runs",
     },
 }
 

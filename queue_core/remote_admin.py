@@ -1,0 +1,205 @@
+"""Admin routes of a gateway in front of a queue server (`strictq serve --queue-server URL`): failure
+management (`strictq status`, `suspend`, `resume`, `unblacklist`, alerts, events) and the fleet (`strictq
+fleet`, `control`, `fleet-policy`), with the same paths, roles, scope and answers as in one process
+(queue_core.health_http, fleet_http). Routing and rollouts are served over the port in every topology
+(queue_core.routing_http).
+
+The state is the queue server's (its failure manager, core and fleet); the gateway authenticates the caller
+with its own key file, names its queues and checks its workers (another tenant's: 404, as if they did not
+exist), asks the queue server's internal admin routes (queue_core.admin_internal) by core names through its
+one client (queue_core.remote.RemoteQueueService.admin), and cuts the answer to the caller's scope with the
+same functions as in one process (`scope_status`, `scope_fleet`). These routes only read and forward, so
+they are a short explicit list of paths and methods rather than a typed port of their own. The queue
+server unreachable: 503 `unavailable`; its 4xx passed on with its status and body. The control stream and
+the fences are queue_core.control_relay's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from access.permissions import READ_ROLES, WRITE_ROLES
+
+from .admin_http import errors_as_json, existing_queue, known_worker, queue_in_path, scope_of
+from .fleet_http import _body as fleet_body
+from .fleet_http import control_targets, no_workers, scope_fleet
+from .health_http import (
+    MAX_SIGNATURES,
+    HealthRequestError,
+    NotBlacklisted,
+    NotSuspended,
+    _body,
+    _int_query,
+    _text,
+    scope_status,
+    scoped_events,
+)
+from .http_errors import json_response
+from .machine import NotFound
+from .remote import RemoteQueueService, segment
+
+REMOTE = web.AppKey("strictq_remote_admin", RemoteQueueService)
+
+
+def _remote(request: web.Request) -> RemoteQueueService:
+    return request.app[REMOTE]
+
+
+# -------------------------------------------------------------------------------- failure management
+@errors_as_json
+async def status(request: web.Request) -> web.StreamResponse:
+    scope = scope_of(request, READ_ROLES)
+    latest = _int_query(request, "events", 20)
+    state = await _remote(request).admin("GET", "failures", params={"events": str(latest)})
+    return json_response(scope_status(state["view"], state["events"], state["probes"], scope, latest))
+
+
+@errors_as_json
+async def events(request: web.Request) -> web.StreamResponse:
+    scope = scope_of(request, READ_ROLES)
+    limit = _int_query(request, "limit", 1000)
+    since = _int_query(request, "since", 0)
+    state = await _remote(request).admin("GET", "failures", params={"events": "0", "since": str(since)})
+    shown = scoped_events(scope, state["events"])  # scoped before the limit, as in one process
+    return json_response({"events": shown[-limit:] if limit > 0 else [], "last": state["last"]})
+
+
+@errors_as_json
+async def suspend(request: web.Request) -> web.StreamResponse:
+    name, queue = await queue_in_path(request, _remote(request), WRITE_ROLES)
+    reason = _text(await _body(request), "reason", None)
+    await _remote(request).admin(
+        "POST", "failures/suspend", {"queue": queue, "reason": f"operator: {reason}"}
+    )
+    return json_response({"queue": name, "suspended": True, "reason": reason})
+
+
+@errors_as_json
+async def resume(request: web.Request) -> web.StreamResponse:
+    name, queue = await queue_in_path(request, _remote(request), WRITE_ROLES)
+    reason = _text(await _body(request), "reason", "operator")
+    answer = await _remote(request).admin("POST", "failures/resume", {"queue": queue, "reason": reason})
+    if answer.get("resumed") is not True:
+        raise NotSuspended(f"queue {name!r} is not suspended")
+    return json_response({"queue": name, "resumed": True})
+
+
+@errors_as_json
+async def lift_blacklist(request: web.Request) -> web.StreamResponse:
+    scope = scope_of(request, WRITE_ROLES)
+    worker = request.match_info["worker"]
+    if not scope.sees_worker(worker):
+        raise NotBlacklisted(f"worker {worker!r} is not blacklisted")
+    answer = await _remote(request).admin("POST", "failures/unblacklist", {"worker": worker})
+    if answer.get("lifted") is not True:
+        raise NotBlacklisted(f"worker {worker!r} is not blacklisted")
+    return json_response({"worker": worker, "lifted": True})
+
+
+@errors_as_json
+async def alert(request: web.Request) -> web.StreamResponse:
+    scope = scope_of(request, WRITE_ROLES)
+    remote = _remote(request)
+    data = await _body(request)
+    reason = _text(data, "reason", None)
+    queue = data.get("queue")
+    if queue is not None:
+        if not isinstance(queue, str):
+            raise HealthRequestError("queue must be a queue name", "bad_queue")
+        queue = await existing_queue(scope, remote, queue)
+    signatures = data.get("signatures", [])
+    if (
+        not isinstance(signatures, list)
+        or len(signatures) > MAX_SIGNATURES
+        or not all(isinstance(s, str) and s for s in signatures)
+    ):
+        raise HealthRequestError(f"signatures must be up to {MAX_SIGNATURES} strings", "bad_signatures")
+    if queue is None and not signatures:
+        raise HealthRequestError("name a queue or give signatures (exact or glob)", "bad_alert")
+    # A tenant's alert by signature suspends only the tenant's queues within its prefixes.
+    body = {
+        "reason": reason,
+        "queue": queue,
+        "signatures": signatures,
+        "tenant": scope.tenant,
+        "prefixes": None if scope.operator else list(scope.credential.prefixes),
+    }
+    answer = await remote.admin("POST", "failures/alert", body)
+    names = [n for n in (scope.queue_name(q) for q in answer["suspended"]) if n is not None]
+    return json_response({"suspended": names})
+
+
+# --------------------------------------------------------------------------------------------- fleet
+@errors_as_json
+async def list_fleet(request: web.Request) -> web.StreamResponse:
+    scope = scope_of(request, READ_ROLES)
+    return json_response(scope_fleet(await _remote(request).admin("GET", "fleet"), scope))
+
+
+@errors_as_json
+async def fleet_control(request: web.Request) -> web.StreamResponse:
+    scope = scope_of(request, WRITE_ROLES)
+    remote = _remote(request)
+    data = await fleet_body(request)
+    workers, queue, version = control_targets(data)
+    internal: str | None = None
+    if workers is not None:
+        for worker in workers:
+            known_worker(scope, worker)  # another tenant's worker: 404, as if it did not exist
+        targets = workers
+    else:
+        assert queue is not None
+        internal = await existing_queue(scope, remote, queue)
+        found = await remote.admin("POST", "fleet/targets", {"queue": internal, "version": version})
+        targets = [w for w in found["workers"] if scope.sees_worker(w)]
+        if not targets:
+            raise no_workers(queue, version)
+    body = {"kind": data.get("kind"), "args": data.get("args"), "workers": targets}
+    body.update(ttl=data.get("ttl"), queue=internal)
+    answer = await remote.admin("POST", "fleet/control", body)
+    shown: list[dict[str, Any]] = [
+        {**row, "queue": queue if internal is not None else None} for row in answer["controls"]
+    ]
+    return json_response({"controls": shown})
+
+
+@errors_as_json
+async def put_policy(request: web.Request) -> web.StreamResponse:
+    name, queue = await queue_in_path(request, _remote(request), WRITE_ROLES)
+    answer = await _remote(request).admin(
+        "PUT", "fleet/policies/" + segment(queue), await fleet_body(request)
+    )
+    return json_response({"queue": name, "policy": answer["policy"]})
+
+
+@errors_as_json
+async def delete_policy(request: web.Request) -> web.StreamResponse:
+    name, queue = await queue_in_path(request, _remote(request), WRITE_ROLES)
+    answer = await _remote(request).admin("DELETE", "fleet/policies/" + segment(queue))
+    if answer.get("deleted") is not True:
+        raise NotFound(f"queue {name!r} has no rebalancing policy", queue=name)
+    return json_response({"queue": name, "policy": None})
+
+
+# The whole list: what a gateway in front of a queue server serves of the queue server's admin state.
+ROUTES: tuple[tuple[str, str, Any], ...] = (
+    ("GET", "/admin/v1/status", status),
+    ("GET", "/admin/v1/events", events),
+    ("POST", "/admin/v1/queues/{queue}/suspend", suspend),
+    ("POST", "/admin/v1/queues/{queue}/resume", resume),
+    ("DELETE", "/admin/v1/blacklist/{worker}", lift_blacklist),
+    ("POST", "/admin/v1/alerts", alert),
+    ("GET", "/admin/v1/fleet", list_fleet),
+    ("POST", "/admin/v1/fleet/control", fleet_control),
+    ("PUT", "/admin/v1/fleet/policies/{queue}", put_policy),
+    ("DELETE", "/admin/v1/fleet/policies/{queue}", delete_policy),
+)
+
+
+def add_remote_admin_routes(app: web.Application, remote: RemoteQueueService) -> None:
+    """Serve ROUTES from `app`, which already has the admin keys (queue_core.admin_routes)."""
+    app[REMOTE] = remote
+    for method, path, handler in ROUTES:
+        app.router.add_route(method, path, handler)
