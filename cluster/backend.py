@@ -778,9 +778,11 @@ class ClusterBackend:
         """Named groups by partition; a group the core named (no partition in its name) on every one."""
         plan: dict[int, list[str]] = {}
         for group in groups:
-            targets = range(self.partitions) if group.startswith(AUTO_GROUP_PREFIX) else [
-                partition_of(group, self.partitions)
-            ]
+            targets = (
+                range(self.partitions)
+                if group.startswith(AUTO_GROUP_PREFIX)
+                else [partition_of(group, self.partitions)]
+            )
             for partition in targets:
                 plan.setdefault(partition, []).append(group)
         return plan
