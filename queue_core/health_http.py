@@ -123,7 +123,19 @@ def _int_query(request: web.Request, name: str, default: int) -> int:
 def scoped_status(manager: FailureManager, scope: Scope, latest: int = 20) -> dict[str, Any]:
     """`GET /admin/v1/status`'s document as the caller sees it (also the operator's dashboard's): its
     tenant's workers, fences, queues (named as it names them), events, counts and probes."""
-    view = manager.status(latest=latest)
+    probes = [(probe.queue, probe.worker) for probe in manager.monitor.probes.values()]
+    return scope_view(manager.status(latest=latest), manager.events(), probes, scope, latest)
+
+
+def scope_view(
+    view: dict[str, Any],
+    all_events: list[dict[str, Any]],
+    probes: list[tuple[str, str | None]],
+    scope: Scope,
+    latest: int = 20,
+) -> dict[str, Any]:
+    """A status document (every tenant's) as `scope` sees it; `all_events` and `probes` (queue, worker)
+    are the server-wide ones its tenant's are picked from. Also a cluster edge's (strictq.cluster_health)."""
     if scope.operator:
         return view
     view["workers"] = [w for w in view["workers"] if scope.sees_worker(w["worker"])]
@@ -137,13 +149,13 @@ def scoped_status(manager: FailureManager, scope: Scope, latest: int = 20) -> di
     for worker in view["workers"]:
         worker["queue"] = scope.queue_name(worker["queue"]) if worker["queue"] else None
     # The tenant's own events, counts and probes only: the server-wide ones tell of other tenants.
-    mine = _events(scope, manager.events())
+    mine = _events(scope, all_events)
     view["events"] = mine[-latest:] if latest > 0 else []
     view["counts"] = dict(Counter(e["event"] for e in mine))
     view["probes"] = sum(
         1
-        for probe in manager.monitor.probes.values()
-        if scope.sees_queue(probe.queue) and (probe.worker is None or scope.sees_worker(probe.worker))
+        for queue, worker in probes
+        if scope.sees_queue(queue) and (worker is None or scope.sees_worker(worker))
     )
     return view
 
