@@ -52,6 +52,7 @@ class Decider:
         self.partitions = max(1, partitions)
         self._where: dict[str, int] = {}  # worker -> the partition of its latest report
         self._restored: dict[str, float] = {}  # worker -> when it was last restored (adopted or decided)
+        self._probe_at: dict[str, int] = {}  # outstanding probe -> the partition that hands it out
 
     # ------------------------------------------------------------------------------------- takeover
     def adopt(
@@ -113,10 +114,18 @@ class Decider:
 
     # -------------------------------------------------------------------------------------- outputs
     def probe_partition(self, probe: Probe) -> int:
-        """Where a probe is handed out: the partition the worker was last seen at, else by its id."""
-        if probe.worker is not None and probe.worker in self._where:
-            return self._where[probe.worker] % self.partitions
-        return zlib.crc32(probe.id.encode()) % self.partitions
+        """Where a probe is handed out, fixed when it is issued: the partition its worker was last seen
+        at, else one by its id."""
+        where = self._probe_at.get(probe.id)
+        if where is None:
+            if probe.worker is not None and probe.worker in self._where:
+                where = self._where[probe.worker] % self.partitions
+            else:
+                where = zlib.crc32(probe.id.encode()) % self.partitions
+            if len(self._probe_at) > 10_000:  # ended probes are dropped with ProbeEnded; bounded anyway
+                self._probe_at.clear()
+            self._probe_at[probe.id] = where
+        return where
 
     def _drain(self, now: float) -> list[HealthEffect]:
         out: list[HealthEffect] = []
@@ -141,6 +150,7 @@ class Decider:
             probe = self.monitor.probes.get(decision.probe_id)
             return ProbeIssued(decision, probe) if probe is not None else Noted(decision)
         if event in ("probe-passed", "probe-failed", "probe-cancelled") and decision.probe_id:
+            self._probe_at.pop(decision.probe_id, None)
             return ProbeEnded(decision, decision.probe_id)
         if event == "suspend" and queue is not None:
             state = self.monitor.queues.get(queue)
