@@ -29,7 +29,6 @@ from queue_core.machine.groups import partition_of
 GAPS: dict[str, dict[str, str]] = {
     "status": {
         "remote": "failure management runs in the queue server; the gateway does not serve its routes",
-        "cluster": "failure management does not run in a cluster yet",
     },
     "fences": {
         "remote": "in front of a queue server the gateway mounts no control stream or fence routes",
