@@ -94,6 +94,7 @@ class DeciderRole:
         self.counts: Counter[str] = Counter()
         self.last_event = 0
         self._subscriptions: list[Any] = []
+        self._seen_fences: set[str] = set()  # the decider's fences the control bucket showed
         self._reports: asyncio.Queue[Msg] = asyncio.Queue()
 
     # ------------------------------------------------------------------------------------- the lease
@@ -167,6 +168,7 @@ class DeciderRole:
             with contextlib.suppress(Exception):
                 await bucket.delete(probe_key(probe_id))
         self.decider = decider
+        self._seen_fences = set(state.health_fences())
         self._reports = asyncio.Queue()
         start = datetime.datetime.fromtimestamp(now - self.settings.window, tz=datetime.UTC)
         config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=start)
@@ -207,6 +209,20 @@ class DeciderRole:
                 await self._feed(self._reports.get_nowait())
         if self.decider is not None:
             await self._carry_out(self.decider.handle_timer(self._clock()))
+        if self.decider is not None:
+            await self._lifted_elsewhere(self.decider)
+
+    async def _lifted_elsewhere(self, decider: Decider) -> None:
+        """A fence of the decider's that left the control bucket without its word (an operator's
+        `strictq unfence`): the worker is restored, as in one process."""
+        fenced = set(read_state({k: e.value for k, e in self.control.entries.items()}).health_fences())
+        gone, self._seen_fences = self._seen_fences - fenced, fenced
+        for worker in sorted(gone):
+            monitor = decider.monitor
+            if monitor.blocked(worker):
+                why = "fence lifted (operator)"
+                _, effects = decider.command(monitor.unfence, worker, why, now=self._clock())
+                await self._carry_out(effects)
 
     async def _feed(self, msg: Msg) -> None:
         try:

@@ -201,8 +201,16 @@ def peers_of(info: StreamInfo) -> StreamPeers | None:
 
 
 def cluster_streams(layout: ClusterLayout, names: Iterable[str]) -> list[str]:
-    """The streams of this cluster among `names`: partitions, buckets, the snapshots and the layout record."""
-    prefixes = (f"SQ_{layout.id}_P", f"KV_sq_{layout.id}_", f"OBJ_sq_{layout.id}_")
+    """The streams of this cluster among `names`: partitions, buckets, the snapshots and the layout record,
+    failure management's health and events streams and the control bucket."""
+    prefixes = (
+        f"SQ_{layout.id}_P",
+        f"KV_sq_{layout.id}_",
+        f"OBJ_sq_{layout.id}_",
+        layout.health_stream,
+        layout.events_stream,
+        f"KV_{layout.control_bucket}",
+    )
     return sorted(n for n in names if n.startswith(prefixes) or n == f"KV_{LAYOUT_BUCKET}")
 
 

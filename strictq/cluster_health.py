@@ -161,13 +161,41 @@ class FenceBridge:
         self.hub = hub
         self._ours: dict[str, Fence] = {}
         self._probes: set[str] = set()
+        self._changing: set[str] = set()  # workers whose fence the bridge itself is changing
         self._task: asyncio.Task[None] | None = None
+        self._lifts: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         await self.control.start()
+        self.hub.event_listeners.append(self._on_hub_event)
         self._task = asyncio.create_task(self._run(), name="strictq-fence-bridge")
 
+    def _on_hub_event(self, event: str, data: dict[str, Any]) -> None:
+        """An operator's `strictq unfence` at this edge of a worker the decider fenced: the decider's key
+        goes, and the decider restores the worker (cluster.decider), as in one process."""
+        worker = data.get("worker")
+        if event != "unfence" or not isinstance(worker, str) or worker in self._changing:
+            return
+        if self._ours.pop(worker, None) is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._lift(worker))
+        self._lifts.add(task)
+        task.add_done_callback(self._lifts.discard)
+
+    async def _lift(self, worker: str) -> None:
+        from cluster.control_keys import fence_key
+
+        entry = self.control.entries.get(fence_key(worker))
+        if entry is None:
+            return
+        try:
+            await self.control.bucket.delete(fence_key(worker), last=entry.revision)
+        except Exception as exc:  # changed meanwhile (re-fenced, blacklisted): the next sync shows it
+            log.warning("fence bridge: lifting %s's fence in the control bucket: %s", worker, exc)
+
     async def close(self) -> None:
+        if self._on_hub_event in self.hub.event_listeners:
+            self.hub.event_listeners.remove(self._on_hub_event)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -192,12 +220,20 @@ class FenceBridge:
             if current is None or (
                 current.reason.startswith(HEALTH_REASON) and current.reason != fence.reason
             ):
-                self._ours[worker] = await self.hub.fence(worker, fence.mode, fence.reason)
+                self._changing.add(worker)
+                try:
+                    self._ours[worker] = await self.hub.fence(worker, fence.mode, fence.reason)
+                finally:
+                    self._changing.discard(worker)
         for worker in sorted(set(self._ours) - set(wanted)):
             ours = self._ours.pop(worker)
             if self.hub.registry.get(worker) == ours:
-                with contextlib.suppress(NotFenced):
-                    await self.hub.unfence(worker, "health: restored")
+                self._changing.add(worker)
+                try:
+                    with contextlib.suppress(NotFenced):
+                        await self.hub.unfence(worker, "health: restored")
+                finally:
+                    self._changing.discard(worker)
         live = {pid: offer for pid, offer in state.probes.items() if offer.worker is not None}
         for pid, offer in sorted(live.items()):
             if pid not in self._probes and offer.worker is not None:

@@ -245,3 +245,27 @@ async def run_cli(cluster: Cluster, *args: str) -> tuple[int, str, str]:
     )
     out, err = await asyncio.wait_for(process.communicate(), TIMEOUT)
     return process.returncode or 0, out.decode(), err.decode()
+
+
+async def test_the_deciders_fence_is_at_the_edge_and_an_operators_unfence_restores(edge: Edge) -> None:
+    """The edge's fence list (its proxies' control stream) shows the decider's fence (the bridge until the
+    control bucket's registry); `strictq unfence` there restores the worker, as in one process."""
+    queue = "ops"
+    for i in range(6):
+        await edge.send(queue, f"p{i}", f"p-{i}")
+    await fail_until_fenced(edge, queue, "worker-2", "ZeroDivisionError")
+
+    async def fenced_at_edge() -> bool:
+        fences = (await edge.ok("GET", "/admin/v1/fences", "admin"))["fences"]
+        return any(f["worker"] == "worker-2" and f["reason"].startswith("health: ") for f in fences)
+
+    await until(fenced_at_edge, within=TIMEOUT, what="the fence at the edge")
+    await edge.ok("DELETE", "/admin/v1/fences/worker-2", "admin")
+
+    async def restored() -> bool:
+        return await edge.worker_state("worker-2") == "healthy"
+
+    await until(restored, within=TIMEOUT, what="the restore")
+    (unfence,) = [e for e in await edge.events("unfence", "worker-2") if "operator" in e["reason"]]
+    assert unfence["reason"] == "fence lifted (operator)"
+    assert len(await edge.events("fence", "worker-2")) == 1

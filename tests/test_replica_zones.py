@@ -151,11 +151,13 @@ def test_the_repair_covers_the_partitions_and_the_buckets_of_its_cluster_only() 
     names = [
         "SQ_ab12cd34_P0", "SQ_ab12cd34_P1", "KV_sq_ab12cd34_owners", "KV_sq_ab12cd34_nodes",
         "OBJ_sq_ab12cd34_snapshots", "KV_strictq_cluster", "SQ_ffffffff_P0", "KV_sq_ffffffff_owners",
-        "ORDERS",
+        "ORDERS", "SQ_ab12cd34_HEALTH", "SQ_ab12cd34_EVENTS", "KV_strictq_control_ab12cd34",
+        "KV_strictq_control_ffffffff",
     ]  # fmt: skip
     assert cluster_streams(layout, names) == [
-        "KV_sq_ab12cd34_nodes", "KV_sq_ab12cd34_owners", "KV_strictq_cluster", "OBJ_sq_ab12cd34_snapshots",
-        "SQ_ab12cd34_P0", "SQ_ab12cd34_P1",
+        "KV_sq_ab12cd34_nodes", "KV_sq_ab12cd34_owners", "KV_strictq_cluster", "KV_strictq_control_ab12cd34",
+        "OBJ_sq_ab12cd34_snapshots", "SQ_ab12cd34_EVENTS", "SQ_ab12cd34_HEALTH", "SQ_ab12cd34_P0",
+        "SQ_ab12cd34_P1",
     ]  # fmt: skip
 
 
