@@ -239,7 +239,9 @@ async def test_replicas_sit_in_distinct_zones_and_a_killed_one_is_replaced_in_an
             await ensure_streams(js, layout)
             repair = ReplicaRepair(js, layout, repair_after=1.0, every=0.2)
             before = await placements(repair)
-            assert len(before) == 3 + 7  # 3 partitions, 5 buckets, the snapshots, the layout record
+            # 3 partitions, 7 buckets (2 of them failure management's), the snapshots, the layout record,
+            # the health and events streams
+            assert len(before) == 3 + 11
             for peers in before.values():
                 assert len(set(zones_of(peers, cluster))) == 3, peers
 
