@@ -156,9 +156,10 @@ class FenceBridge:
     """BRIDGE (replaced by the control bucket's registry): the decider's fences and probes into this
     edge's hub, so its proxies act on them."""
 
-    def __init__(self, control: KvMirror, hub: ControlHub) -> None:
+    def __init__(self, control: KvMirror, hub: ControlHub, backend: QueueBackend | None = None) -> None:
         self.control = control
         self.hub = hub
+        self.backend = backend  # the queues' `probe_safe` (a probe's calls pass instead of mimicked)
         self._ours: dict[str, Fence] = {}
         self._probes: set[str] = set()
         self._changing: set[str] = set()  # workers whose fence the bridge itself is changing
@@ -212,6 +213,14 @@ class FenceBridge:
                 log.exception("fence bridge")
             await self.control.changed(1.0)
 
+    async def _probe_mode(self, queue: str) -> str:
+        """`pass` for a `probe_safe` queue, else `mimic` (queue_core.failures does the same)."""
+        if self.backend is not None:
+            with contextlib.suppress(Exception):
+                if (await self.backend.attributes(queue)).probe_safe:
+                    return "pass"
+        return "mimic"
+
     async def sync(self) -> None:
         state = read_state({k: e.value for k, e in self.control.entries.items()})
         wanted = state.health_fences()
@@ -238,7 +247,7 @@ class FenceBridge:
         for pid, offer in sorted(live.items()):
             if pid not in self._probes and offer.worker is not None:
                 self._probes.add(pid)
-                self.hub.probe(offer.worker, pid, "mimic")
+                self.hub.probe(offer.worker, pid, await self._probe_mode(offer.queue))
         for pid in sorted(self._probes - set(live)):
             self._probes.discard(pid)
             self.hub.probe_end(pid)

@@ -534,7 +534,7 @@ async def cluster_backend(
         control = await retrying(
             lambda: KvMirror.open(js, layout.control_bucket, "control"), "the control bucket"
         )
-        health = EdgeHealth(DeciderClient(nc, layout), FenceBridge(control, hub))
+        health = EdgeHealth(DeciderClient(nc, layout), FenceBridge(control, hub))  # backend: set below
 
     async def closed() -> None:
         if health is not None:
@@ -551,6 +551,8 @@ async def cluster_backend(
     )
     await backend.start()
     backend.edge_health = health
+    if health is not None:
+        health.bridge.backend = backend  # a probe of a `probe_safe` queue passes at the proxies
     return backend, hub, publisher, KvClusterSource(js, layout, tuple(settings.urls))
 
 

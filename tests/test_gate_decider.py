@@ -5,6 +5,7 @@ and restored; a takeover that replays the window decides nothing twice."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -86,7 +87,7 @@ def changes(effects: list[HealthEffect], decider: Decider) -> list[GateChange]:
     return out
 
 
-def apply_all(parts: list[Supervisor], found: list[GateChange], now: float) -> list[Any]:
+def apply_all(parts: list[Supervisor], found: Sequence[GateChange], now: float) -> list[Any]:
     effects: list[Any] = []
     for s in parts:
         for change in found:
