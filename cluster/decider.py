@@ -185,9 +185,9 @@ class DeciderRole:
         self.holding = True
 
     async def _give_up(self, why: str) -> None:
-        if not self.holding:
-            return
-        log.warning("%s no longer holds the decider: %s", self._me, why)
+        """Stop deciding (also after a takeover that failed half-way: what it subscribed goes)."""
+        if self.holding:
+            log.warning("%s no longer holds the decider: %s", self._me, why)
         self.holding = False
         self.decider = None
         for subscription in self._subscriptions:
