@@ -12,7 +12,7 @@ expires and another node's create succeeds. The holder:
 - carries out each typed decision as a write to the control bucket (cluster.control_keys); a fence is a
   create, so a fence an earlier holder already wrote is not decided, nor published, twice;
 - publishes every event to `SQ_<id>_EVENTS` (numbered by its stream sequence, so the numbers go on
-  across a takeover) and answers requests on `sq.<id>.decider` (status, events, suspend, resume,
+  across a takeover) and answers requests on `sq.<id>.decider.api` (status, events, suspend, resume,
   unblacklist, alert; cluster.decider_client) for every edge.
 """
 

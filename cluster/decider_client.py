@@ -1,4 +1,4 @@
-"""An edge's way to the cluster's decider (cluster.decider): NATS request/reply on `sq.<id>.decider`,
+"""An edge's way to the cluster's decider (cluster.decider): NATS request/reply on `sq.<id>.decider.api`,
 with the cluster's credentials (the edge's own connection). During a takeover nobody answers for up to
 the lease's TTL: requests are retried that long, then a retriable 503."""
 

@@ -138,8 +138,9 @@ class ClusterLayout:
 
     @property
     def decider_subject(self) -> str:
-        """Requests for the decider's holder (status, suspend, resume, unblacklist, alerts)."""
-        return f"sq.{self.id}.decider"
+        """Requests for the decider's holder (status, suspend, resume, unblacklist, alerts). Four tokens: an
+        edge may publish here, not to the three-token subjects of partitions and reports."""
+        return f"sq.{self.id}.decider.api"
 
     def to_json(self) -> bytes:
         return orjson.dumps({"id": self.id, "partitions": self.partitions, "replicas": self.replicas})
