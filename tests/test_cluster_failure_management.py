@@ -14,6 +14,7 @@ driven as the SDK drives it (EmoDB polls declaring `results, probes`, results re
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -25,8 +26,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from cluster_support import Cluster, alive, start_cluster
-from kit.process import strictq
+from cluster_support import Cluster, alive, run, start_cluster
+from kit.process import ChildProcess, launch, strictq
 from kit.until import until
 
 from access.keys import KeyRing
@@ -52,10 +53,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 class Edge:
     """EmoDB calls through the cluster's edge, with the gateway's development credentials."""
 
-    def __init__(self, cluster: Cluster, session: aiohttp.ClientSession) -> None:
-        self.url = cluster.url
+    def __init__(self, url: str, session: aiohttp.ClientSession, keys: KeyRing) -> None:
+        self.url = url
         self.session = session
-        self.keys = KeyRing.load(Path(cluster.process.value("strictq: keys ") or ""))
+        self.keys = keys
 
     async def call(self, method: str, path: str, key: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
         credential = self.keys.by_id(key)
@@ -124,7 +125,11 @@ class Edge:
 async def edge(cluster: Cluster) -> AsyncIterator[Edge]:
     connector = aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=cluster.ca))
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
-        yield Edge(cluster, session)
+        yield Edge(cluster.url, session, KeyRing.load(keys_of(cluster)))
+
+
+def keys_of(cluster: Cluster) -> Path:
+    return Path(cluster.process.value("strictq: keys ") or "")
 
 
 async def fail_until_fenced(edge: Edge, queue: str, worker: str, signature: str) -> int:
@@ -271,3 +276,51 @@ async def test_the_deciders_fence_is_at_the_edge_and_an_operators_unfence_restor
     (unfence,) = [e for e in await edge.events("unfence", "worker-2") if "operator" in e["reason"]]
     assert unfence["reason"] == "fence lifted (operator)"
     assert len(await edge.events("fence", "worker-2")) == 1
+
+
+@pytest.fixture
+def second_edge(cluster: Cluster) -> Iterator[tuple[str, str]]:
+    """Another edge (`strictq serve --cluster`) over the same cluster, with the same key file: its URL and
+    CA (its own)."""
+    urls = run("cluster", "urls", "--data-dir", str(cluster.data_dir)).stdout.strip()
+    data_dir = cluster.data_dir.parent / "edge2"
+    argv = strictq(
+        "serve", "--cluster", urls, "--nats-credentials", str(cluster.data_dir / "nats" / "credentials"),
+        "--data-dir", str(data_dir), "--port", "0", "--no-proxy", "--keys", str(keys_of(cluster)),
+    )  # fmt: skip
+    process: ChildProcess = launch(argv, data_dir.parent / "edge2.log", wait_for=("strictq: client env ",))
+    try:
+        yield process.value("strictq: listening on ") or "", process.value("strictq: ca ") or ""
+    finally:
+        process.stop()
+
+
+async def test_two_edges_see_the_deciders_fence_and_the_groups_finish_through_the_other(
+    edge: Edge, second_edge: tuple[str, str]
+) -> None:
+    """A worker failing through edge 1 is fenced at both edges (status and the fence list its proxies
+    follow); its groups finish through edge 2 on a healthy worker, each in order, nothing lost."""
+    url, ca = second_edge
+    connector = aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=ca))
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
+        await fenced_at_both(edge, Edge(url, session, edge.keys))
+
+
+async def fenced_at_both(edge: Edge, other: Edge) -> None:
+    """worker-1 fails through `edge` until fenced; the fence shows at both; `other` drains its groups."""
+    queue = "two"
+    expected = {f"t{i}": [f"t{i}-{k}" for k in range(2)] for i in range(6)}
+    for group, names in expected.items():
+        for name in names:
+            await edge.send(queue, group, name)
+    await fail_until_fenced(edge, queue, "worker-1", "IndexError")
+
+    async def fenced_at(at: Edge) -> bool:
+        fences = (await at.ok("GET", "/admin/v1/fences", "admin"))["fences"]
+        return any(f["worker"] == "worker-1" and f["reason"].startswith("health: ") for f in fences)
+
+    for at in (edge, other):
+        await until(functools.partial(fenced_at, at), within=TIMEOUT, what="the fence at both edges")
+        assert await at.worker_state("worker-1") in ("fenced", "probing")
+    assert all(i.get("probe") for i in await other.poll(queue, "worker-1", limit=10, wait=0.2))
+    await drain_in_order(other, queue, ("worker-2",), expected)
