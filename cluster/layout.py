@@ -112,14 +112,44 @@ class ClusterLayout:
 
     @property
     def control_bucket(self) -> str:
-        """Fences and per-tenant limits, one state for every edge of the cluster (cluster.control_state);
-        created by the queue servers, written by the edges."""
+        """The cluster's one control state, created by the queue servers: fences and per-tenant limits for
+        every edge (cluster.control_state), suspensions, blacklists and probes for every node's gates
+        (cluster.control_keys)."""
         return f"strictq_control_{self.id}"
 
     @property
     def snapshots_bucket(self) -> str:
         """The object store holding each partition's latest snapshot (cluster.snapshots)."""
         return f"sq_{self.id}_snapshots"
+
+    @property
+    def decider_bucket(self) -> str:
+        """The lease of failure management's decider (key `decider`, TTL DECIDER_TTL: cluster.decider)."""
+        return f"sq_{self.id}_decider"
+
+    @property
+    def health_stream(self) -> str:
+        """What every partition's gate saw (attempts, polls, probe hand-outs and results), for the decider."""
+        return f"SQ_{self.id}_HEALTH"
+
+    @property
+    def health_subject(self) -> str:
+        return f"sq.{self.id}.health"
+
+    @property
+    def events_stream(self) -> str:
+        """The decider's events (fence, probe, suspend, ...), numbered by their stream sequence."""
+        return f"SQ_{self.id}_EVENTS"
+
+    @property
+    def events_subject(self) -> str:
+        return f"sq.{self.id}.events"
+
+    @property
+    def decider_subject(self) -> str:
+        """Requests for the decider's holder (status, suspend, resume, unblacklist, alerts). Four tokens: an
+        edge may publish here, not to the three-token subjects of partitions and reports."""
+        return f"sq.{self.id}.decider.api"
 
     def to_json(self) -> bytes:
         return orjson.dumps({"id": self.id, "partitions": self.partitions, "replicas": self.replicas})
@@ -188,6 +218,9 @@ async def _ensure_layout(
 # two-core machine can give a process, below the 5 s failover target (docs/cluster.md).
 NODE_TTL = 2.5
 MASTER_TTL = 2.5
+DECIDER_TTL = 2.5  # the decider's lease, as the master's
+HEALTH_MAX_AGE = 3600.0  # the health stream keeps an hour of reports (a takeover replays one window)
+EVENTS_KEPT = 1000  # the events stream keeps the newest this many (the status routes' ring)
 EDGE_TTL = 15.0  # an edge reports every second or so; one silent this long is gone
 # JetStream's deduplication window for Nats-Msg-Id: an owner retrying an append whose acknowledgement it
 # never saw (a stream leader failing over) gets the first append's sequence back, not a second copy.
@@ -223,7 +256,21 @@ async def _ensure_streams(js: JetStreamContext, layout: ClusterLayout) -> None:
     await _bucket(js, layout.edges_bucket, layout.replicas, ttl=EDGE_TTL)
     await _bucket(js, layout.placement_bucket, layout.replicas)
     await _bucket(js, layout.fleet_bucket, layout.replicas)
+    await _bucket(js, layout.decider_bucket, layout.replicas, ttl=DECIDER_TTL)
     await _bucket(js, layout.control_bucket, layout.replicas)
+    for name, subject, limits in (
+        (layout.health_stream, layout.health_subject, {"max_age": HEALTH_MAX_AGE}),
+        (layout.events_stream, layout.events_subject, {"max_msgs": EVENTS_KEPT}),
+    ):
+        try:
+            await js.stream_info(name)
+        except NotFoundError:
+            stream = StreamConfig(
+                name=name, subjects=[subject], storage=StorageType.FILE, num_replicas=layout.replicas
+            )
+            for field, value in limits.items():
+                setattr(stream, field, value)
+            await js.add_stream(stream)
     try:
         await js.object_store(layout.snapshots_bucket)
     except BucketNotFoundError:

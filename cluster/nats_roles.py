@@ -9,9 +9,11 @@ the layout (`cluster` in the credentials file; `ensure_layout` takes it).
   trim the streams and buckets, append partition frames and write the owner map.
 - `gateway` (the edges, `strictq serve --cluster`): reads what it needs (KV gets and watches, stream info,
   the floors), writes only the buckets an edge keeps (its traffic reports, and the control and fleet state
-  shared by every edge), and may not append to a partition's stream (a forged frame would be applied by
-  every replica as the owner's), write the owner map, the nodes', master's, placement or layout records,
-  the snapshots, nor create, change, purge or delete any stream or consumer's stream.
+  shared by every edge), asks failure management's decider on `sq.<id>.decider.api`, and may not append to
+  a partition's stream (a forged frame would be applied by every replica as the owner's), report attempts
+  on the health stream or publish events (`sq.<id>.health`, `sq.<id>.events`), write the owner map, the
+  nodes', master's, placement, decider lease or layout records, the snapshots, nor create, change, purge
+  or delete any stream.
 
 A gateway's credentials leaking therefore cannot rewrite the queue behind the owners' back; it can still
 read what it serves anyway (every message body passes through an edge).
@@ -55,7 +57,7 @@ def gateway_publish_denied(cluster_id: str, layout_bucket: str) -> list[str]:
         # A partition's frames (`sq.<id>.p<K>`: three tokens; the edges only subscribe to the floors,
         # `sq.<id>.floors`, and ask for a floor sync on `sq.<id>.floors.sync`, four tokens).
         f"sq.{cluster_id}.*",
-        *(f"$KV.{prefix}{name}.>" for name in ("owners", "nodes", "master", "placement")),
+        *(f"$KV.{prefix}{name}.>" for name in ("owners", "nodes", "master", "placement", "decider")),
         f"$KV.{layout_bucket}.>",
         f"$O.{prefix}snapshots.>",
         *JS_ADMIN,

@@ -37,11 +37,14 @@ from queue_core.figures import Figures, PartitionFigures, merge_held, merge_queu
 from queue_core.machine import InvalidArgument, NotOwner
 from queue_core.machine.gauges import TOP_GROUPS
 from queue_core.machine.groups import DEFAULT_PARTITIONS
+from queue_core.machine.health import HealthSettings
 from queue_core.service import QueueService
 
 from .codec import EpochMarker, encode_frame
+from .decider import DeciderRole
 from .floors import FloorPublisher
 from .follower import PartitionFollower
+from .health_gates import NodeGates
 from .kv_mirror import KvMirror
 from .layout import ClusterLayout, LayoutError, ensure_streams, retrying
 from .master import MasterRole, live_nodes, read_assignments, read_moves
@@ -80,8 +83,15 @@ class ClusterNode:
         clock: Callable[[], float] = time.time,
         region: str = "",
         zone: str = "",
+        health: HealthSettings | None = None,
     ) -> None:
         self.name = name
+        # Failure management (docs/failure-management.md §3.2): a gate per served partition, and the
+        # decider's role, held by one node of the cluster at a time. None: off (--no-health).
+        self.health = health
+        self.control: KvMirror | None = None
+        self.gates: NodeGates | None = None
+        self.decider: DeciderRole | None = None
         self.incarnation = secrets.token_hex(6)
         self.region, self.zone = region, zone  # reported in heartbeats and `cluster status`
         self.data_dir = data_dir
@@ -119,7 +129,16 @@ class ClusterNode:
         await retrying(self._heartbeat_once, "the first heartbeat")
         await self.floors.start()
         self.master = MasterRole(self._js, self.layout, self.name, self.nodes, self.owners, self._clock)
-        self._tasks = [
+        if self.health is not None:
+            self.control = await KvMirror.open(self._js, self.layout.control_bucket, "control")
+            await retrying(self.control.start, "watching the control bucket")
+            self.gates = NodeGates(self._js, self.layout, self.control)
+            await self.gates.start()
+            self.decider = DeciderRole(
+                self._nc, self.layout, self.name, self.control, self.health, self._clock
+            )
+            self._tasks.append(asyncio.create_task(self.decider.run(), name="strictq-decider"))
+        self._tasks += [
             asyncio.create_task(self._heartbeat_forever(), name="strictq-heartbeat"),
             asyncio.create_task(self._reconcile_forever(), name="strictq-reconcile"),
             asyncio.create_task(self.master.run(), name="strictq-master"),
@@ -144,7 +163,9 @@ class ClusterNode:
             if slot.follower is not None:
                 await slot.follower.stop()
                 slot.follower = None
-        for mirror in (self.nodes, self.owners):
+        if self.gates is not None:
+            await self.gates.close()
+        for mirror in (self.nodes, self.owners, self.control):
             if mirror is not None:
                 await mirror.stop()
         await self.floors.close()
@@ -441,15 +462,21 @@ class ClusterNode:
             log_factory=replicated,
             key_space=(partition, self.layout.partitions),
         )
+        if self.gates is not None:
+            self.gates.attach(partition, service)
         try:
             await service.start()
         except BaseException:
+            if self.gates is not None:
+                self.gates.detach(partition)
             slot.log = None
             slot.follower = self._follower(partition)
             await slot.follower.start()
             raise
         slot.service = service
         slot.epoch = assigned_epoch
+        if self.gates is not None:
+            self.gates.started(partition)
         # Gateways' control streams learn this partition's floors from here on (cluster.floors).
         service.floor_listeners.append(self.floors.on_floor)
         self.floors.publish_all(service.floors())
@@ -469,6 +496,8 @@ class ClusterNode:
         if service is not None:
             log.warning("%s stops serving partition %d: %s", self.name, slot.partition, why)
             slot.service = None
+            if self.gates is not None:
+                self.gates.detach(slot.partition)
             service.stop_waiting()
             await service.close()
         slot.log = None

@@ -202,10 +202,16 @@ def peers_of(info: StreamInfo) -> StreamPeers | None:
 
 
 def cluster_streams(layout: ClusterLayout, names: Iterable[str]) -> list[str]:
-    """The streams of this cluster among `names`: partitions, buckets, the snapshots, the layout record
-    and the control state."""
+    """The streams of this cluster among `names`: partitions, buckets (the fleet's and the control state
+    among them), the snapshots, the layout record, failure management's health and events streams."""
     prefixes = (f"SQ_{layout.id}_P", f"KV_sq_{layout.id}_", f"OBJ_sq_{layout.id}_")
-    exact = (f"KV_{LAYOUT_BUCKET}", f"KV_{layout.fleet_bucket}", f"KV_{layout.control_bucket}")
+    exact = (
+        f"KV_{LAYOUT_BUCKET}",
+        f"KV_{layout.fleet_bucket}",
+        f"KV_{layout.control_bucket}",
+        layout.health_stream,
+        layout.events_stream,
+    )
     return sorted(n for n in names if n.startswith(prefixes) or n in exact)
 
 

@@ -57,7 +57,7 @@ from .machine.inputs import AttemptResult, ControlRows
 from .machine.queue import QueueState
 from .machine.records import Received as Received  # re-exported: the faces import it from here
 from .machine.routing import VersionFigures, version_figures
-from .machine.supervisor import HealthEffect, ProbeDelivered, Supervisor, SupervisorEffect
+from .machine.supervisor import GateReported, HealthEffect, ProbeDelivered, Supervisor, SupervisorEffect
 from .store import SqliteStore, StoredBody, read_attempt_log
 
 log = logging.getLogger("strictq.queue")
@@ -168,7 +168,7 @@ class QueueService:
             epoch, snapshot = self._store.open(now, self._min_epoch)
             core = QueueCore(epoch=epoch, partitions=self.partitions, opt_in=True, key_space=self._key_space)
             core.restore(snapshot, now)
-            self.supervisor = Supervisor(core, self.supervisor.monitor)
+            self.supervisor = Supervisor(core, self.supervisor.monitor, self.supervisor.gate)
             self.saved_control = self._store.control
             if sum(len(queue.by_id) for queue in core.queues.values()) >= FREEZE_AFTER_RESTORE:
                 # The restored messages live until acked and are freed by reference counting; left to the
@@ -261,7 +261,7 @@ class QueueService:
         assert self._log is not None, "service not started"
         durable: list[Effect] = []
         for effect in effects:
-            if isinstance(effect, HealthEffect | ProbeDelivered):
+            if isinstance(effect, HealthEffect | ProbeDelivered | GateReported):
                 for failure_listener in self.failure_listeners:
                     failure_listener(effect)
                 continue
@@ -387,7 +387,8 @@ class QueueService:
         parked groups and suspension, the workers failure management holds back."""
         if not self.ready:
             return Figures(self.clock(), (), ready=False)
-        monitor = self.supervisor.monitor
+        supervisor = self.supervisor
+        monitor = supervisor.monitor if supervisor.monitor is not None else supervisor.gate
         queues = []
         for gauges in self.gauges(top):
             parked = sorted(self.core.parked_groups(gauges.name))

@@ -615,7 +615,7 @@ def cmd_queue_server(args: argparse.Namespace) -> int:
         if args.init:  # a node's stores come from the streams and snapshots, never started empty by hand
             print("strictq: --init is for a single queue server's store, not a cluster node", file=sys.stderr)
             return 2
-        return _cluster_node(args, limits)
+        return _cluster_node(args, limits, health)
     for flag, value in (
         ("--node", args.node),
         ("--advertise", args.advertise),
@@ -639,7 +639,7 @@ def cmd_queue_server(args: argparse.Namespace) -> int:
     )
 
 
-def _cluster_node(args: argparse.Namespace, limits: Any) -> int:
+def _cluster_node(args: argparse.Namespace, limits: Any, health: Any = None) -> int:
     import socket
 
     from strictq.cluster_node import NodeOptions, run_node
@@ -677,6 +677,7 @@ def _cluster_node(args: argparse.Namespace, limits: Any) -> int:
         region=args.region,
         zone=args.zone,
         keys=args.keys,
+        health=health,
     )
     return run_server(lambda: run_node(options))
 

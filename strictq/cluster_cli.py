@@ -94,6 +94,9 @@ def register(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     up.add_argument("--nodes", type=int, default=3, help="queue servers, n1..nN (default: %(default)s)")
+    from .health_cli import add_settings_arguments
+
+    add_settings_arguments(up)  # handed to every queue server: the gates and the decider run there
     _data_dir_argument(up)
     up.add_argument(
         "--replicas",
@@ -336,6 +339,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     regions = _regions(args.regions)
     if isinstance(regions, str):
         return fail(f"--regions: {regions}", 2)
+    from .health_cli import settings_argv, settings_from_args
+
+    try:
+        settings_from_args(args)  # refused here, in one line, rather than by every node
+    except ValueError as exc:
+        return fail(str(exc), 2)
     options = UpOptions(
         data_dir=args.data_dir,
         nodes=args.nodes,
@@ -347,6 +356,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         proxy_port=args.proxy_port,
         nats_servers=args.nats_servers,
         regions=regions,
+        health=tuple(settings_argv(args)),
     )
     try:
         return run_up(options)

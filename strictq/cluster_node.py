@@ -25,6 +25,7 @@ from cluster.layout import LayoutError, ensure_layout
 from cluster.node import ClusterNode
 from queue_core.admin_http import UNTENANTED
 from queue_core.http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
+from queue_core.machine.health import HealthSettings
 from queue_core.metrics_export import CoreCollector
 from queue_core.metrics_http import Collector, add_metrics_route
 from queue_core.server import make_app
@@ -50,6 +51,7 @@ class NodeOptions:
     region: str = ""
     zone: str = ""
     keys: Path | None = None  # the key file /metrics authenticates with (default: <data-dir>/keys.toml)
+    health: HealthSettings | None = None  # failure management's gates and decider (None: --no-health)
 
 
 async def serve_node(options: NodeOptions) -> None:
@@ -78,6 +80,7 @@ async def serve_node(options: NodeOptions) -> None:
             core_partitions=options.core_partitions,
             region=options.region,
             zone=options.zone,
+            health=options.health,
         )
         app = make_app(None, source=node.service_for, ready=node.is_ready)
         add_node_metrics(app, node, node_keys(options))

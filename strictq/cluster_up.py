@@ -66,6 +66,7 @@ class UpOptions:
     proxy_port: int | None = None
     nats_servers: int = 3
     regions: tuple[str, ...] = ()  # --regions: node (and JetStream server) i runs in regions[i % len]
+    health: tuple[str, ...] = ()  # failure-management flags for every queue server (--fence-after 3 ...)
     node_timeout: float = NODE_START_TIMEOUT
     gateway_timeout: float = GATEWAY_START_TIMEOUT
     settle_timeout: float = SETTLE_TIMEOUT
@@ -247,6 +248,7 @@ class ClusterUp:
             "--keys",  # the gateway's key file: one operator key scrapes the edge and every node
             str(self.gateway_keys),
             *self.where(int(name.removeprefix("n")) - 1),
+            *o.health,
         )
 
     def where(self, i: int) -> list[str]:

@@ -102,6 +102,19 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def settings_argv(args: argparse.Namespace) -> list[str]:
+    """The failure-management flags given, as command-line arguments again (`cluster up` hands them to
+    every queue server, where the decider and the gates run)."""
+    if not getattr(args, "health", True):
+        return ["--no-health"]
+    argv: list[str] = []
+    for flag, (field, _, _) in SETTINGS_FLAGS.items():
+        value = getattr(args, f"health_{field}", None)
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
 def settings_from_args(args: argparse.Namespace) -> Any:
     """HealthSettings from the flags (None with --no-health); raises ValueError on inconsistent values."""
     if not getattr(args, "health", True):

@@ -265,10 +265,12 @@ async def serve(options: ServeOptions) -> None:
     control = None
     publisher = None  # an edge of a cluster's traffic reports (cluster.traffic), started once it listens
     cluster_state: ClusterSource | None = None
+    edge_health = None  # failure management at a cluster edge (strictq.cluster_health)
     if options.cluster is not None:
         service, control, publisher, cluster_state, fleet = await cluster_backend(
             options.cluster, data_dir, options, limiter
         )
+        edge_health = getattr(service, "edge_health", None)
     elif options.queue_server is None:
         service = QueueService(data_dir / "queue", partitions=options.partitions)
         await start_service(service, data_dir)
@@ -312,7 +314,13 @@ async def serve(options: ServeOptions) -> None:
         handle_signals=False,
         **options.limits.handler_args(),
     )
+    if edge_health is not None:  # the decider answers these at every edge (docs/failure-management.md)
+        from strictq.cluster_health import add_cluster_health_routes
+
+        add_cluster_health_routes(runner.app, edge_health.client, service)
     await runner.setup()
+    if edge_health is not None:
+        await edge_health.start()
     # A head (and TLS handshake) timeout per connection, memory back after slow readers.
     site = GuardedSite(
         runner, options.host, options.port, limits=options.limits, ssl_context=context, reuse_address=True
@@ -548,8 +556,21 @@ async def cluster_backend(
         if isinstance(exc, LayoutError):  # no control bucket: the queue servers make it
             raise StartupLine(data_dir, str(exc)) from None
         raise
+    hub = ControlHub(floors, fences)
+    health = None
+    if options.health is not None:
+        from cluster.decider_client import DeciderClient
+        from cluster.kv_mirror import KvMirror
+        from strictq.cluster_health import EdgeHealth, ProbeBridge
+
+        control = await retrying(
+            lambda: KvMirror.open(js, layout.control_bucket, "control"), "the control bucket"
+        )
+        health = EdgeHealth(DeciderClient(nc, layout), ProbeBridge(control, hub))  # backend: set below
 
     async def closed() -> None:
+        if health is not None:
+            await health.close()
         await publisher.close()  # first: it reads the owner map and deletes its key over `nc`
         await fences.close()
         if limits is not None:
@@ -564,7 +585,9 @@ async def cluster_backend(
         owners, on_close=closed, timeout=APPEND_RETRY_SECONDS + 3, meter=meter, reach=reach
     )
     await backend.start()
-    hub = ControlHub(floors, fences)
+    backend.edge_health = health
+    if health is not None:
+        health.bridge.backend = backend  # a probe of a `probe_safe` queue passes at the proxies
     fleet = ClusterFleet(js, layout, backend, options.fleet)
     return backend, hub, publisher, KvClusterSource(js, layout, tuple(settings.urls)), fleet
 

@@ -26,11 +26,7 @@ from topologies import TOPOLOGIES, Edge, running_edge
 from queue_core.machine.groups import partition_of
 
 # feature -> topology -> why it is not served there yet (issue 27's list of what is missing).
-GAPS: dict[str, dict[str, str]] = {
-    "status": {
-        "cluster": "failure management does not run in a cluster yet",
-    },
-}
+GAPS: dict[str, dict[str, str]] = {}
 
 
 @pytest.fixture(scope="module", params=TOPOLOGIES)

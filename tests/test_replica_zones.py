@@ -152,12 +152,13 @@ def test_the_repair_covers_the_partitions_and_the_buckets_of_its_cluster_only() 
         "SQ_ab12cd34_P0", "SQ_ab12cd34_P1", "KV_sq_ab12cd34_owners", "KV_sq_ab12cd34_nodes",
         "OBJ_sq_ab12cd34_snapshots", "KV_strictq_cluster", "SQ_ffffffff_P0", "KV_sq_ffffffff_owners",
         "ORDERS", "KV_strictq_fleet_ab12cd34", "KV_strictq_fleet_ffffffff",
-        "KV_strictq_control_ab12cd34", "KV_strictq_control_ffffffff",
+        "KV_strictq_control_ab12cd34", "KV_strictq_control_ffffffff", "SQ_ab12cd34_HEALTH",
+        "SQ_ab12cd34_EVENTS",
     ]  # fmt: skip
     assert cluster_streams(layout, names) == [
         "KV_sq_ab12cd34_nodes", "KV_sq_ab12cd34_owners", "KV_strictq_cluster", "KV_strictq_control_ab12cd34",
-        "KV_strictq_fleet_ab12cd34",
-        "OBJ_sq_ab12cd34_snapshots", "SQ_ab12cd34_P0", "SQ_ab12cd34_P1",
+        "KV_strictq_fleet_ab12cd34", "OBJ_sq_ab12cd34_snapshots", "SQ_ab12cd34_EVENTS", "SQ_ab12cd34_HEALTH",
+        "SQ_ab12cd34_P0", "SQ_ab12cd34_P1",
     ]  # fmt: skip
 
 
@@ -239,7 +240,9 @@ async def test_replicas_sit_in_distinct_zones_and_a_killed_one_is_replaced_in_an
             await ensure_streams(js, layout)
             repair = ReplicaRepair(js, layout, repair_after=1.0, every=0.2)
             before = await placements(repair)
-            assert len(before) == 3 + 9  # 3 partitions, 7 buckets (fleet, control state), snapshots, layout
+            # 3 partitions, 8 buckets (the fleet's, the control state, the decider's lease among them), the
+            # snapshots, the layout record, the health and events streams
+            assert len(before) == 3 + 12
             for peers in before.values():
                 assert len(set(zones_of(peers, cluster))) == 3, peers
 

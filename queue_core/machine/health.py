@@ -512,6 +512,34 @@ class HealthMonitor:
                 return PollVerdict(False, self._deliver(q.probe, worker, now))
         return BLOCKED
 
+    def seen(self, queue: str, worker: str, now: float) -> None:
+        """A poll of `queue` by `worker` that a gate elsewhere answered (a cluster's partition): the
+        bookkeeping of `poll` (recent workers, where its probes go) without handing anything out."""
+        if not worker:
+            return
+        q = self.queues.get(queue)
+        if q is None:
+            q = self._queue(queue)
+            self._arm_sweep(now)
+        q.workers[worker] = q.last_seen = now
+        w = self.workers.get(worker)
+        if w is not None:
+            w.last_seen = now
+            if not w.queue:
+                w.queue = queue
+
+    def delivered(self, probe_id: str, worker: str, now: float) -> bool:
+        """A gate elsewhere handed probe `probe_id` to `worker` (a cluster's partition): its result is due
+        within `probe_timeout`. False when the probe is no longer out or went to someone else already."""
+        probe = self.probes.get(probe_id)
+        if probe is None or probe.delivered is not None:
+            return False
+        if probe.worker is not None and probe.worker != worker:
+            return False
+        self.seen(probe.queue, worker, now)
+        self._deliver(probe, worker, now)
+        return True
+
     def _deliver(self, probe: Probe, worker: str, now: float) -> Probe:
         probe.worker = worker
         probe.delivered = now

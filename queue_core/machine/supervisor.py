@@ -17,7 +17,10 @@ step, with the same explicit `now`:
   out, publishes them as events and makes the durable ones durable through the store's group commit.
 
 Without a monitor (failure management off) the supervisor only records declarations and forwards to the
-core.
+core. In a cluster's partition it holds a `PartitionGate` (`gate`) instead of a monitor: the gate answers
+polls from what the cluster's one decider published (`apply_gate`), and the attempts, polls and probe
+results it saw come out as one `GateReported` effect per step, for the node to publish
+(docs/failure-management.md §3.2).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from .capabilities import Capabilities
 from .core import QueueCore
 from .effects import AttemptRecorded, BlacklistSaved, Effect, SuspensionSaved
+from .gate import GateChange, GateReport, PartitionGate
 from .health import Decision, HealthMonitor, Probe
 from .inputs import AttemptResult, ControlRows
 from .records import AckOutcome, Delivery, ReportOutcome
@@ -103,7 +107,14 @@ class ProbeDelivered:
     probe: Probe
 
 
-SupervisorEffect = HealthEffect | ProbeDelivered
+@dataclass(slots=True)
+class GateReported:
+    """What a partition's gate saw in this step (not an event): the node publishes it for the decider."""
+
+    reports: list[GateReport]
+
+
+SupervisorEffect = HealthEffect | ProbeDelivered | GateReported
 WORKER_EFFECTS: dict[str, type[HealthEffect]] = {
     "unfence": UnfenceRequested,
     "unblacklist": BlacklistLifted,
@@ -130,9 +141,12 @@ def _probe_ok(result: AttemptResult) -> bool:
 class Supervisor:
     """Owns the core and (with failure management on) the health monitor."""
 
-    def __init__(self, core: QueueCore, monitor: HealthMonitor | None = None) -> None:
+    def __init__(
+        self, core: QueueCore, monitor: HealthMonitor | None = None, gate: PartitionGate | None = None
+    ) -> None:
         self.core = core
         self.monitor = monitor
+        self.gate = gate  # a cluster partition's gate (then `monitor` stays None: the decider is elsewhere)
         self._delivered: list[SupervisorEffect] = []  # probes handed out since the last drain
 
     # ---------------------------------------------------------------------------------------- polls
@@ -154,7 +168,7 @@ class Supervisor:
         if worker:
             core.declare(worker, capabilities.participates, now)
             core.saw_version(queue, worker, capabilities.version, capabilities.state)  # fenced ones too
-        monitor = self.monitor
+        monitor = self.monitor if self.monitor is not None else self.gate
         if monitor is not None:
             # A plain poller is nobody to failure management: only a suspended queue holds it.
             who = worker if capabilities.participates else ""
@@ -178,6 +192,8 @@ class Supervisor:
 
     # -------------------------------------------------------------------------------------- results
     def is_probe(self, message_id: str) -> bool:
+        if self.gate is not None:
+            return message_id in self.gate.probes
         return self.monitor is not None and message_id in self.monitor.probes
 
     def report(
@@ -199,7 +215,7 @@ class Supervisor:
             if result.error is not None:
                 raise result.error
         outcomes: list[AckOutcome | None] = [None] * len(results)
-        monitor = self.monitor
+        monitor = self.monitor if self.monitor is not None else self.gate
         for index, result in probes:
             assert monitor is not None
             ok = _probe_ok(result)
@@ -246,6 +262,14 @@ class Supervisor:
             raise RuntimeError("failure management is off")
         return self.monitor
 
+    def apply_gate(self, change: GateChange, now: float) -> None:
+        """A change the cluster's decider published: a worker it holds loses its claims and same-worker
+        retries here, in this step (its groups go on with other workers, in order)."""
+        if self.gate is not None and self.gate.apply(change):
+            worker = getattr(change, "worker", "")
+            if worker:
+                self._free(worker, now)
+
     # ----------------------------------------------------------------------------------------- time
     def next_deadline(self) -> float | None:
         deadlines = [self.core.next_deadline()]
@@ -269,6 +293,16 @@ class Supervisor:
             self._delivered = []
         monitor = self.monitor
         pending: list[Effect] = self.core.drain_effects()
+        gate = self.gate
+        if gate is not None:
+            for effect in pending:
+                out.append(effect)
+                if isinstance(effect, AttemptRecorded) and self.core.participates(effect.worker):
+                    gate.attempt(effect)
+            reports = gate.drain_reports()
+            if reports:
+                out.append(GateReported(reports))
+            return out
         while True:
             for effect in pending:
                 out.append(effect)
