@@ -36,6 +36,7 @@ import aiohttp
 
 from queue_core.backend import DedupReach
 from queue_core.figures import Figures, PartitionFigures, merge_held, merge_queues
+from queue_core.internal_auth import InternalSecret
 from queue_core.machine import (
     AckOutcome,
     GroupPolicy,
@@ -99,11 +100,13 @@ class ClusterBackend:
         on_close: Callable[[], Awaitable[object]] | None = None,
         meter: TrafficMeter | None = None,
         reach: Mapping[str, str] | None = None,
+        secret: InternalSecret | None = None,
     ) -> None:
         """`on_close`: what else to close with it, last (the gateway's NATS connection). `meter`: where
         each send is recorded (partition, client region, latency: cluster.traffic). `reach`: node name ->
         the URL this gateway reaches that node at, instead of the one it announces (NAT, private links,
-        the WAN simulation's relays)."""
+        the WAN simulation's relays). `secret`: the cluster's internal secret, which the one session sends on
+        every call to every node (queue_core.internal_auth)."""
         self.owners = owners
         self.meter = meter
         self.reach: dict[str, str] = dict(reach or {})
@@ -113,6 +116,7 @@ class ClusterBackend:
         self.dedup_reach: DedupReach = "partition"
         self.retry_budget = retry_budget
         self._ca_file = ca_file
+        self._secret = secret
         self._timeout = timeout
         self._probe_interval = probe_interval
         self._session: aiohttp.ClientSession | None = None
@@ -127,7 +131,7 @@ class ClusterBackend:
 
     # ------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        self._session = client_session(self._ca_file)
+        self._session = client_session(self._ca_file, self._secret)
         self._stop = asyncio.Event()
         self._stopping = False
         self._ensure_remotes()
@@ -778,9 +782,11 @@ class ClusterBackend:
         """Named groups by partition; a group the core named (no partition in its name) on every one."""
         plan: dict[int, list[str]] = {}
         for group in groups:
-            targets = range(self.partitions) if group.startswith(AUTO_GROUP_PREFIX) else [
-                partition_of(group, self.partitions)
-            ]
+            targets = (
+                range(self.partitions)
+                if group.startswith(AUTO_GROUP_PREFIX)
+                else [partition_of(group, self.partitions)]
+            )
             for partition in targets:
                 plan.setdefault(partition, []).append(group)
         return plan

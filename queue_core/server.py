@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from protocol.errors import NOT_READY, error_body
 
@@ -22,6 +23,7 @@ from . import figures as figures_wire
 from . import wire
 from .http_errors import client_gone, json_response
 from .http_errors import error_response as render_error
+from .internal_auth import InternalSecret, internal_auth
 from .machine import (
     AckOutcome,
     InvalidArgument,
@@ -391,10 +393,19 @@ async def list_handovers(request: web.Request) -> web.Response:
 
 
 def make_app(
-    service: QueueService | None, source: ServiceSource | None = None, ready: Callable[[], bool] | None = None
+    service: QueueService | None,
+    source: ServiceSource | None = None,
+    ready: Callable[[], bool] | None = None,
+    *,
+    secret: InternalSecret | None,
 ) -> web.Application:
-    """`service`: the one this process serves; or a cluster node's `source` (see above) and `ready`."""
-    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[errors_as_json])
+    """`service`: the one this process serves; or a cluster node's `source` (see above) and `ready`.
+    `secret`: what every request must carry (queue_core.internal_auth; checked first, before anything
+    reads the request); None only for apps a test serves inside its own process."""
+    middlewares: list[Middleware] = [errors_as_json]
+    if secret is not None:
+        middlewares.insert(0, internal_auth(secret))
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=middlewares)
     if service is not None:
         app[SERVICE_SOURCE_KEY] = lambda request: service
         app[READY_KEY] = lambda: service.healthy

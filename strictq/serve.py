@@ -48,6 +48,8 @@ from queue_core.fences import FenceRegistry
 from queue_core.fleet import FleetBackend, FleetService
 from queue_core.fleet_remote import RemoteFleet
 from queue_core.http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
+from queue_core.internal_auth import FILE_NAME as SECRET_FILE_NAME
+from queue_core.internal_auth import InternalSecret, missing_secret_line
 from queue_core.machine.fleet import FleetSettings
 from queue_core.machine.health import HealthSettings
 from queue_core.remote import RemoteQueueService
@@ -149,6 +151,9 @@ class ServeOptions:
     reach: tuple[tuple[str, str], ...] = ()  # (node, URL): reach that queue server there from this edge
     traffic_window: float = 60.0
     tenant_limit: TenantLimit | None = None  # --tenant-rate/--tenant-burst: every tenant's default send rate
+    # --internal-secret / STRICTQ_INTERNAL_SECRET_FILE: the queue servers' internal secret, which every call
+    # to them carries (queue_core.internal_auth); required with queue_server or cluster.
+    internal_secret: Path | None = None
 
     @property
     def core_here(self) -> bool:
@@ -252,8 +257,26 @@ def prepare(options: ServeOptions) -> tuple[KeyRing, Path, TlsFiles | None, ssl.
     return keys, keys_path, tls, context
 
 
+def internal_secret(options: ServeOptions) -> InternalSecret | None:
+    """The queue servers' internal secret when they run elsewhere (None with the core in this process);
+    one start-up line when none is given, naming the flag, the variable and the file to give."""
+    if options.core_here:
+        return None
+    if options.internal_secret is None:
+        where = (
+            "the file the queue server wrote (its 'strictq: internal secret <path>' line: <its data-dir>/"
+            f"{SECRET_FILE_NAME})"
+            if options.queue_server is not None
+            else f"the cluster's file (`strictq cluster up` writes DIR/{SECRET_FILE_NAME})"
+        )
+        what = "--queue-server" if options.queue_server is not None else "--cluster"
+        raise StartupLine(options.data_dir, missing_secret_line(f"strictq serve {what}", where))
+    return InternalSecret.load(options.internal_secret)
+
+
 async def serve(options: ServeOptions) -> None:
     data_dir = options.data_dir
+    secret = internal_secret(options)  # before any file is written: a missing one is the whole answer
     keys, keys_path, tls, context = prepare(options)
     # Operators' per-tenant limits (gateway.rate_limits): a damaged file stops the start before the store.
     limiter = TenantRateLimiter.load(data_dir / "limits.json", options.tenant_limit)
@@ -262,13 +285,18 @@ async def serve(options: ServeOptions) -> None:
     publisher = None  # an edge of a cluster's traffic reports (cluster.traffic), started once it listens
     cluster_state: ClusterSource | None = None
     if options.cluster is not None:
-        service, control, publisher, cluster_state = await cluster_backend(options.cluster, data_dir, options)
+        service, control, publisher, cluster_state = await cluster_backend(
+            options.cluster, data_dir, options, secret
+        )
     elif options.queue_server is None:
         service = QueueService(data_dir / "queue", partitions=options.partitions)
         await start_service(service, data_dir)
     else:
-        service = RemoteQueueService(options.queue_server, partitions=options.partitions)
+        service = RemoteQueueService(options.queue_server, partitions=options.partitions, secret=secret)
         await service.start()
+        if service.refused is not None:  # the server is there, and says our secret is not its own
+            await service.close()
+            raise StartupLine(data_dir, service.refused)
     gc.freeze()  # see strictq.queue_server: the restored backlog stays out of collections
     gc.set_threshold(50_000, 20, 100)
     # With the core in-process, this process serves the control stream and fences (in the store; a legacy
@@ -475,7 +503,10 @@ def edge_identity(options: ServeOptions, port: int, url: str) -> EdgeIdentity:
 
 
 async def cluster_backend(
-    settings: NatsSettings, data_dir: Path, options: ServeOptions | None = None
+    settings: NatsSettings,
+    data_dir: Path,
+    options: ServeOptions | None = None,
+    secret: InternalSecret | None = None,
 ) -> tuple[QueueBackend, ControlHub, EdgePublisher, ClusterSource]:
     """The gateway of a cluster: every group's operations go to its partition's owner (cluster.backend),
     read from the cluster's KV buckets (cluster.kv_owners), through `options.reach` where given; its
@@ -526,7 +557,7 @@ async def cluster_backend(
     # Not the single queue server's 30 s: an append waits out a stream leader's election (~5-9 s) at most
     # APPEND_RETRY_SECONDS, and a frozen owner should cost a client this long, not half a minute.
     backend = ClusterBackend(
-        owners, on_close=closed, timeout=APPEND_RETRY_SECONDS + 3, meter=meter, reach=reach
+        owners, on_close=closed, timeout=APPEND_RETRY_SECONDS + 3, meter=meter, reach=reach, secret=secret
     )
     await backend.start()
     hub = ControlHub(floors, FenceRegistry(data_dir / "fences.json"))
