@@ -41,6 +41,7 @@ def _internal_secret_for_the_run() -> Path:
 INTERNAL_SECRET_FILE = _internal_secret_for_the_run()
 os.environ["STRICTQ_INTERNAL_SECRET_FILE"] = str(INTERNAL_SECRET_FILE)
 
+
 class ServerProcess(ChildProcess):
     """One `strictq queue-server` process."""
 
