@@ -8,11 +8,11 @@ compared in constant time (`hmac.compare_digest`) by one middleware, first in th
 reads the request: a request without it gets 401, with another 403, and changes nothing.
 
 Not checked (their answers reveal nothing a caller could use, and probes and load balancers carry no
-secret): `/healthz` (`{"status": "ok"}`) and `/readyz` (`{"ready": ...}`), unless they carry a wrong
-secret: then 403 there too, so a gateway's readiness probe tells an operator at once that its secret is not
-the server's. Nor the routes that authenticate each caller with the key file and its tenant scopes
-(`/admin/...`, `/metrics`): operators, Prometheus and the egress proxy hold API keys, not the deployment's
-secret, which would give them every tenant's data.
+secret): paths no route serves (404/405), `/healthz` (`{"status": "ok"}`) and `/readyz` (`{"ready": ...}`),
+unless they carry a wrong secret: then 403 there too, so a gateway's readiness probe tells an operator at
+once that its secret is not the server's. Nor the routes that authenticate each caller with the key file
+and its tenant scopes (`/admin/...`, `/metrics`): operators, Prometheus and the egress proxy hold API
+keys, not the deployment's secret, which would give them every tenant's data.
 
 The secret lives in a file, 0600 (`--internal-secret FILE` or STRICTQ_INTERNAL_SECRET_FILE):
 `strictq queue-server` writes <data-dir>/internal.secret when given none, `strictq cluster up` writes
@@ -170,8 +170,8 @@ def internal_auth(secret: InternalSecret) -> Middleware:
     @web.middleware
     async def check_internal_secret(request: web.Request, handler: Handler) -> web.StreamResponse:
         route = route_of(request)  # the matched route's template, not the raw path (no `..` games)
-        if route.startswith(KEYED_PREFIXES):
-            return await handler(request)
+        if route is None or route.startswith(KEYED_PREFIXES):
+            return await handler(request)  # no route (404/405: which exist is no secret), or keyed ones
         given = request.headers.get(HEADER)
         if given is None:
             if route in OPEN_PATHS:
@@ -190,8 +190,9 @@ def internal_auth(secret: InternalSecret) -> Middleware:
     return check_internal_secret
 
 
-def route_of(request: web.Request) -> str:
-    """The template of the route that serves `request` (`/v1/queues/{queue}`); "" when none does (a 404
-    still needs the secret: which paths exist is not for anyone to probe)."""
+def route_of(request: web.Request) -> str | None:
+    """The template of the route that serves `request` (`/v1/queues/{queue}`); None when none does: the
+    404 or 405 answer changes nothing and tells only what the source code does (and a CLI pointed at
+    the wrong server still hears which variable to set)."""
     resource = request.match_info.route.resource
-    return "" if resource is None else resource.canonical
+    return None if resource is None else resource.canonical

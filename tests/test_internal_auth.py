@@ -171,7 +171,6 @@ def attacks(queue: str, ids: list[str]) -> list[tuple[str, str, str, Any]]:
         ("delete the queue", "DELETE", q, None),
         ("change attributes", "PATCH", q, {"attributes": {"visibility_timeout": 1}}),
         ("start a move", "POST", "/v1/moves", {"from": queue, "to": queue + "-hidden"}),
-        ("an unknown route", "GET", "/v1/nothing-here", None),
     ]
 
 
