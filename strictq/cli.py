@@ -149,6 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
         "default: $STRICTQ_INTERNAL_SECRET_FILE, else <data-dir>/internal.secret, created when missing; a "
         "cluster's nodes and edges share one: `strictq cluster up` writes DIR/internal.secret)",
     )
+    server.add_argument(
+        "--tls-cert",
+        type=Path,
+        help="serve the internal API over TLS with this certificate chain (PEM): beyond loopback the "
+        'internal secret must not travel in clear (docs/cluster.md, "Internal traffic")',
+    )
+    server.add_argument("--tls-key", type=Path, help="private key (PEM) for --tls-cert")
     cluster_options = server.add_argument_group(
         "cluster", "run as one queue server of a cluster replicated on NATS JetStream (docs/cluster.md)"
     )
@@ -236,6 +243,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --queue-server or --cluster: the queue servers' internal secret, sent on every call "
         "(default: $STRICTQ_INTERNAL_SECRET_FILE; the queue server prints its file as "
         "'strictq: internal secret <path>')",
+    )
+    serve.add_argument(
+        "--internal-ca",
+        type=Path,
+        metavar="PEM",
+        help="with --queue-server or --cluster: the CA that signed the queue servers' --tls-cert (their "
+        "https:// URLs; default: the system's CAs)",
     )
     serve.add_argument(
         "--index", type=Path, help="wire-log index served at GET /admin/v1/search (default: <data-dir>/index)"
@@ -627,6 +641,9 @@ def cmd_queue_server(args: argparse.Namespace) -> int:
     limits = _connection_limits(args)
     if health is False or limits is None:
         return 2
+    if (args.tls_cert is None) != (args.tls_key is None):
+        print("strictq: --tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
     if args.cluster is not None:
         if args.init:  # a node's stores come from the streams and snapshots, never started empty by hand
             print("strictq: --init is for a single queue server's store, not a cluster node", file=sys.stderr)
@@ -663,8 +680,14 @@ def cmd_queue_server(args: argparse.Namespace) -> int:
             limits,
             fleet,
             secret,
+            _tls_pair(args),
         )
     )
+
+
+def _tls_pair(args: argparse.Namespace) -> tuple[Path, Path] | None:
+    """--tls-cert and --tls-key of a queue server (checked to go together), or None: plain HTTP."""
+    return None if args.tls_cert is None else (args.tls_cert, args.tls_key)
 
 
 def _cluster_node(args: argparse.Namespace, limits: Any) -> int:
@@ -707,6 +730,7 @@ def _cluster_node(args: argparse.Namespace, limits: Any) -> int:
         zone=args.zone,
         keys=args.keys,
         secret_file=secret_file(args.internal_secret),
+        tls=_tls_pair(args),
     )
     return run_server(lambda: run_node(options))
 
@@ -783,13 +807,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         regions=tuple(sorted(regions or ())),
         tenant_limit=tenant_limit,
     )
-    if args.internal_secret is not None and args.queue_server is None and args.cluster is None:
-        print("strictq: --internal-secret goes with --queue-server or --cluster", file=sys.stderr)
-        return 2
+    for flag, value in (("--internal-secret", args.internal_secret), ("--internal-ca", args.internal_ca)):
+        if value is not None and args.queue_server is None and args.cluster is None:
+            print(f"strictq: {flag} goes with --queue-server or --cluster", file=sys.stderr)
+            return 2
     if args.queue_server is not None or args.cluster is not None:
         from queue_core.internal_auth import secret_file
 
-        options = replace(options, internal_secret=secret_file(args.internal_secret))
+        options = replace(
+            options, internal_secret=secret_file(args.internal_secret), internal_ca=args.internal_ca
+        )
     if args.queue_server is not None and not args.queue_server.startswith(("http://", "https://")):
         print("strictq: --queue-server must be an http:// or https:// URL", file=sys.stderr)
         return 2

@@ -31,6 +31,7 @@ from queue_core.metrics_export import CoreCollector
 from queue_core.metrics_http import Collector, add_metrics_route
 from queue_core.server import make_app
 from queue_core.startup import listen_fault, load_keys, prepare_data_dir
+from strictq.queue_server import internal_tls
 from strictq.startup_guard import Port, StartupLine, check_ports, data_dir_lock
 from wirelog import logsafe
 
@@ -55,6 +56,7 @@ class NodeOptions:
     # The cluster's internal secret (--internal-secret / STRICTQ_INTERNAL_SECRET_FILE): one file for every
     # node and edge; required (a node's own would not be its edges').
     secret_file: Path | None = None
+    tls: tuple[Path, Path] | None = None  # --tls-cert/--tls-key: the internal API over TLS (https:// URL)
 
 
 def node_secret(options: NodeOptions) -> InternalSecret:
@@ -72,6 +74,7 @@ def node_secret(options: NodeOptions) -> InternalSecret:
 async def serve_node(options: NodeOptions) -> None:
     prepare_data_dir(options.data_dir)
     secret = node_secret(options)
+    context = internal_tls(options.tls)
     try:
         nc = await connect(options.nats.urls, options.nats.user, options.nats.password, name=options.name)
     except Exception as exc:
@@ -96,13 +99,16 @@ async def serve_node(options: NodeOptions) -> None:
         add_node_metrics(app, node, node_keys(options))
         runner = web.AppRunner(app, access_log=None, handle_signals=False, **options.limits.handler_args())
         await runner.setup()
-        site = GuardedSite(runner, options.host, options.port, limits=options.limits, reuse_address=True)
+        site = GuardedSite(
+            runner, options.host, options.port, limits=options.limits, ssl_context=context, reuse_address=True
+        )
         try:
             await site.start()
         except OSError as exc:
             raise listen_fault(options.host, options.port, exc) from None
         host, port = runner.addresses[0][:2]
-        node.url = options.advertise or f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        scheme = "https" if context is not None else "http"
+        node.url = options.advertise or f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

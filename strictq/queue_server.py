@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import signal
+import ssl
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import uvloop
 from aiohttp import web
 
 from access.keys import write_development_keys
+from gateway.tls import TlsFiles, server_context
 from queue_core.admin_routes import add_admin_routes, add_queue_admin_routes
 from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
@@ -53,6 +55,7 @@ async def serve(
     limits: ConnectionLimits = DEFAULT_LIMITS,
     fleet: FleetSettings | None = None,
     secret_file: Path | None = None,
+    tls: tuple[Path, Path] | None = None,
 ) -> None:
     # Start-up faults first, each a StartupError naming its file (queue_core.startup): the data dir
     # (0700, writable), the key file, a missing or empty store (refused unless `init`), fences.json.
@@ -65,6 +68,8 @@ async def serve(
     # <data-dir>/internal.secret (written 0600 on the first start). A file open to other users is refused.
     secret_path = secret_file or data_dir / FILE_NAME
     secret = InternalSecret.load(secret_path) if secret_file is not None else None
+    # --tls-cert/--tls-key: the internal API over TLS (the secret must not cross a network in clear).
+    context = internal_tls(tls)
     check_store(data_dir, data_dir, init)
     check_state_files(data_dir, health is not None)
     if secret is None:
@@ -95,7 +100,7 @@ async def serve(
     runner = web.AppRunner(app, access_log=None, handle_signals=False, **limits.handler_args())
     await runner.setup()
     # A head timeout per connection, memory back after slow readers (queue_core.http_guard).
-    site = GuardedSite(runner, host, port, limits=limits, reuse_address=True)
+    site = GuardedSite(runner, host, port, limits=limits, ssl_context=context, reuse_address=True)
     try:
         await site.start()
     except OSError as exc:
@@ -106,7 +111,7 @@ async def serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     bound_host, bound_port = runner.addresses[0][:2]
-    url = f"http://{_url_host(bound_host)}:{bound_port}"
+    url = f"{'https' if context else 'http'}://{_url_host(bound_host)}:{bound_port}"
     print(f"strictq: listening on {url}", flush=True)
     print(f"strictq: keys {keys_path.resolve()}", flush=True)
     print(f"strictq: internal secret {secret_path.resolve()}", flush=True)
@@ -125,6 +130,13 @@ async def serve(
         await service.close()
 
 
+def internal_tls(files: tuple[Path, Path] | None) -> ssl.SSLContext | None:
+    """The internal API's TLS context from --tls-cert/--tls-key (faults named: gateway.tls), or None."""
+    if files is None:
+        return None
+    return server_context(TlsFiles(files[0], files[1], None))
+
+
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
@@ -140,6 +152,7 @@ def run(
     limits: ConnectionLimits = DEFAULT_LIMITS,
     fleet: FleetSettings | None = None,
     secret_file: Path | None = None,
+    tls: tuple[Path, Path] | None = None,
 ) -> None:
     logsafe.install()  # control characters escaped, malformed requests one WARNING line (issue 11)
     # The data dir locked first (another server on it is refused before its store is touched), then the
@@ -148,4 +161,6 @@ def run(
         check_ports(host, [Port(port, "the internal API's --port", "--port")])
         # uvloop is pinned, as for `strictq serve`; an ImportError raised while serving is a fault to
         # report, not a reason to start the server a second time on plain asyncio.
-        uvloop.run(serve(host, port, data_dir, partitions, keys, health, init, limits, fleet, secret_file))
+        uvloop.run(
+            serve(host, port, data_dir, partitions, keys, health, init, limits, fleet, secret_file, tls)
+        )

@@ -154,6 +154,7 @@ class ServeOptions:
     # --internal-secret / STRICTQ_INTERNAL_SECRET_FILE: the queue servers' internal secret, which every call
     # to them carries (queue_core.internal_auth); required with queue_server or cluster.
     internal_secret: Path | None = None
+    internal_ca: Path | None = None  # --internal-ca: the CA of the queue servers' TLS (https:// URLs)
 
     @property
     def core_here(self) -> bool:
@@ -292,7 +293,12 @@ async def serve(options: ServeOptions) -> None:
         service = QueueService(data_dir / "queue", partitions=options.partitions)
         await start_service(service, data_dir)
     else:
-        service = RemoteQueueService(options.queue_server, partitions=options.partitions, secret=secret)
+        service = RemoteQueueService(
+            options.queue_server,
+            partitions=options.partitions,
+            secret=secret,
+            ca_file=None if options.internal_ca is None else str(options.internal_ca),
+        )
         await service.start()
         if service.refused is not None:  # the server is there, and says our secret is not its own
             await service.close()
@@ -546,7 +552,8 @@ async def cluster_backend(
     floors = ClusterFloors(nc, layout)
     await floors.start()
     meter = TrafficMeter(edge_identity(options, options.port, ""), window=options.traffic_window)
-    publisher = EdgePublisher(js, layout, meter, owners, reach=reach)
+    ca = None if options.internal_ca is None else str(options.internal_ca)
+    publisher = EdgePublisher(js, layout, meter, owners, reach=reach, ca_file=ca)
 
     async def closed() -> None:
         await publisher.close()  # first: it reads the owner map and deletes its key over `nc`
@@ -557,7 +564,13 @@ async def cluster_backend(
     # Not the single queue server's 30 s: an append waits out a stream leader's election (~5-9 s) at most
     # APPEND_RETRY_SECONDS, and a frozen owner should cost a client this long, not half a minute.
     backend = ClusterBackend(
-        owners, on_close=closed, timeout=APPEND_RETRY_SECONDS + 3, meter=meter, reach=reach, secret=secret
+        owners,
+        on_close=closed,
+        timeout=APPEND_RETRY_SECONDS + 3,
+        meter=meter,
+        reach=reach,
+        secret=secret,
+        ca_file=None if options.internal_ca is None else str(options.internal_ca),
     )
     await backend.start()
     hub = ControlHub(floors, FenceRegistry(data_dir / "fences.json"))

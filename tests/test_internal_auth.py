@@ -334,3 +334,46 @@ def test_a_gateway_with_another_secret_is_refused_at_start(remote: Target, tmp_p
         "--port", "0", "--data-dir", str(tmp_path / "edge"),
     )  # fmt: skip
     one_line(done, 2, "refuses", "internal secret", "403")
+
+
+def test_the_internal_api_over_tls(tmp_path: Path) -> None:
+    """--tls-cert/--tls-key on the queue server, --internal-ca on the gateway: the secret crosses the
+    network encrypted; a plain-HTTP caller gets no answer at all, the gateway serves as before."""
+    from gateway.tls import ensure_local_certificates
+
+    files = ensure_local_certificates(tmp_path / "tls")
+    assert files.ca is not None
+    server = launch(
+        strictq(
+            "queue-server", "--host", "127.0.0.1", "--port", "0", "--data-dir", str(tmp_path / "qs"),
+            "--tls-cert", str(files.cert), "--tls-key", str(files.key),
+        ),
+        tmp_path / "qs.log",
+    )  # fmt: skip
+    try:
+        url = server.startup[LISTENING]
+        assert url.startswith("https://127.0.0.1:"), url
+        plain = run_cli("queues", "--queue-server", url.replace("https://", "http://"))
+        assert plain.returncode != 0 and "Traceback" not in plain.stderr, plain.stderr
+        gateway = launch(
+            strictq(
+                "serve", "--queue-server", url, "--internal-ca", str(files.ca), "--no-proxy",
+                "--host", "127.0.0.1", "--port", "0", "--data-dir", str(tmp_path / "edge"),
+            ),
+            tmp_path / "edge.log",
+            wait_for=(LISTENING, "strictq: client env "),
+        )  # fmt: skip
+        try:
+            keys = KeyRing.load(Path(gateway.value("strictq: keys ") or ""))
+            admin = next(c for c in keys.credentials if c.role == "admin")
+            sqs = sqs_at(gateway.startup[LISTENING], gateway.value("strictq: ca ") or "", admin, attempts=3)
+            queue_url = sqs.create_queue(QueueName="over-tls")["QueueUrl"]
+            sqs.send_message(QueueUrl=queue_url, MessageBody="hello")
+            got = sqs.receive_message(QueueUrl=queue_url, WaitTimeSeconds=5)["Messages"]
+            assert [m["Body"] for m in got] == ["hello"]
+        finally:
+            gateway.stop()
+        served = run_cli("queues", "--queue-server", url, env={"STRICTQ_CA_FILE": str(files.ca)})
+        assert served.returncode == 0 and "over-tls" in served.stdout, served.stderr
+    finally:
+        server.stop()
