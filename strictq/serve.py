@@ -446,7 +446,7 @@ async def _start_proxy(
             data_dir=serve_proxy_dir(options.data_dir),
             keys=keys_path,
             control=options.queue_server or url,
-            control_ca=tls.ca if tls is not None and options.queue_server is None else None,
+            control_ca=_control_ca(options, tls),
             wirelog=options.data_dir / "wirelog",
             redaction_key_dir=options.data_dir,
             stop=stop,
@@ -457,6 +457,14 @@ async def _start_proxy(
         if not stop.is_set():
             print(f"strictq: the egress proxy did not start: {exc} (--no-proxy: without it)", file=sys.stderr)
         return None
+
+
+def _control_ca(options: ServeOptions, tls: TlsFiles | None) -> Path | None:
+    """The CA the proxy child trusts for the control stream it follows: a queue server's (--internal-ca,
+    for one started with --tls-cert) with --queue-server, else this gateway's local CA."""
+    if options.queue_server is not None:
+        return options.internal_ca
+    return tls.ca if tls is not None else None
 
 
 def proxy_ports(options: ServeOptions) -> tuple[int, int]:
