@@ -5,8 +5,9 @@
 - `tls`: the secret over server-side TLS (a local CA's certificate, gateway.tls), pooled keep-alive
   connections as a gateway's session keeps them.
 
-Each server runs alone in a child process (this script with `--serve MODE`), so its CPU (utime + stime
-from /proc) is the server's only; the client sends one message per request from `CONCURRENCY` tasks.
+Each server runs in its own child process (this script with `--serve MODE`), so its CPU (utime + stime
+from /proc) is the server's only; the client sends one message per request from `CONCURRENCY` tasks, the
+modes taking turns round by round.
 Bounded: `--sends` per round, `--rounds` rounds, everything on loopback, every child stopped.
 
     .venv/bin/python -m bench.internal_auth_bench [--sends 3000] [--rounds 3] [--json out.json]
@@ -120,44 +121,55 @@ async def sends(session: aiohttp.ClientSession, url: str, count: int, round_no: 
     await asyncio.gather(*(one_task(t) for t in range(CONCURRENCY)))
 
 
-async def measure(child: Child, count: int, rounds: int) -> dict[str, Any]:
-    """Server CPU milliseconds per 1000 sends (median of `rounds`), and the client's sends per second."""
+def session_for(child: Child) -> aiohttp.ClientSession:
+    """A pooled keep-alive session as a gateway keeps one: the secret as a default header (`secret`,
+    `tls`), the local CA trusted (`tls`)."""
     headers: dict[str, str] = {}
     if child.mode != "plain":
         headers = {"X-Strictq-Internal": (child.data_dir / "internal.secret").read_text().strip()}
     context: ssl.SSLContext | bool = True
     if child.mode == "tls":
         context = ssl.create_default_context(cafile=str(child.data_dir / "tls" / "ca.pem"))
-    connector = aiohttp.TCPConnector(ssl=context, limit=0)
-    per_thousand: list[float] = []
-    rates: list[float] = []
-    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
-        async with session.put(child.url + "/v1/queues/bench", json={"attributes": {}}) as response:
-            assert response.status == 200, await response.text()
-        await sends(session, child.url, WARMUP, -1)
-        for round_no in range(rounds):
-            cpu_before, started = cpu_seconds(child.proc.pid), time.monotonic()
-            await sends(session, child.url, count, round_no)
-            elapsed = time.monotonic() - started
-            per_thousand.append((cpu_seconds(child.proc.pid) - cpu_before) / count * 1000 * 1000)
-            rates.append(count / elapsed)
-    return {
-        "mode": child.mode,
-        "cpu_ms_per_1000_sends": round(statistics.median(per_thousand), 1),
-        "rounds_ms": [round(v, 1) for v in per_thousand],
-        "sends_per_s": round(statistics.median(rates)),
-    }
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context, limit=0), headers=headers)
 
 
 async def bench(count: int, rounds: int, root: Path) -> list[dict[str, Any]]:
-    results = []
-    for mode in MODES:
-        child = Child(mode, root / mode)
-        try:
-            results.append(await measure(child, count, rounds))
-        finally:
+    """Server CPU milliseconds per 1000 sends (median of `rounds`) and sends per second, per mode. The
+    three servers run at once and the rounds take turns (plain, secret, tls, plain, ...), so a change in
+    the machine's other load falls on every mode alike rather than on whichever ran last."""
+    children: list[Child] = []
+    sessions: list[aiohttp.ClientSession] = []
+    cpu: dict[str, list[float]] = {mode: [] for mode in MODES}
+    rates: dict[str, list[float]] = {mode: [] for mode in MODES}
+    try:
+        for mode in MODES:
+            children.append(Child(mode, root / mode))
+            sessions.append(session_for(children[-1]))
+        for child, session in zip(children, sessions, strict=True):
+            async with session.put(child.url + "/v1/queues/bench", json={"attributes": {}}) as response:
+                assert response.status == 200, await response.text()
+            await sends(session, child.url, WARMUP, -1)
+        for round_no in range(rounds):
+            for child, session in zip(children, sessions, strict=True):
+                cpu_before, started = cpu_seconds(child.proc.pid), time.monotonic()
+                await sends(session, child.url, count, round_no)
+                elapsed = time.monotonic() - started
+                cpu[child.mode].append((cpu_seconds(child.proc.pid) - cpu_before) / count * 1000 * 1000)
+                rates[child.mode].append(count / elapsed)
+    finally:
+        for session in sessions:
+            await session.close()
+        for child in children:
             child.stop()
-    return results
+    return [
+        {
+            "mode": mode,
+            "cpu_ms_per_1000_sends": round(statistics.median(cpu[mode]), 1),
+            "rounds_ms": [round(v, 1) for v in cpu[mode]],
+            "sends_per_s": round(statistics.median(rates[mode])),
+        }
+        for mode in MODES
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
