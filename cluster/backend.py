@@ -62,7 +62,13 @@ from queue_core.machine.groups import AUTO_GROUP_PREFIX, partition_of
 from queue_core.machine.handover import MAX_GROUPS_PER_CALL, HandoverPolicy
 from queue_core.machine.inputs import AttemptResult
 from queue_core.machine.moves import CLUSTER_MOVE_PREFIX
-from queue_core.remote import PROBE_INTERVAL, RemoteQueueService, Unreachable, client_session
+from queue_core.remote import (
+    PROBE_INTERVAL,
+    CredentialRefused,
+    RemoteQueueService,
+    Unreachable,
+    client_session,
+)
 from queue_core.service import MAX_WAIT, Received
 
 from .geo import client_region
@@ -143,6 +149,11 @@ class ClusterBackend:
     def session(self) -> aiohttp.ClientSession | None:
         """The pooled session of the internal API (None before `start`): the edge's prober shares it."""
         return self._session
+
+    @property
+    def refused(self) -> str | None:
+        """Why a node refuses this edge's internal secret (its last probe's answer), None if none does."""
+        return next((r.refused for r in self._remotes.values() if r.refused is not None), None)
 
     @property
     def healthy(self) -> bool:
@@ -241,6 +252,8 @@ class ClusterBackend:
                 return await self._once(partition, operation)
             except (NotOwner, Unreachable) as exc:
                 why = exc.message
+            except CredentialRefused as exc:  # not applied, and no retry can help: at once
+                raise _unavailable(partition, exc.message) from None
             except Unavailable as exc:
                 if not safe:
                     raise _unavailable(

@@ -57,6 +57,12 @@ class Unreachable(Unavailable):
     sending it again (there or to another node) cannot apply it twice. Same code as `Unavailable`."""
 
 
+class CredentialRefused(Unavailable):
+    """The queue server refused this client's internal secret (401/403, queue_core.internal_auth): the
+    request was not applied, and sending it again (anywhere) will not help until the secret is fixed. For
+    the gateway's own clients a 503, as for any queue server that cannot serve them."""
+
+
 class RemoteQueueService:
     """The internal API of a `strictq queue-server`, spoken with one pooled aiohttp session.
 
@@ -148,7 +154,7 @@ class RemoteQueueService:
             log.info("queue server %s is %s", self.url, "ready" if ready else "not ready")
         self._ready = ready
 
-    def _refused(self, status: int) -> Unavailable:
+    def _refused(self, status: int) -> CredentialRefused:
         """The server refuses our internal secret (401: none sent, 403: another): one ERROR line when
         this starts, and the caller's error: 503 for the gateway's clients (their request was fine)."""
         why = (
@@ -160,7 +166,7 @@ class RemoteQueueService:
             log.error("%s", why)
         self.refused = why
         self._ready = False
-        return Unavailable(f"queue server {self.url} refused the gateway's internal credential")
+        return CredentialRefused(f"queue server {self.url} refused the gateway's internal credential")
 
     # ---------------------------------------------------------------------------------- plumbing
     async def _call(

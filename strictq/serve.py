@@ -271,7 +271,7 @@ def internal_secret(options: ServeOptions) -> InternalSecret | None:
             else f"the cluster's file (`strictq cluster up` writes DIR/{SECRET_FILE_NAME})"
         )
         what = "--queue-server" if options.queue_server is not None else "--cluster"
-        raise StartupLine(options.data_dir, missing_secret_line(f"strictq serve {what}", where))
+        raise StartupLine(options.data_dir, missing_secret_line(f"a gateway with {what}", where))
     return InternalSecret.load(options.internal_secret)
 
 
@@ -581,6 +581,10 @@ async def cluster_backend(
         ca_file=None if options.internal_ca is None else str(options.internal_ca),
     )
     await backend.start()
+    refused = backend.refused
+    if refused is not None:  # the nodes are there, and say our secret is not the cluster's
+        await backend.close()
+        raise StartupLine(data_dir, refused)
     hub = ControlHub(floors, FenceRegistry(data_dir / "fences.json"))
     return backend, hub, publisher, KvClusterSource(js, layout, tuple(settings.urls))
 

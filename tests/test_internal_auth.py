@@ -49,6 +49,7 @@ class Target:
     keys: KeyRing
     partitions: list[int | None]  # the X-Strictq-Partition values to attack with (None: no header)
     secret_file: Path | None = None  # the deployment's secret (None: the run's, tests/conftest.py)
+    nats_args: tuple[str, ...] = ()  # a cluster's --cluster and --nats-credentials
 
     def credential(self, role: str) -> Credential:
         return next(c for c in self.keys.credentials if c.role == role)
@@ -92,6 +93,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
         )
         found = target_of("cluster", node_url, edge, [0, 1])
         found.secret_file = data_dir / "internal.secret"
+        nats = "strictq: nats "
+        urls = ",".join(line[len(nats) :] for line in process.lines if line.startswith(nats))
+        found.nats_args = ("--cluster", urls, "--nats-credentials", str(data_dir / "nats" / "credentials"))
         yield found
     finally:
         process.stop()
@@ -325,13 +329,21 @@ def test_a_queue_server_writes_its_secret_and_says_where(tmp_path: Path) -> None
         server.stop()
 
 
-def test_a_gateway_with_another_secret_is_refused_at_start(remote: Target, tmp_path: Path) -> None:
+def test_a_gateway_with_another_secret_is_refused_at_start(
+    remote: Target, cluster: Target, tmp_path: Path
+) -> None:
     other = tmp_path / "other.secret"
     other.write_text("another-secret-of-32-characters-x\n")
     other.chmod(0o600)
     done = run_cli(
         "serve", "--queue-server", remote.internal, "--internal-secret", str(other), "--no-proxy",
         "--port", "0", "--data-dir", str(tmp_path / "edge"),
+    )  # fmt: skip
+    one_line(done, 2, "refuses", "internal secret", "403")
+    assert cluster.nats_args, "the cluster fixture records its NATS arguments"
+    done = run_cli(
+        "serve", *cluster.nats_args, "--internal-secret", str(other), "--no-proxy",
+        "--port", "0", "--data-dir", str(tmp_path / "cluster-edge"),
     )  # fmt: skip
     one_line(done, 2, "refuses", "internal secret", "403")
 
