@@ -97,7 +97,10 @@ class InternalSecret:
                 "make it readable by this user",
             ) from None
         try:
-            mode = stat.S_IMODE(os.fstat(fd).st_mode)
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise StartupError(path, "is not a file (the internal secret)", f"give {FLAG} a file")
+            mode = stat.S_IMODE(st.st_mode)
             if mode & 0o077:
                 who = "other users" if mode & 0o007 else "the group"
                 raise StartupError(
@@ -105,7 +108,12 @@ class InternalSecret:
                     f"the internal secret is mode {mode:04o}, open to {who} (it opens every tenant's queues)",
                     f"run: chmod 600 {path}",
                 )
-            raw = os.read(fd, 4096)
+            try:
+                raw = os.read(fd, 4096)
+            except OSError as exc:
+                raise StartupError(
+                    path, f"cannot read the internal secret ({exc.strerror or exc})", "check the file"
+                ) from None
         finally:
             os.close(fd)
         value = raw.decode(errors="replace").strip()

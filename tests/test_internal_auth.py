@@ -303,6 +303,14 @@ def test_a_secret_file_others_may_read_is_refused(tmp_path: Path) -> None:
         one_line(run_cli(*args, "--internal-secret", str(loose)), 2, str(loose), "0640", "chmod 600")
     done = run_cli("queue-server", "--port", "0", "--data-dir", str(tmp_path / "qs2"), env={ENV: str(loose)})
     one_line(done, 2, "0640", "the group")
+    short = tmp_path / "short.secret"  # not a secret: too short to guess at
+    short.write_text("abc\n")
+    short.chmod(0o600)
+    for path, words in ((short, ("not an internal secret",)), (tmp_path, ("not a file",))):
+        done = run_cli(
+            "queue-server", "--port", "0", "--data-dir", str(tmp_path / "qs3"), "--internal-secret", str(path)
+        )
+        one_line(done, 2, str(path), *words)
 
 
 def test_a_queue_server_writes_its_secret_and_says_where(tmp_path: Path) -> None:
