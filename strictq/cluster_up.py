@@ -234,8 +234,6 @@ class ClusterUp:
             ",".join(self.nats.client_urls),
             "--nats-credentials",
             str(credentials_path(self.data_dir)),
-            "--internal-secret",
-            str(self.secret_path),
         ]
 
     def node_argv(self, name: str) -> list[str]:
@@ -258,6 +256,8 @@ class ClusterUp:
             "--keys",  # the gateway's key file: one operator key scrapes the edge and every node
             str(self.gateway_keys),
             *self.where(int(name.removeprefix("n")) - 1),
+            "--internal-secret",  # the one file of every node and edge
+            str(self.secret_path),
         )
 
     def where(self, i: int) -> list[str]:
@@ -288,6 +288,8 @@ class ClusterUp:
             "--port",
             str(o.port),
             *proxy,
+            "--internal-secret",
+            str(self.secret_path),
         )
 
     def gateway_ports(self) -> list[Port]:
