@@ -18,7 +18,6 @@ import uvloop
 from aiohttp import web
 
 from access.keys import write_development_keys
-from gateway.tls import TlsFiles, server_context
 from queue_core.admin_routes import add_admin_routes, add_queue_admin_routes
 from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
@@ -134,6 +133,8 @@ def internal_tls(files: tuple[Path, Path] | None) -> ssl.SSLContext | None:
     """The internal API's TLS context from --tls-cert/--tls-key (faults named: gateway.tls), or None."""
     if files is None:
         return None
+    from gateway.tls import TlsFiles, server_context  # cryptography: imported only when TLS is asked for
+
     return server_context(TlsFiles(files[0], files[1], None))
 
 
