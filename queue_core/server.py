@@ -1,8 +1,10 @@
 """The core behind an internal HTTP API (aiohttp + orjson) for the gateway and tools: `make_app`, the app
 factory; `strictq queue-server` composes the process around it (strictq.queue_server).
 
-Each error carries its HTTP status (docs/errors.md), rendered by queue_core.http_errors. Bad input gets a 4xx
-JSON body `{"error": {"code", "message", "retriable"?, "details"?}}`; nothing already accepted is lost and the
+Every request but /healthz and /readyz must carry the deployment's internal secret
+(queue_core.internal_auth: checked first, before a handler reads anything). Each error carries its HTTP
+status (docs/errors.md), rendered by queue_core.http_errors. Bad input gets a 4xx JSON body
+`{"error": {"code", "message", "retriable"?, "details"?}}`; nothing already accepted is lost and the
 server keeps going.
 """
 
