@@ -397,3 +397,27 @@ def test_the_internal_api_over_tls(tmp_path: Path) -> None:
         assert served.returncode == 0 and "over-tls" in served.stdout, served.stderr
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/admin/../v1/queues", "/admin%2F..%2Fv1/queues", "/metrics/../v1/queues", "/healthz/../v1/queues",
+     "//v1/queues", "/v1/queues/"],
+)  # fmt: skip
+def test_no_path_trick_reaches_a_route_without_the_secret(remote: Target, path: str) -> None:
+    """The check goes by the route that would serve the request, not by the raw path: dot segments, an
+    encoded slash or a doubled one reach no route (404), never the queue list."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(remote.internal)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=15)
+    try:
+        conn.request("GET", path)  # as given: http.client does not normalize it
+        answer = conn.getresponse()
+        status, body = answer.status, answer.read()
+    finally:
+        conn.close()
+    assert status in (401, 404), (path, status, body)
+    answer_json = orjson.loads(body)
+    assert "error" in answer_json and "queues" not in answer_json, body  # an error, never the listing
