@@ -316,7 +316,9 @@ class QueueCore:
         return self._retries.forget_reservations(worker)
 
     # ------------------------------------------------------------------------------------ moves
-    def start_move(self, source: str, destination: str, now: float, move_id: str | None = None) -> MoveStatus:
+    def start_move(
+        self, source: str, destination: str, now: float, move_id: str | None = None
+    ) -> MoveStatus:
         return self._moves.start(source, destination, now, move_id)
 
     def move_status(self, move_id: str) -> MoveStatus:
