@@ -91,6 +91,7 @@ class ClusterServer(GatewayServer):
         if not urls:
             raise RuntimeError(f"strictq cluster urls printed nothing for {self.data_dir}")
         return ["--cluster", urls, "--nats-credentials", str(self.data_dir / "nats" / "credentials"),
+                "--internal-secret", str(self.data_dir / "internal.secret"),  # cluster up wrote it
                 "--node", name]  # fmt: skip
 
     def processes(self) -> dict[str, int]:

@@ -235,9 +235,12 @@ class StrictqClient:
         self.receive_url = base + "/receive"
         self.ack_url = base + "/ack"
         limit = spec.connections or (64 if spec.mode == "open" else spec.producers + spec.consumers)
+        from bench.servers import internal_headers
+
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=limit, keepalive_timeout=60),
             timeout=aiohttp.ClientTimeout(total=60),
+            headers=internal_headers(),  # the queue server's internal secret, on every request
         )
 
     async def close(self) -> None:

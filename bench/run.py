@@ -34,6 +34,7 @@ from pathlib import Path
 from .procstat import machine_facts
 from .report import render, splice
 from .scenarios import ALIASES, SCENARIOS, Settings
+from .servers import export_internal_secret
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = ROOT / "bench" / "out"
     out_dir.mkdir(parents=True, exist_ok=True)
     work_dir = Path(tempfile.mkdtemp(prefix="strictq-bench-"))
+    export_internal_secret(work_dir)  # the queue servers' and their clients' (bench.servers)
     settings = Settings(
         quick=args.quick,
         duration=args.duration or (2.0 if args.quick else 8.0),

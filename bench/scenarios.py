@@ -17,7 +17,7 @@ from .loadgen import LoadSpec
 from .preload import preload
 from .profiling import RATE, analyze_pyspy, pyspy_binary, render_pyspy, start_pyspy
 from .proxy_scenario import scenario_proxy
-from .servers import GatewayServer, QueueServer, RedisServer
+from .servers import GatewayServer, QueueServer, RedisServer, internal_headers
 
 QUEUE = "bench"
 SQS_QUEUE = "bench.fifo"
@@ -105,15 +105,19 @@ def _measure(st: Settings, spec: LoadSpec, pid: int, progress: Progress, label: 
 
 
 def _put_queue(url: str, name: str = QUEUE) -> None:
-    request = urllib.request.Request(
-        f"{url}/v1/queues/{name}", data=b"{}", method="PUT", headers={"Content-Type": "application/json"}
-    )
+    headers = {"Content-Type": "application/json", **internal_headers()}
+    request = urllib.request.Request(f"{url}/v1/queues/{name}", data=b"{}", method="PUT", headers=headers)
     with urllib.request.urlopen(request, timeout=30) as response:
         response.read()
 
 
+def _internal_get(url: str) -> urllib.request.Request:
+    """A GET of the queue server's internal API, with the run's internal secret."""
+    return urllib.request.Request(url, headers=internal_headers())
+
+
 def _queue_size(url: str, name: str = QUEUE) -> int:
-    with urllib.request.urlopen(f"{url}/v1/queues/{name}/size", timeout=30) as response:
+    with urllib.request.urlopen(_internal_get(f"{url}/v1/queues/{name}/size"), timeout=30) as response:
         import orjson
 
         return int(orjson.loads(response.read())["size"])
@@ -123,7 +127,7 @@ def _metric(url: str, name: str, queue: str = QUEUE) -> int:
     """A counter from `GET /v1/queues/{q}` (metrics: sent, received, deleted, ...)."""
     import orjson
 
-    with urllib.request.urlopen(f"{url}/v1/queues/{queue}", timeout=30) as response:
+    with urllib.request.urlopen(_internal_get(f"{url}/v1/queues/{queue}"), timeout=30) as response:
         return int(orjson.loads(response.read())["metrics"][name])
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -16,6 +17,26 @@ from .procstat import rss_bytes
 
 LISTENING = "strictq: listening on "
 RESTORED = re.compile(r"restored in ([0-9.]+)s")
+
+
+def export_internal_secret(work_dir: Path) -> Path:
+    """One internal secret (queue_core.internal_auth) for the benchmark's run, in
+    STRICTQ_INTERNAL_SECRET_FILE before any server starts: every queue server takes it from there, every
+    client of the internal API sends it (`internal_headers`)."""
+    from queue_core.internal_auth import ENV, InternalSecret
+
+    path = work_dir / "internal.secret"
+    InternalSecret.ensure(path)
+    os.environ[ENV] = str(path)
+    return path
+
+
+def internal_headers() -> dict[str, str]:
+    """`X-Strictq-Internal` with the run's secret (none exported: no header)."""
+    from queue_core.internal_auth import load_secret
+
+    secret = load_secret(None)
+    return {} if secret is None else secret.headers
 
 
 def strictq_command() -> list[str]:

@@ -36,6 +36,7 @@ import aiohttp
 
 from queue_core.backend import DedupReach
 from queue_core.figures import Figures, PartitionFigures, merge_held, merge_queues
+from queue_core.internal_auth import InternalSecret
 from queue_core.machine import (
     AckOutcome,
     GroupPolicy,
@@ -62,7 +63,13 @@ from queue_core.machine.handover import MAX_GROUPS_PER_CALL, HandoverPolicy, che
 from queue_core.machine.inputs import AttemptResult
 from queue_core.machine.moves import CLUSTER_MOVE_PREFIX
 from queue_core.machine.routing import VersionFigures
-from queue_core.remote import PROBE_INTERVAL, RemoteQueueService, Unreachable, client_session
+from queue_core.remote import (
+    PROBE_INTERVAL,
+    CredentialRefused,
+    RemoteQueueService,
+    Unreachable,
+    client_session,
+)
 from queue_core.service import MAX_WAIT, Received
 
 from .geo import client_region
@@ -100,11 +107,13 @@ class ClusterBackend:
         on_close: Callable[[], Awaitable[object]] | None = None,
         meter: TrafficMeter | None = None,
         reach: Mapping[str, str] | None = None,
+        secret: InternalSecret | None = None,
     ) -> None:
         """`on_close`: what else to close with it, last (the gateway's NATS connection). `meter`: where
         each send is recorded (partition, client region, latency: cluster.traffic). `reach`: node name ->
         the URL this gateway reaches that node at, instead of the one it announces (NAT, private links,
-        the WAN simulation's relays)."""
+        the WAN simulation's relays). `secret`: the cluster's internal secret, which the one session sends on
+        every call to every node (queue_core.internal_auth)."""
         self.owners = owners
         self.meter = meter
         self.reach: dict[str, str] = dict(reach or {})
@@ -115,6 +124,7 @@ class ClusterBackend:
         self.dedup_reach: DedupReach = "partition"
         self.retry_budget = retry_budget
         self._ca_file = ca_file
+        self._secret = secret
         self._timeout = timeout
         self._probe_interval = probe_interval
         self._session: aiohttp.ClientSession | None = None
@@ -129,7 +139,7 @@ class ClusterBackend:
 
     # ------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        self._session = client_session(self._ca_file)
+        self._session = client_session(self._ca_file, self._secret)
         self._stop = asyncio.Event()
         self._stopping = False
         self._ensure_remotes()
@@ -141,6 +151,11 @@ class ClusterBackend:
     def session(self) -> aiohttp.ClientSession | None:
         """The pooled session of the internal API (None before `start`): the edge's prober shares it."""
         return self._session
+
+    @property
+    def refused(self) -> str | None:
+        """Why a node refuses this edge's internal secret (its last probe's answer), None if none does."""
+        return next((r.refused for r in self._remotes.values() if r.refused is not None), None)
 
     @property
     def healthy(self) -> bool:
@@ -239,6 +254,8 @@ class ClusterBackend:
                 return await self._once(partition, operation)
             except (NotOwner, Unreachable) as exc:
                 why = exc.message
+            except CredentialRefused as exc:  # not applied, and no retry can help: at once
+                raise _unavailable(partition, exc.message) from None
             except Unavailable as exc:
                 if not safe:
                     raise _unavailable(

@@ -44,6 +44,10 @@ PROXY_ACTION = "X-Strictq-Proxy-Action"  # on a response the egress proxy made i
 # The internal API of a cluster node: the partition a request is for (a node serves several at once; one
 # that does not serve it now answers 421 `not_owner`). A single-process queue server ignores it.
 PARTITION = "X-Strictq-Partition"
+# The internal API's credential (queue_core.internal_auth): the deployment's shared secret, sent by the
+# gateways, the CLI and tools that call a queue server's internal port; every route but /healthz and
+# /readyz refuses a request without it (401) or with another (403).
+INTERNAL_SECRET = "X-Strictq-Internal"
 
 # Geography (issue 16): the region a client says it runs in (the SDK sends STRICTQ_REGION). An edge started
 # with --trust-region-header takes it as the client's region; otherwise it only orders that worker's own

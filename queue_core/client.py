@@ -15,6 +15,7 @@ import orjson
 from protocol.errors import BAD_RESPONSE, error_body, parse_error
 from protocol.headers import API_KEY as API_KEY_HEADER
 
+from .internal_auth import InternalSecret, load_secret
 from .machine.errors import error_class
 from .wire import ReceiveRequest, encode_move_request, encode_receive
 from .wire import held as _held
@@ -47,12 +48,14 @@ DEFAULT_URL = "http://127.0.0.1:8470"
 
 @dataclass(frozen=True, slots=True)
 class ClientConfig:
-    """The client environment (docs/contracts.md): STRICTQ_URL, STRICTQ_CA_FILE, STRICTQ_API_KEY, ..."""
+    """The client environment (docs/contracts.md): STRICTQ_URL, STRICTQ_CA_FILE, STRICTQ_API_KEY, ...;
+    STRICTQ_INTERNAL_SECRET_FILE: the queue server's internal secret (queue_core.internal_auth)."""
 
     url: str = DEFAULT_URL
     ca_file: str | None = None
     api_key: str | None = None
     worker_id: str | None = None
+    internal_secret: InternalSecret | None = None
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ClientConfig:
@@ -62,6 +65,7 @@ class ClientConfig:
             ca_file=env.get("STRICTQ_CA_FILE") or None,
             api_key=env.get("STRICTQ_API_KEY") or None,
             worker_id=env.get("STRICTQ_WORKER_ID") or None,
+            internal_secret=load_secret(None, env),
         )
 
 
@@ -99,6 +103,8 @@ class QueueClient:
             if self.config.ca_file:
                 ssl_context = ssl.create_default_context(cafile=self.config.ca_file)
             headers = {API_KEY_HEADER: self.config.api_key} if self.config.api_key else {}
+            if self.config.internal_secret is not None:  # every request: the internal API's credential
+                headers.update(self.config.internal_secret.headers)
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(ssl=ssl_context, limit=0),
                 timeout=self._timeout,

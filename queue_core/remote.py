@@ -26,6 +26,7 @@ from . import wire
 from .backend import DedupReach
 from .fences import Fence
 from .figures import Figures
+from .internal_auth import InternalSecret
 from .machine import (
     AckOutcome,
     GroupPolicy,
@@ -73,6 +74,12 @@ class Refused(StrictqError):
         return self.error
 
 
+class CredentialRefused(Unavailable):
+    """The queue server refused this client's internal secret (401/403, queue_core.internal_auth): the
+    request was not applied, and sending it again (anywhere) will not help until the secret is fixed. For
+    the gateway's own clients a 503, as for any queue server that cannot serve them."""
+
+
 class RemoteQueueService:
     """The internal API of a `strictq queue-server`, spoken with one pooled aiohttp session.
 
@@ -91,6 +98,7 @@ class RemoteQueueService:
         probe_interval: float = PROBE_INTERVAL,
         partition: int | None = None,
         session: aiohttp.ClientSession | None = None,
+        secret: InternalSecret | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.partitions = partitions
@@ -98,6 +106,8 @@ class RemoteQueueService:
         self.partition = partition
         self._headers = {} if partition is None else {PARTITION: str(partition)}
         self._ca_file = ca_file
+        self._secret = secret  # sent by the session it makes (a shared session carries its own)
+        self.refused: str | None = None  # why the server refuses our internal secret (None: it does not)
         self._timeout = timeout
         self._probe_interval = probe_interval
         self._session: aiohttp.ClientSession | None = session
@@ -113,7 +123,7 @@ class RemoteQueueService:
     # ------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         if self._own_session:
-            self._session = client_session(self._ca_file)
+            self._session = client_session(self._ca_file, self._secret)
         await self._check_ready()
         if not self._ready:
             log.warning("queue server %s is not ready yet; /readyz answers 503 until it is", self.url)
@@ -154,11 +164,29 @@ class RemoteQueueService:
                 timeout=aiohttp.ClientTimeout(total=max(1.0, self._probe_interval)),
             ) as response:
                 ready = response.status == 200
+                if response.status in (401, 403):
+                    self._refused(response.status)
+                else:
+                    self.refused = None
         except (aiohttp.ClientError, TimeoutError, OSError):
             ready = False
         if ready != self._ready:
             log.info("queue server %s is %s", self.url, "ready" if ready else "not ready")
         self._ready = ready
+
+    def _refused(self, status: int) -> CredentialRefused:
+        """The server refuses our internal secret (401: none sent, 403: another): one ERROR line when
+        this starts, and the caller's error: 503 for the gateway's clients (their request was fine)."""
+        why = (
+            f"queue server {self.url} refuses this client's internal secret (HTTP {status}): give the "
+            "gateway the file of the queue server's internal secret (--internal-secret / "
+            "STRICTQ_INTERNAL_SECRET_FILE)"
+        )
+        if self.refused is None:
+            log.error("%s", why)
+        self.refused = why
+        self._ready = False
+        return CredentialRefused(f"queue server {self.url} refused the gateway's internal credential")
 
     # ---------------------------------------------------------------------------------- plumbing
     async def _call(
@@ -204,6 +232,8 @@ class RemoteQueueService:
             ) from None
         if status < 400:
             return payload
+        if status in (401, 403):  # the internal API's credential, not the gateway client's request
+            raise self._refused(status)
         if batch and isinstance(payload, dict) and isinstance(payload.get("results"), list):
             return payload
         error = payload.get("error") if isinstance(payload, dict) else None
@@ -535,14 +565,16 @@ class _EventParser:
                 self._data = value
 
 
-def client_session(ca_file: str | None = None) -> aiohttp.ClientSession:
-    """The pooled session of the internal API (TLS verified against `ca_file` when given)."""
+def client_session(ca_file: str | None = None, secret: InternalSecret | None = None) -> aiohttp.ClientSession:
+    """The pooled session of the internal API (TLS verified against `ca_file` when given). Every request
+    of it carries `secret` (queue_core.internal_auth), set here once as the session's default header."""
     ssl_context: ssl.SSLContext | bool = True
     if ca_file:
         ssl_context = ssl.create_default_context(cafile=ca_file)
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(ssl=ssl_context, limit=0),
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0),
+        headers=None if secret is None else secret.headers,
     )
 
 

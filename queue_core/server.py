@@ -1,8 +1,10 @@
 """The core behind an internal HTTP API (aiohttp + orjson) for the gateway and tools: `make_app`, the app
 factory; `strictq queue-server` composes the process around it (strictq.queue_server).
 
-Each error carries its HTTP status (docs/errors.md), rendered by queue_core.http_errors. Bad input gets a 4xx
-JSON body `{"error": {"code", "message", "retriable"?, "details"?}}`; nothing already accepted is lost and the
+Every request but /healthz and /readyz must carry the deployment's internal secret
+(queue_core.internal_auth: checked first, before a handler reads anything). Each error carries its HTTP
+status (docs/errors.md), rendered by queue_core.http_errors. Bad input gets a 4xx JSON body
+`{"error": {"code", "message", "retriable"?, "details"?}}`; nothing already accepted is lost and the
 server keeps going.
 """
 
@@ -15,6 +17,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from protocol.errors import NOT_READY, error_body
 
@@ -22,6 +25,7 @@ from . import figures as figures_wire
 from . import wire
 from .http_errors import client_gone, json_response
 from .http_errors import error_response as render_error
+from .internal_auth import InternalSecret, internal_auth
 from .machine import (
     AckOutcome,
     InvalidArgument,
@@ -421,10 +425,19 @@ async def put_state(request: web.Request) -> web.Response:
 
 
 def make_app(
-    service: QueueService | None, source: ServiceSource | None = None, ready: Callable[[], bool] | None = None
+    service: QueueService | None,
+    source: ServiceSource | None = None,
+    ready: Callable[[], bool] | None = None,
+    *,
+    secret: InternalSecret | None,
 ) -> web.Application:
-    """`service`: the one this process serves; or a cluster node's `source` (see above) and `ready`."""
-    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[errors_as_json])
+    """`service`: the one this process serves; or a cluster node's `source` (see above) and `ready`.
+    `secret`: what every request must carry (queue_core.internal_auth; checked first, before anything
+    reads the request); None only for apps a test serves inside its own process."""
+    middlewares: list[Middleware] = [errors_as_json]
+    if secret is not None:
+        middlewares.insert(0, internal_auth(secret))
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=middlewares)
     if service is not None:
         app[SERVICE_SOURCE_KEY] = lambda request: service
         app[READY_KEY] = lambda: service.healthy

@@ -141,6 +141,21 @@ def build_parser() -> argparse.ArgumentParser:
         "created with development keys)",
     )
     server.add_argument("--init", action="store_true", help=INIT_HELP)
+    server.add_argument(
+        "--internal-secret",
+        type=Path,
+        metavar="FILE",
+        help="the internal API's shared secret (0600; every request but /healthz and /readyz must carry it; "
+        "default: $STRICTQ_INTERNAL_SECRET_FILE, else <data-dir>/internal.secret, created when missing; a "
+        "cluster's nodes and edges share one: `strictq cluster up` writes DIR/internal.secret)",
+    )
+    server.add_argument(
+        "--tls-cert",
+        type=Path,
+        help="serve the internal API over TLS with this certificate chain (PEM): beyond loopback the "
+        'internal secret must not travel in clear (docs/cluster.md, "Internal traffic")',
+    )
+    server.add_argument("--tls-key", type=Path, help="private key (PEM) for --tls-cert")
     cluster_options = server.add_argument_group(
         "cluster", "run as one queue server of a cluster replicated on NATS JetStream (docs/cluster.md)"
     )
@@ -220,6 +235,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="forward to a separate `strictq queue-server` at URL (its internal API) instead of running the "
         "queue core in this process",
+    )
+    serve.add_argument(
+        "--internal-secret",
+        type=Path,
+        metavar="FILE",
+        help="with --queue-server or --cluster: the queue servers' internal secret, sent on every call "
+        "(default: $STRICTQ_INTERNAL_SECRET_FILE; the queue server prints its file as "
+        "'strictq: internal secret <path>')",
+    )
+    serve.add_argument(
+        "--internal-ca",
+        type=Path,
+        metavar="PEM",
+        help="with --queue-server or --cluster: the CA that signed the queue servers' --tls-cert (their "
+        "https:// URLs; default: the system's CAs)",
     )
     serve.add_argument(
         "--index", type=Path, help="wire-log index served at GET /admin/v1/search (default: <data-dir>/index)"
@@ -611,6 +641,9 @@ def cmd_queue_server(args: argparse.Namespace) -> int:
     limits = _connection_limits(args)
     if health is False or limits is None:
         return 2
+    if (args.tls_cert is None) != (args.tls_key is None):
+        print("strictq: --tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
     if args.cluster is not None:
         if args.init:  # a node's stores come from the streams and snapshots, never started empty by hand
             print("strictq: --init is for a single queue server's store, not a cluster node", file=sys.stderr)
@@ -632,16 +665,35 @@ def cmd_queue_server(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"strictq: {exc}", file=sys.stderr)
         return 2
+    from queue_core.internal_auth import secret_file
+
+    secret = secret_file(args.internal_secret)
     return run_server(
         lambda: run(
-            args.host, args.port, args.data_dir, args.partitions, args.keys, health, args.init, limits, fleet
+            args.host,
+            args.port,
+            args.data_dir,
+            args.partitions,
+            args.keys,
+            health,
+            args.init,
+            limits,
+            fleet,
+            secret,
+            _tls_pair(args),
         )
     )
+
+
+def _tls_pair(args: argparse.Namespace) -> tuple[Path, Path] | None:
+    """--tls-cert and --tls-key of a queue server (checked to go together), or None: plain HTTP."""
+    return None if args.tls_cert is None else (args.tls_cert, args.tls_key)
 
 
 def _cluster_node(args: argparse.Namespace, limits: Any, health: Any = None) -> int:
     import socket
 
+    from queue_core.internal_auth import secret_file
     from strictq.cluster_node import NodeOptions, run_node
 
     from .cluster_cli import nats_settings
@@ -678,6 +730,8 @@ def _cluster_node(args: argparse.Namespace, limits: Any, health: Any = None) -> 
         zone=args.zone,
         keys=args.keys,
         health=health,
+        secret_file=secret_file(args.internal_secret),
+        tls=_tls_pair(args),
     )
     return run_server(lambda: run_node(options))
 
@@ -754,6 +808,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         regions=tuple(sorted(regions or ())),
         tenant_limit=tenant_limit,
     )
+    for flag, value in (("--internal-secret", args.internal_secret), ("--internal-ca", args.internal_ca)):
+        if value is not None and args.queue_server is None and args.cluster is None:
+            print(f"strictq: {flag} goes with --queue-server or --cluster", file=sys.stderr)
+            return 2
+    if args.queue_server is not None or args.cluster is not None:
+        from queue_core.internal_auth import secret_file
+
+        options = replace(
+            options, internal_secret=secret_file(args.internal_secret), internal_ca=args.internal_ca
+        )
     if args.queue_server is not None and not args.queue_server.startswith(("http://", "https://")):
         print("strictq: --queue-server must be an http:// or https:// URL", file=sys.stderr)
         return 2
@@ -849,16 +913,24 @@ async def _run_internal(found: Any, work: Callable[[Any], Coroutine[Any, Any, in
     import os
 
     from queue_core.client import ClientConfig, QueueClient, QueueClientError
+    from queue_core.internal_auth import ENV as SECRET_ENV
+    from queue_core.internal_auth import load_secret
+    from wirelog.files import StartupError
 
-    from .cli_endpoint import EdgeError, ssl_context
+    from .cli_endpoint import CliError, EdgeError, ssl_context
 
     if found.https:
         ssl_context(found)  # a missing or bad STRICTQ_CA_FILE named before anything is sent
+    try:  # the queue server's internal secret (its `strictq: internal secret <path>` line)
+        secret = load_secret(None)
+    except StartupError as exc:
+        raise CliError(f"{SECRET_ENV}: {exc}", 2) from None
     config = ClientConfig(
         url=found.url,
         ca_file=found.ca_file,
         api_key=os.environ.get("STRICTQ_API_KEY") or None,
         worker_id=os.environ.get("STRICTQ_WORKER_ID") or None,
+        internal_secret=secret,
     )
     try:
         async with QueueClient(config=config) as client:

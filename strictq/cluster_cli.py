@@ -42,7 +42,8 @@ one on a running DIR is refused.
 
 Add a queue server to the running cluster (it follows every partition, then the master gives it some):
   strictq queue-server --cluster "$(strictq cluster urls --data-dir DIR)" \\
-    --nats-credentials DIR/nats/credentials --node n4 --data-dir DIR/nodes/n4 --port 0
+    --nats-credentials DIR/nats/credentials --internal-secret DIR/internal.secret \\
+    --node n4 --data-dir DIR/nodes/n4 --port 0
 See docs/cluster.md for a layout over three machines."""
 
 STATUS_EPILOG = """\

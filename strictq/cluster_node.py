@@ -1,8 +1,9 @@
 """`strictq queue-server --cluster NATS --node NAME`: one queue server of a cluster (cluster.node).
 
 Start-up contract, as for a single queue server: `strictq: listening on <url>` once the internal API
-accepts connections, then `strictq: node <name> pid <pid> <url>`; stops cleanly on SIGTERM (its heartbeat
-then expires and the master gives its partitions to a standby).
+accepts connections (every call but /healthz and /readyz carrying the cluster's internal secret:
+queue_core.internal_auth), then `strictq: node <name> pid <pid> <url>`; stops cleanly on SIGTERM (its
+heartbeat then expires and the master gives its partitions to a standby).
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from cluster.layout import LayoutError, ensure_layout
 from cluster.node import ClusterNode
 from queue_core.admin_http import UNTENANTED
 from queue_core.http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
+from queue_core.internal_auth import ENV, FILE_NAME, FLAG, InternalSecret
 from queue_core.machine.health import HealthSettings
 from queue_core.metrics_export import CoreCollector
 from queue_core.metrics_http import Collector, add_metrics_route
 from queue_core.server import make_app
 from queue_core.startup import listen_fault, load_keys, prepare_data_dir
+from strictq.queue_server import internal_tls
 from strictq.startup_guard import Port, StartupLine, check_ports, data_dir_lock
 from wirelog import logsafe
 
@@ -52,10 +55,28 @@ class NodeOptions:
     zone: str = ""
     keys: Path | None = None  # the key file /metrics authenticates with (default: <data-dir>/keys.toml)
     health: HealthSettings | None = None  # failure management's gates and decider (None: --no-health)
+    # The cluster's internal secret (--internal-secret / STRICTQ_INTERNAL_SECRET_FILE): one file for every
+    # node and edge; required (a node's own would not be its edges').
+    secret_file: Path | None = None
+    tls: tuple[Path, Path] | None = None  # --tls-cert/--tls-key: the internal API over TLS (https:// URL)
+
+
+def node_secret(options: NodeOptions) -> InternalSecret:
+    """The cluster's internal secret; a node given none refuses to start, naming the flag and the file
+    `strictq cluster up` writes (each node making its own would leave the edges unable to call any)."""
+    if options.secret_file is None:
+        raise StartupLine(
+            options.data_dir,
+            f"a cluster node needs the cluster's internal secret: give {FLAG} FILE or set {ENV} (the same "
+            f"file for every node and edge; `strictq cluster up` writes DIR/{FILE_NAME}; docs/cluster.md)",
+        )
+    return InternalSecret.load(options.secret_file)
 
 
 async def serve_node(options: NodeOptions) -> None:
     prepare_data_dir(options.data_dir)
+    secret = node_secret(options)
+    context = internal_tls(options.tls)
     try:
         nc = await connect(options.nats.urls, options.nats.user, options.nats.password, name=options.name)
     except Exception as exc:
@@ -82,17 +103,20 @@ async def serve_node(options: NodeOptions) -> None:
             zone=options.zone,
             health=options.health,
         )
-        app = make_app(None, source=node.service_for, ready=node.is_ready)
+        app = make_app(None, source=node.service_for, ready=node.is_ready, secret=secret)
         add_node_metrics(app, node, node_keys(options))
         runner = web.AppRunner(app, access_log=None, handle_signals=False, **options.limits.handler_args())
         await runner.setup()
-        site = GuardedSite(runner, options.host, options.port, limits=options.limits, reuse_address=True)
+        site = GuardedSite(
+            runner, options.host, options.port, limits=options.limits, ssl_context=context, reuse_address=True
+        )
         try:
             await site.start()
         except OSError as exc:
             raise listen_fault(options.host, options.port, exc) from None
         host, port = runner.addresses[0][:2]
-        node.url = options.advertise or f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        scheme = "https" if context is not None else "http"
+        node.url = options.advertise or f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

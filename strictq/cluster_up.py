@@ -6,7 +6,8 @@ process creates the cluster's layout and streams, then the others together), the
 served and balanced, the gateway (`strictq serve --cluster ...`, in `<data-dir>/gateway`, with its proxy
 child). Its stdout carries the start-up contract: the gateway's own lines relayed as they come, one
 `strictq: node <name> pid <pid> <url>` line per queue server, one `strictq: nats <url>` per JetStream
-server, and `strictq: cluster ready` last.
+server, `strictq: internal secret <path>` (DIR/internal.secret, written once and given to every node and
+edge: queue_core.internal_auth), and `strictq: cluster ready` last.
 
 Why children and not one process: a queue server is killed on purpose to see its partitions fail over, and
 a real deployment runs each piece alone; here they are the same commands, supervised. A child that dies is
@@ -35,7 +36,9 @@ from access.keys import write_development_keys
 from cluster.connect import NatsSettings, NatsUnavailable, connect, credentials_path, gateway_credentials_path
 from cluster.layout import read_layout
 from cluster.nats_servers import NatsCluster, NatsClusterError
-from wirelog.files import file_faults, open_private, private_dir
+from queue_core.internal_auth import FILE_NAME as SECRET_FILE_NAME
+from queue_core.internal_auth import InternalSecret
+from wirelog.files import StartupError, file_faults, open_private, private_dir
 
 from .cluster_view import ClusterView, read_view
 from .startup_guard import Port, check_ports, data_dir_lock
@@ -219,6 +222,12 @@ class ClusterUp:
         """The gateway's key file (`strictq serve`'s default in its data dir), which the nodes share."""
         return self.data_dir / "gateway" / "keys.toml"
 
+    @property
+    def secret_path(self) -> Path:
+        """The cluster's internal secret (queue_core.internal_auth), written once: every node and edge
+        it starts gets this one file."""
+        return self.data_dir / SECRET_FILE_NAME
+
     def nats_args(self, role: str = "server") -> list[str]:
         """`--cluster URLS --nats-credentials FILE`: the queue servers' login, or the edges' restricted
         one for `role` "gateway" (cluster.nats_roles) where the data dir has it."""
@@ -249,6 +258,8 @@ class ClusterUp:
             str(self.gateway_keys),
             *self.where(int(name.removeprefix("n")) - 1),
             *o.health,
+            "--internal-secret",  # the one file of every node and edge
+            str(self.secret_path),
         )
 
     def where(self, i: int) -> list[str]:
@@ -279,6 +290,8 @@ class ClusterUp:
             "--port",
             str(o.port),
             *proxy,
+            "--internal-secret",
+            str(self.secret_path),
         )
 
     def gateway_ports(self) -> list[Port]:
@@ -335,6 +348,10 @@ class ClusterUp:
         if not self.gateway_keys.exists():  # written before the nodes start: they read it (--keys)
             with file_faults(self.gateway_keys.parent):
                 write_development_keys(self.gateway_keys)
+        try:
+            InternalSecret.ensure(self.secret_path)  # 0600; one open to other users is refused
+        except StartupError as exc:
+            raise StartFailed(f"strictq: {exc}") from None
         node_lines: dict[str, str] = {}
         names = [f"n{k + 1}" for k in range(o.nodes)]
         # n1 alone first: it creates the cluster's layout, streams and buckets; then the others together.
@@ -352,6 +369,7 @@ class ClusterUp:
             say(node_lines[name])
         for url in self.nats.client_urls:
             say(f"strictq: nats {url}")
+        say(f"strictq: internal secret {self.secret_path.resolve()}")
         say("strictq: cluster ready")
 
     def _spawn_node(self, name: str) -> Child:

@@ -50,6 +50,8 @@ from cluster.connect import connect, credentials_path
 from cluster.layout import read_layout
 from cluster.nats_servers import NatsCluster
 from cluster.wan import DelayRelay
+from queue_core.internal_auth import FILE_NAME as SECRET_FILE_NAME
+from queue_core.internal_auth import InternalSecret
 from queue_core.machine.groups import partition_of
 from wirelog.files import open_private, private_dir
 
@@ -336,6 +338,7 @@ class GeoWorld:
         self._reaper = _Reaper(self.data_dir / "pids")
         if not self.keys_path.exists():
             write_development_keys(self.keys_path)  # one key file for every edge: a client may change edge
+        InternalSecret.ensure(self.secret_path)  # one internal secret for every node and edge
         self.nats = NatsCluster(
             self.data_dir,
             len(self.regions),
@@ -389,7 +392,7 @@ class GeoWorld:
 
     async def _start_node(self, region: str) -> None:
         argv = _strictq(
-            "queue-server", *self.cluster_args(),
+            "queue-server", *self.cluster_args(), "--internal-secret", str(self.secret_path),
             "--node", region, "--region", region, "--zone", f"{region}-1",
             "--data-dir", str(self.data_dir / "nodes" / region),
             "--host", HOST, "--port", "0",
@@ -406,7 +409,7 @@ class GeoWorld:
             if node != region:
                 reach += ["--reach", f"{node}={self.relay_url(region, node)}"]
         argv = _strictq(
-            "serve", *self.cluster_args(),
+            "serve", *self.cluster_args(), "--internal-secret", str(self.secret_path),
             "--data-dir", str(self.data_dir / "edges" / region),
             "--host", HOST, "--port", "0", "--no-proxy", "--keys", str(self.keys_path),
             "--region", region, "--zone", f"{region}-1", "--edge-name", f"edge-{region}",
@@ -431,6 +434,11 @@ class GeoWorld:
         raise GeoError(f"strictq geo: the cluster did not settle within {SETTLE_TIMEOUT:g}s; see {self.logs}")
 
     # ----------------------------------------------------------------------------------- addresses
+    @property
+    def secret_path(self) -> Path:
+        """The world's internal secret (queue_core.internal_auth), as `strictq cluster up` keeps it."""
+        return self.data_dir / SECRET_FILE_NAME
+
     def cluster_args(self) -> list[str]:
         """`--cluster URLS --nats-credentials FILE`: how a `strictq` command reaches this world."""
         assert self.nats is not None, "the world is not started"

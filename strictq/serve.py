@@ -48,6 +48,8 @@ from queue_core.failures import FailureManager
 from queue_core.fleet import FleetBackend, FleetService
 from queue_core.fleet_remote import RemoteFleet
 from queue_core.http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
+from queue_core.internal_auth import FILE_NAME as SECRET_FILE_NAME
+from queue_core.internal_auth import InternalSecret, missing_secret_line
 from queue_core.machine.fleet import FleetSettings
 from queue_core.machine.health import HealthSettings
 from queue_core.remote import RemoteQueueService
@@ -152,6 +154,10 @@ class ServeOptions:
     reach: tuple[tuple[str, str], ...] = ()  # (node, URL): reach that queue server there from this edge
     traffic_window: float = 60.0
     tenant_limit: TenantLimit | None = None  # --tenant-rate/--tenant-burst: every tenant's default send rate
+    # --internal-secret / STRICTQ_INTERNAL_SECRET_FILE: the queue servers' internal secret, which every call
+    # to them carries (queue_core.internal_auth); required with queue_server or cluster.
+    internal_secret: Path | None = None
+    internal_ca: Path | None = None  # --internal-ca: the CA of the queue servers' TLS (https:// URLs)
 
     @property
     def core_here(self) -> bool:
@@ -255,8 +261,26 @@ def prepare(options: ServeOptions) -> tuple[KeyRing, Path, TlsFiles | None, ssl.
     return keys, keys_path, tls, context
 
 
+def internal_secret(options: ServeOptions) -> InternalSecret | None:
+    """The queue servers' internal secret when they run elsewhere (None with the core in this process);
+    one start-up line when none is given, naming the flag, the variable and the file to give."""
+    if options.core_here:
+        return None
+    if options.internal_secret is None:
+        where = (
+            "the file the queue server wrote (its 'strictq: internal secret <path>' line: <its data-dir>/"
+            f"{SECRET_FILE_NAME})"
+            if options.queue_server is not None
+            else f"the cluster's file (`strictq cluster up` writes DIR/{SECRET_FILE_NAME})"
+        )
+        what = "--queue-server" if options.queue_server is not None else "--cluster"
+        raise StartupLine(options.data_dir, missing_secret_line(f"a gateway with {what}", where))
+    return InternalSecret.load(options.internal_secret)
+
+
 async def serve(options: ServeOptions) -> None:
     data_dir = options.data_dir
+    secret = internal_secret(options)  # before any file is written: a missing one is the whole answer
     keys, keys_path, tls, context = prepare(options)
     # Operators' per-tenant limits (gateway.rate_limits): a damaged file stops the start before the store.
     limiter = TenantRateLimiter.load(data_dir / "limits.json", options.tenant_limit)
@@ -268,15 +292,23 @@ async def serve(options: ServeOptions) -> None:
     edge_health = None  # failure management at a cluster edge (strictq.cluster_health)
     if options.cluster is not None:
         service, control, publisher, cluster_state, fleet = await cluster_backend(
-            options.cluster, data_dir, options, limiter
+            options.cluster, data_dir, options, limiter, secret
         )
         edge_health = getattr(service, "edge_health", None)
     elif options.queue_server is None:
         service = QueueService(data_dir / "queue", partitions=options.partitions)
         await start_service(service, data_dir)
     else:
-        service = RemoteQueueService(options.queue_server, partitions=options.partitions)
+        service = RemoteQueueService(
+            options.queue_server,
+            partitions=options.partitions,
+            secret=secret,
+            ca_file=None if options.internal_ca is None else str(options.internal_ca),
+        )
         await service.start()
+        if service.refused is not None:  # the server is there, and says our secret is not its own
+            await service.close()
+            raise StartupLine(data_dir, service.refused)
     gc.freeze()  # see strictq.queue_server: the restored backlog stays out of collections
     gc.set_threshold(50_000, 20, 100)
     # With the core in-process, this process serves the control stream and fences (in the store; a legacy
@@ -495,6 +527,7 @@ async def cluster_backend(
     data_dir: Path,
     options: ServeOptions | None = None,
     limiter: TenantRateLimiter | None = None,
+    secret: InternalSecret | None = None,
 ) -> tuple[QueueBackend, ControlHub, EdgePublisher, ClusterSource, FleetBackend]:
     """The gateway of a cluster: every group's operations go to its partition's owner (cluster.backend),
     read from the cluster's KV buckets (cluster.kv_owners), through `options.reach` where given; its
@@ -540,7 +573,8 @@ async def cluster_backend(
     floors = ClusterFloors(nc, layout)
     await floors.start()
     meter = TrafficMeter(edge_identity(options, options.port, ""), window=options.traffic_window)
-    publisher = EdgePublisher(js, layout, meter, owners, reach=reach)
+    ca = None if options.internal_ca is None else str(options.internal_ca)
+    publisher = EdgePublisher(js, layout, meter, owners, reach=reach, ca_file=ca)
     # The cluster's fences and limits (its control bucket); a damaged legacy file stops the start here.
     fences = ClusterFenceRegistry(js, layout, data_dir / "fences.json")
     limits = None if limiter is None else ClusterLimits(js, layout, limiter, data_dir / "limits.json")
@@ -582,9 +616,19 @@ async def cluster_backend(
     # Not the single queue server's 30 s: an append waits out a stream leader's election (~5-9 s) at most
     # APPEND_RETRY_SECONDS, and a frozen owner should cost a client this long, not half a minute.
     backend = ClusterBackend(
-        owners, on_close=closed, timeout=APPEND_RETRY_SECONDS + 3, meter=meter, reach=reach
+        owners,
+        on_close=closed,
+        timeout=APPEND_RETRY_SECONDS + 3,
+        meter=meter,
+        reach=reach,
+        secret=secret,
+        ca_file=None if options.internal_ca is None else str(options.internal_ca),
     )
     await backend.start()
+    refused = backend.refused
+    if refused is not None:  # the nodes are there, and say our secret is not the cluster's
+        await backend.close()
+        raise StartupLine(data_dir, refused)
     backend.edge_health = health
     if health is not None:
         health.bridge.backend = backend  # a probe of a `probe_safe` queue passes at the proxies

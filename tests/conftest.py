@@ -19,6 +19,29 @@ __all__ = ["LISTENING", "ROOT", "ChildProcess", "ServerProcess", "running_server
 # Spark driver the tests start, in process or as `strictq index`, reads it (spark/session.py).
 os.environ.setdefault("STRICTQ_SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
+
+def _internal_secret_for_the_run() -> Path:
+    """One internal secret (queue_core.internal_auth) for the whole run, 0600 in a 0700 directory, in
+    STRICTQ_INTERNAL_SECRET_FILE before anything starts: every queue server, cluster node and gateway the
+    tests start, and every QueueClient, takes it from there (tests/test_internal_auth.py checks the
+    refusals without it). Removed when the run ends."""
+    import atexit
+    import secrets
+    import shutil
+    import tempfile
+
+    from wirelog.files import write_private
+
+    directory = Path(tempfile.mkdtemp(prefix="strictq-test-secret-"))
+    path = write_private(directory / "internal.secret", secrets.token_urlsafe(32) + "\n")
+    atexit.register(shutil.rmtree, directory, True)
+    return path
+
+
+INTERNAL_SECRET_FILE = _internal_secret_for_the_run()
+os.environ["STRICTQ_INTERNAL_SECRET_FILE"] = str(INTERNAL_SECRET_FILE)
+
+
 class ServerProcess(ChildProcess):
     """One `strictq queue-server` process."""
 

@@ -17,6 +17,7 @@ import aiohttp
 import trustme
 from aiohttp import web
 from kit.inprocess import InProcessServer, serve_in_process
+from kit.secret import internal_secret
 
 from access.keys import KeyRing
 from gateway.app import make_gateway_app
@@ -60,7 +61,7 @@ async def remote_edge(
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1", "localhost").configure_cert(context)
     async with serve_in_process(tmp_path / "queue-server", keys=keys, health=health) as server:
-        backend = RemoteQueueService(server.url, probe_interval=0.2)
+        backend = RemoteQueueService(server.url, probe_interval=0.2, secret=internal_secret())
         await backend.start()
         runner = web.AppRunner(make_gateway_app(backend, keys), access_log=None)
         await runner.setup()

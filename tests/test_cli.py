@@ -30,8 +30,9 @@ def strictq_command() -> list[str]:
 
 def run(url: str | None, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRICTQ_")}
-    if url is not None:
+    if url is not None:  # a queue server's internal API: with the run's internal secret
         env["STRICTQ_QUEUE_URL"] = url
+        env["STRICTQ_INTERNAL_SECRET_FILE"] = os.environ["STRICTQ_INTERNAL_SECRET_FILE"]
     return subprocess.run(
         [*strictq_command(), *args],
         input=stdin,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ServerProcess, start_server
+from kit.secret import internal_secret
 from kit.until import until
 
 from cluster.backend import ClusterBackend, merge_moves
@@ -54,7 +55,9 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerPro
 
 @contextlib.asynccontextmanager
 async def cluster(urls: list[str | None], budget: float = 0.5) -> AsyncIterator[ClusterBackend]:
-    backend = ClusterBackend(StaticOwnerMap(urls), retry_budget=budget, probe_interval=0.1)
+    backend = ClusterBackend(
+        StaticOwnerMap(urls), retry_budget=budget, probe_interval=0.1, secret=internal_secret()
+    )
     await backend.start()
     try:
         yield backend
@@ -65,7 +68,7 @@ async def cluster(urls: list[str | None], budget: float = 0.5) -> AsyncIterator[
 @contextlib.asynccontextmanager
 async def direct(servers: list[ServerProcess]) -> AsyncIterator[list[RemoteQueueService]]:
     """Each server on its own, without the cluster: what it really holds."""
-    remotes = [RemoteQueueService(s.url) for s in servers]
+    remotes = [RemoteQueueService(s.url, secret=internal_secret()) for s in servers]
     for remote in remotes:
         await remote.start()
     try:
@@ -392,7 +395,7 @@ async def test_a_partition_without_owner_answers_unavailable_after_the_budget(
         await setup.create_queue(queue)
     urls = urls_of(servers)
     owners = StaticOwnerMap([urls[0], None, urls[2]])
-    backend = ClusterBackend(owners, retry_budget=0.5, probe_interval=0.1)
+    backend = ClusterBackend(owners, retry_budget=0.5, probe_interval=0.1, secret=internal_secret())
     await backend.start()
     try:
         assert not backend.healthy

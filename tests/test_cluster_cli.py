@@ -50,13 +50,18 @@ def one_line(done: subprocess.CompletedProcess[str], code: int, *words: str) -> 
 def test_up_prints_the_contract_lines_in_order(cluster: Cluster) -> None:
     kinds = []
     for line in cluster.lines:
-        match = re.match(r"strictq: (listening on|ca|keys|client env|try|node|nats|cluster ready)\b", line)
+        match = re.match(
+            r"strictq: (listening on|ca|keys|client env|try|node|nats|internal secret|cluster ready)\b", line
+        )
         assert match is not None, f"unexpected line {line!r}"
         kinds.append(match.group(1))
     assert kinds == [
         "listening on", "ca", "keys", "client env", "try",
-        "node", "node", "node", "nats", "nats", "nats", "cluster ready",
+        "node", "node", "node", "nats", "nats", "nats", "internal secret", "cluster ready",
     ]  # fmt: skip
+    secret = cluster.data_dir / "internal.secret"  # written once, 0600, handed to every node and the edge
+    assert cluster.values("strictq: internal secret ") == [str(secret.resolve())]
+    assert secret.stat().st_mode & 0o777 == 0o600
     assert sorted(cluster.nodes) == ["n1", "n2", "n3"]
     for pid, url in cluster.nodes.values():
         assert pid > 0 and url.startswith("http://127.0.0.1:")

@@ -287,7 +287,7 @@ def edges(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Edges]:
         serve_args = [
             "serve", "--cluster", urls, "--nats-credentials", str(login),
             "--keys", str(base / "c" / "gateway" / "keys.toml"), "--host", "127.0.0.1", "--port", "0",
-            "--no-proxy",
+            "--no-proxy", "--internal-secret", str(base / "c" / "internal.secret"),
         ]  # fmt: skip
         argv = strictq(*serve_args, "--data-dir", str(base / "edge2"))
         second: ChildProcess = launch(argv, base / "edge2.log", wait_for=("strictq: client env ",))

@@ -444,6 +444,7 @@ class Harness:
         argv = strictq(
             "queue-server", "--cluster", self.nats_urls,
             "--nats-credentials", str(self.data_dir / "nats" / "credentials"),
+            "--internal-secret", str(self.data_dir / "internal.secret"),  # cluster up's, not the run's
             "--node", name, "--data-dir", str(self.data_dir / "nodes" / name),
             "--host", "127.0.0.1", "--port", "0",
         )  # fmt: skip

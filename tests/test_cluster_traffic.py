@@ -23,6 +23,7 @@ import pytest
 from cluster_support import nats1, nats_client
 from conftest import ServerProcess, start_server
 from kit.clock import FakeClock
+from kit.secret import internal_secret
 from kit.until import until
 from nats.js.errors import KeyNotFoundError
 
@@ -252,7 +253,9 @@ async def cluster(
     servers: list[ServerProcess], meter: TrafficMeter | None = None, reach: dict[str, str] | None = None
 ) -> AsyncIterator[ClusterBackend]:
     owners = StaticOwnerMap([s.url for s in servers], nodes=NODES, regions=REGIONS)
-    backend = ClusterBackend(owners, retry_budget=0.5, probe_interval=0.1, meter=meter, reach=reach)
+    backend = ClusterBackend(
+        owners, retry_budget=0.5, probe_interval=0.1, meter=meter, reach=reach, secret=internal_secret()
+    )
     await backend.start()
     try:
         yield backend

@@ -245,7 +245,7 @@ async def apps(tmp_path: Path) -> AsyncIterator[Apps]:
     gate = SearchGate(*search_gate(gateway_app, keys))
     add_search_route(gateway_app, tmp_path / "index", gate)  # no index built: 404 no_index
     try:
-        async with serving(make_app(service)) as internal, serving(gateway_app) as gateway:
+        async with serving(make_app(service, secret=None)) as internal, serving(gateway_app) as gateway:
             yield Apps(internal, gateway, service)
     finally:
         service.stop_waiting()

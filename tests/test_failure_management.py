@@ -20,6 +20,7 @@ import orjson
 import pytest
 from conftest import start_server
 from health_support import QUEUE, SETTINGS, TIMEOUT, Health, until
+from kit.secret import internal_secret
 
 from fencing.control_client import ControlClient
 from queue_core.control import ControlHub
@@ -397,7 +398,7 @@ async def test_probes_travel_through_a_separate_queue_server(tmp_path: Path) -> 
     """`strictq queue-server` holds the core and failure management; the gateway's RemoteQueueService
     gets probes (flagged) and hands their results back over the internal API."""
     server = start_server(tmp_path / "data", "--fence-after", "1", "--probe-interval", "0.1")
-    remote = RemoteQueueService(server.url)
+    remote = RemoteQueueService(server.url, secret=internal_secret())
     try:
         await remote.start()
         await remote.create_queue("t1.jobs", {"retry_backoff": 0.0})

@@ -91,8 +91,9 @@ def start_second_edge(cluster: Cluster, data_dir: Path, keys: Path) -> ChildProc
     """`strictq serve --cluster` beside the cluster's own gateway, as docs/cluster.md shows."""
     argv = strictq(
         "serve", "--cluster", ",".join(cluster.values("strictq: nats ")),
-        "--nats-credentials", str(cluster.data_dir / "nats" / "credentials"),
+        "--nats-credentials", str(cluster.data_dir / "nats" / "gateway.credentials"),
         "--host", "127.0.0.1", "--port", "0", "--no-proxy", "--data-dir", str(data_dir), "--keys", str(keys),
+        "--internal-secret", str(cluster.data_dir / "internal.secret"),
     )  # fmt: skip
     return launch(argv, data_dir.parent / "edge2.serve.log", wait_for=(CLIENT_ENV,))
 

@@ -23,6 +23,7 @@ from conftest import ServerProcess, running_server, start_server
 from gateway_support import CREDENTIALS, Gateway
 from kit.inprocess import InProcessServer, serve_in_process
 from kit.process import CLIENT_ENV, LISTENING, launch, strictq
+from kit.secret import internal_secret
 from test_gateway_emodb import emo, session
 from test_gateway_emodb import test_bad_input_is_a_json_4xx_and_serving_goes_on as test_remote_emodb_bad_input
 from test_gateway_emodb import test_bodies_cross_faces as test_remote_bodies_cross_faces
@@ -94,7 +95,7 @@ async def internal_api(tmp_path: Path) -> AsyncIterator[InProcessServer]:
 @pytest.fixture
 async def gateway(tmp_path: Path, internal_api: InProcessServer) -> AsyncIterator[Gateway]:
     """The faces' fixture, with the core behind its internal API (RemoteQueueService over HTTP)."""
-    backend = RemoteQueueService(internal_api.url, probe_interval=0.2)
+    backend = RemoteQueueService(internal_api.url, probe_interval=0.2, secret=internal_secret())
     await backend.start()
     runner, url, ca_file = await _serve_gateway(tmp_path, backend)
     try:
@@ -115,7 +116,7 @@ async def _eventually(check: object, what: str, limit: float = 10.0) -> None:
 async def test_queue_server_down_is_503_and_readiness_follows_it(tmp_path: Path) -> None:
     data_dir = tmp_path / "queue-server"
     server = start_server(data_dir)
-    backend = RemoteQueueService(server.url, probe_interval=0.1)
+    backend = RemoteQueueService(server.url, probe_interval=0.1, secret=internal_secret())
     await backend.start()
     runner, url, ca_file = await _serve_gateway(tmp_path, backend)
     key = {"X-BV-API-Key": CREDENTIALS[0].secret}

@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from conftest import ServerProcess, running_server, start_server
 from gateway_support import Gateway, delivery_gateway  # noqa: F401  (fixture)
+from kit.secret import internal_headers, internal_secret
 
 from access.keys import KeyRing
 from queue_core.machine.inputs import AttemptResult
@@ -40,7 +41,10 @@ async def call(
 
 @pytest.fixture
 async def plain() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as s:
+    """A session of the internal API (the run's internal secret on every request)."""
+    async with aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=15), headers=internal_headers()
+    ) as s:
         yield s
 
 
@@ -130,7 +134,7 @@ async def test_internal_api_results_statuses_history_and_bad_input(
 
 
 async def test_remote_queue_service_reports_through_the_internal_api(server: ServerProcess) -> None:
-    remote = RemoteQueueService(server.url, timeout=10.0)
+    remote = RemoteQueueService(server.url, timeout=10.0, secret=internal_secret())
     await remote.start()
     try:
         await remote.create_queue("jobs", {"retry_backoff": 0, "max_attempts": 1})

@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 from conftest import running_server
 from gateway_support import CREDENTIALS, Gateway, serve_gateway
+from kit.secret import internal_secret
 from support import T0, Clock, make_core, send_group, statuses
 from test_gateway_emodb import Emo, assert_error
 from test_gateway_remote import _serve_gateway
@@ -263,7 +264,7 @@ async def test_internal_api_enforces_the_holder_it_is_given(client: QueueClient)
 async def test_a_gateway_over_a_queue_server_forwards_the_holder(tmp_path: Path) -> None:
     """`strictq serve --queue-server`: the identity rides to the queue server's core, which enforces it."""
     with running_server(tmp_path / "queue-server") as server:
-        backend = RemoteQueueService(server.url, probe_interval=0.2)
+        backend = RemoteQueueService(server.url, probe_interval=0.2, secret=internal_secret())
         await backend.start()
         runner, url, ca_file = await _serve_gateway(tmp_path, backend)
         gw = Gateway(url, ca_file, backend, KeyRing(list(CREDENTIALS)))  # type: ignore[arg-type]

@@ -29,6 +29,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from conftest import ChildProcess, ServerProcess, start_server
 from kit.process import CA, LISTENING, launch, strictq
+from kit.secret import internal_headers
 from kit.until import until_sync
 from test_security_files import (
     _drop_root,
@@ -81,8 +82,10 @@ class Server:
     def request(
         self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
     ) -> tuple[int, str, bytes]:
-        """(status, content type, body); a fresh connection each time."""
+        """(status, content type, body); a fresh connection each time (to a queue server: with the run's
+        internal secret)."""
         if self.ca is None:
+            headers = {**internal_headers(), **(headers or {})}
             conn: http.client.HTTPConnection = http.client.HTTPConnection(self.host, self.port, timeout=15)
         else:
             context = ssl.create_default_context(cafile=str(self.ca))
@@ -378,10 +381,11 @@ def test_an_aborted_body_is_one_warning_line_on_every_face(
     assert len([line for line in lines if " WARNING " in line and "went away" in line]) == len(heads), added
     assert len(lines) <= len(heads) + 2, added
     assert serve.json("GET", "/readyz")[0] == 200
-    # The queue server's internal API (no authentication at all).
+    # The queue server's internal API (its internal secret).
     qs = internal(queue_server)
     since = len(qs.log())
-    _abort(qs, f"POST /v1/queues/iq/send HTTP/1.1\r\nHost: x\r\n{body}\r\n")
+    key = "".join(f"{name}: {value}\r\n" for name, value in internal_headers().items())
+    _abort(qs, f"POST /v1/queues/iq/send HTTP/1.1\r\nHost: x\r\n{key}{body}\r\n")
     added = _wait_lines(qs, since, "went away", 1)
     clean_log(qs, since)
     assert added.count("went away") == 1 and len(added.strip().splitlines()) <= 2, added

@@ -21,6 +21,7 @@ import orjson
 import pytest
 from conftest import ServerProcess, running_server, start_server
 from kit.inprocess import InProcessServer, serve_in_process
+from kit.secret import internal_headers
 from kit.until import until
 
 from queue_core.client import QueueClient, QueueClientError
@@ -36,9 +37,10 @@ async def raw(
     body: bytes | None = None,
     **kwargs: Any,
 ) -> tuple[int, Any]:
-    """One request with a fresh connection; returns (status, decoded JSON body)."""
+    """One request with a fresh connection (with the run's internal secret); returns (status, decoded JSON
+    body)."""
     async with (
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session,
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30), headers=internal_headers()) as session,
         session.request(method, server.url + path, data=body, **kwargs) as response,
     ):
         data = await response.read()

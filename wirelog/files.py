@@ -36,6 +36,7 @@ SECRET_NAMES = frozenset(
         "client.env",
         "redaction.key",
         "receipt.key",  # the gateway's receipt-handle key
+        "internal.secret",  # the internal API's shared secret (queue_core.internal_auth)
         "fences.json",
         "suspended.json",
         "queue.sqlite3",

@@ -65,7 +65,7 @@ async def serve_in_process(
     await asyncio.to_thread(data_dir.mkdir, parents=True, exist_ok=True, mode=0o700)
     service = QueueService(data_dir, clock=clock)
     await service.start()
-    app = make_app(service)
+    app = make_app(service, secret=None)  # in the test's own process: no secret (tests/test_internal_auth.py)
     hub = None
     if keys is not None:  # as strictq.queue_server composes it
         hub = ControlHub(service)
