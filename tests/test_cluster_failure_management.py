@@ -285,7 +285,8 @@ def second_edge(cluster: Cluster) -> Iterator[tuple[str, str]]:
     urls = run("cluster", "urls", "--data-dir", str(cluster.data_dir)).stdout.strip()
     data_dir = cluster.data_dir.parent / "edge2"
     argv = strictq(
-        "serve", "--cluster", urls, "--nats-credentials", str(cluster.data_dir / "nats" / "gateway.credentials"),
+        "serve", "--cluster", urls,
+        "--nats-credentials", str(cluster.data_dir / "nats" / "gateway.credentials"),
         "--data-dir", str(data_dir), "--port", "0", "--no-proxy", "--keys", str(keys_of(cluster)),
         "--internal-secret", str(cluster.data_dir / "internal.secret"),
     )  # fmt: skip
