@@ -43,7 +43,7 @@ from strictq.sdk import Entry, Producer
 from .backend import Backend
 from .report import Outage, Report, read_timings
 from .settings import BAD_BASE, GOOD_BASE, QUEUE, Say, ScenarioError, Settings
-from .system import Admin, Credentials, Events, System, write_keys
+from .system import Admin, ClusterSystem, Credentials, Events, System, write_keys
 from .tracking import Tracker
 from .workers import WORKER_PROG, ScenarioWorker, charge, worker_main
 
@@ -76,6 +76,8 @@ class Scenario:
         settings: Settings | None = None,
         say: Say | None = None,
         section: Say | None = None,
+        *,
+        cluster: bool = False,
     ) -> None:
         self.data_dir = data_dir
         self.settings = settings or Settings()
@@ -83,7 +85,8 @@ class Scenario:
         self.section: Say = section or (lambda title: self.say(f"-- {title}"))
         # Called at "fenced" and "suspended" while the system runs (the demo shows `strictq status` there).
         self.checkpoint: Callable[[str], Awaitable[None]] | None = None
-        self.system = System(data_dir, self.settings)
+        # `cluster`: the same story through a three-node cluster with two edges (scenarios.system).
+        self.system = ClusterSystem(data_dir, self.settings) if cluster else System(data_dir, self.settings)
         self.backend = Backend()
         self.tracker = Tracker()
         self.report = Report(workers=self.settings.workers, faulty_worker=self.settings.faulty_worker)
@@ -106,9 +109,7 @@ class Scenario:
             self.say(f"fake payments backend on {self.backend.url} (POST /v1/charge, GET /v1/health)")
             await self.system.start()
             system = self.system
-            self.say(
-                f"strictq serve (pid {system.pid}): gateway {system.url} over TLS, queue core in-process"
-            )
+            self.say(system.what)
             self.say(f"  egress proxy {system.proxy_url} (a child process), wire log {system.wirelog}")
             admin = Admin(self.system)
             events = Events(admin, self.say)
@@ -320,8 +321,7 @@ class Scenario:
         report.order_violations = tracker.order_violations
         report.overlaps = list(tracker.overlaps)
         report.superseded = tracker.superseded
-        if self.system.wirelog.is_dir():
-            read_timings(report, self.system.wirelog)
+        read_timings(report, [d for d in self.system.wirelogs if d.is_dir()])
         if report.fence_effective is not None and report.unfenced is not None:  # the backend's own count
             report.calls_while_fenced = self.backend.count(
                 report.faulty_worker, since=report.fence_effective, until=report.unfenced

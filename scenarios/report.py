@@ -97,10 +97,12 @@ class Report:
         }
 
 
-def read_timings(report: Report, wirelog: Path) -> None:
-    """Fill the wire-log timings: every time is a record's `ts` (or an event's `at`), none a local guess."""
+def read_timings(report: Report, wirelogs: list[Path]) -> None:
+    """Fill the wire-log timings from every wire log of the system (a cluster's edges' each): every time
+    is a record's `ts` (or an event's `at`), none a local guess."""
     faulty = report.faulty_worker
-    for record in read_records(wirelog):
+    records = (record for wirelog in wirelogs for record in read_records(wirelog))
+    for record in records:
         kind, ts, worker = record.get("kind"), record.get("ts"), record.get("worker")
         if not isinstance(ts, int | float):
             continue

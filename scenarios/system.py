@@ -1,11 +1,12 @@
 """The running system of the failover scenario: `strictq serve` as a child process on free ports (its
 start-up lines parsed), the key file it reads, its admin API and failure management's events as they
-happen."""
+happen; or the same system as a cluster (`ClusterSystem`: `strictq cluster up` and a second edge)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import ssl
@@ -27,6 +28,7 @@ from .settings import QUEUE, TENANT, Say, ScenarioError, Settings
 
 START_TIMEOUT = 60.0  # strictq serve, its proxy child and mitmproxy's first start on a busy machine
 STOP_TIMEOUT = 20.0
+CLUSTER_START_TIMEOUT = 180.0  # three queue servers, three nats-servers, two edges, on a busy machine
 
 
 @dataclass(slots=True)
@@ -91,6 +93,15 @@ class System:
         return self.data_dir / "wirelog"
 
     @property
+    def wirelogs(self) -> list[Path]:
+        """Every wire log the system writes (the gateway's and its proxy's; a cluster's edges' each)."""
+        return [self.wirelog]
+
+    @property
+    def what(self) -> str:
+        return f"strictq serve (pid {self.pid}): gateway {self.url} over TLS, queue core in-process"
+
+    @property
     def pid(self) -> int | None:
         return None if self.proc is None else self.proc.pid
 
@@ -106,6 +117,9 @@ class System:
         )
 
     async def start(self) -> None:
+        await self._start_serve()
+
+    async def _start_serve(self) -> None:
         argv = [
             *(sys.executable, "-m", "strictq", "serve"),
             *("--host", "127.0.0.1", "--port", "0", "--proxy-port", "0"),
@@ -160,6 +174,128 @@ class System:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+class ClusterSystem(System):
+    """The system as a cluster: `strictq cluster up` (three queue servers, R3, failure management's gates
+    in every partition and its decider on one node; its gateway with the egress proxy) and a second edge
+    (`strictq serve --cluster`, the edges' NATS login and the cluster's internal secret). Workers alternate
+    between the edges, the faulty one on the second: its fence is decided on a queue server and must reach
+    the first edge's proxy through the control bucket (docs/cluster.md)."""
+
+    def __init__(self, data_dir: Path, settings: Settings) -> None:
+        super().__init__(data_dir, settings)
+        self.edge2: dict[str, str] = {}
+        self._edge2: asyncio.subprocess.Process | None = None
+        self._edge2_log: Any = None
+
+    @property
+    def gateway_dir(self) -> Path:
+        return self.data_dir / "gateway"
+
+    @property
+    def wirelog(self) -> Path:
+        return self.gateway_dir / "wirelog"
+
+    @property
+    def wirelogs(self) -> list[Path]:
+        return [self.wirelog, self.data_dir / "edge2" / "wirelog"]
+
+    @property
+    def what(self) -> str:
+        return (
+            f"strictq cluster up (pid {self.pid}): 3 queue servers (R3), edges {self.url} and "
+            f"{self.edge2.get('listening on', '?')}"
+        )
+
+    def on_second_edge(self, worker: str | None) -> bool:
+        if worker is None or not worker.startswith("worker-"):
+            return False
+        return (self.settings.workers - int(worker.removeprefix("worker-"))) % 2 == 0
+
+    def config(self, worker: str | None = None) -> ClientConfig:
+        config = super().config(worker)
+        if self.on_second_edge(worker):
+            return dataclasses.replace(config, url=self.edge2["listening on"], ca_file=self.edge2["ca"])
+        return config
+
+    async def start(self) -> None:
+        keys = self.gateway_dir / "keys.toml"  # `cluster up`'s gateway and every node read this one
+        private_dir(self.gateway_dir)
+        write_private(keys, (self.data_dir / "keys.toml").read_text())
+        argv = [
+            *(sys.executable, "-m", "strictq", "cluster", "up", "--nodes", "3", "--replicas", "3"),
+            *("--data-dir", str(self.data_dir), "--port", "0"),
+            *self.settings.serve_flags(),
+        ]
+        self.proc, self._log = await self._spawn(argv, self.data_dir / "cluster-up.log")
+        lines = await self._read_lines(self.proc, "strictq: cluster ready", "strictq cluster up")
+        self.lines.update(_values(lines, ("listening on", "ca", "proxy on", "proxy ca", "client env")))
+        self._drain = asyncio.create_task(self._drain_stdout(), name="strictq-cluster-stdout")
+        nats = [line.removeprefix("strictq: nats ") for line in lines if line.startswith("strictq: nats ")]
+        argv = [
+            *(sys.executable, "-m", "strictq", "serve", "--cluster", ",".join(nats)),
+            *("--nats-credentials", str(self.data_dir / "nats" / "gateway.credentials")),
+            *("--internal-secret", str(self.data_dir / "internal.secret")),
+            *("--host", "127.0.0.1", "--port", "0", "--no-proxy", "--keys", str(keys)),
+            *("--data-dir", str(self.data_dir / "edge2")),
+            *self.settings.serve_flags(),
+        ]
+        self._edge2, self._edge2_log = await self._spawn(argv, self.data_dir / "edge2.log")
+        lines = await self._read_lines(self._edge2, "strictq: client env ", "the second edge")
+        self.edge2.update(_values(lines, ("listening on", "ca", "client env")))
+
+    async def _spawn(self, argv: list[str], log: Path) -> tuple[asyncio.subprocess.Process, Any]:
+        handle = await asyncio.to_thread(open, log, "ab")  # closed in stop()
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=handle,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        return proc, handle
+
+    async def _read_lines(self, proc: asyncio.subprocess.Process, last: str, what: str) -> list[str]:
+        """Its start-up lines, up to the one starting with `last` (a ScenarioError if it exits first)."""
+        assert proc.stdout is not None
+        lines: list[str] = []
+        try:
+            async with asyncio.timeout(CLUSTER_START_TIMEOUT):
+                while not (lines and lines[-1].startswith(last)):
+                    raw = await proc.stdout.readline()
+                    if not raw:
+                        raise ScenarioError(f"{what} exited during start-up; see the logs in {self.data_dir}")
+                    lines.append(raw.decode(errors="replace").strip())
+        except TimeoutError:
+            raise ScenarioError(f"{what} did not start within {CLUSTER_START_TIMEOUT:g} s") from None
+        return lines
+
+    async def stop(self) -> None:
+        edge2 = self._edge2
+        if edge2 is not None and edge2.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                edge2.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(edge2.wait(), STOP_TIMEOUT)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    edge2.kill()
+                await edge2.wait()
+        if self._edge2_log is not None:
+            self._edge2_log.close()
+            self._edge2_log = None
+        await super().stop()
+
+
+def _values(lines: list[str], keys: tuple[str, ...]) -> dict[str, str]:
+    """`strictq: <key> <value>` start-up lines as {key: value} (the first of each key)."""
+    found: dict[str, str] = {}
+    for line in lines:
+        for key in keys:
+            if line.startswith(f"strictq: {key} "):
+                found.setdefault(key, line[len(f"strictq: {key} ") :])
+    return found
 
 
 class Admin:
