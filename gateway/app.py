@@ -23,7 +23,6 @@ from queue_core.fleet_http import add_fleet_routes
 from queue_core.http_errors import json_http_errors
 from queue_core.metrics_export import core_source
 from queue_core.metrics_http import add_metrics_route
-from queue_core.service import QueueService
 
 from . import emodb, sqs
 from .admission_metrics import AdmissionCollector
@@ -97,13 +96,12 @@ def make_gateway_app(
     registry = CollectorRegistry()
     registry.register(requests)
     registry.register(AdmissionCollector(limiter, app[BACKPRESSURE]))
-    hub = control
-    if isinstance(service, QueueService):  # the core is in this process: its control stream and fences too
-        hub = control or (failures.hub if failures is not None else ControlHub(service))
-        add_admin_routes(app, hub, keys, failures)  # failures: failure management's routes and hooks
-    elif control is not None:  # a cluster's gateway (floors from the queue servers, fences here), or a
-        # queue server's control stream and fences relayed (queue_core.control_relay)
-        add_admin_routes(app, control, keys)
+    # The control stream and fences of the hub the root composed: the core's beside it in one process
+    # (with failure management's routes and hooks when `failures` runs here), a cluster edge's over the
+    # control bucket, or a queue server's relayed (queue_core.control_relay). None: no admin routes.
+    hub = control if control is not None else failures.hub if failures is not None else None
+    if hub is not None:
+        add_admin_routes(app, hub, keys, failures)
     # The retry workflow, handovers and group routing, over the port: in every topology.
     add_queue_admin_routes(app, service, keys, failures=failures, hub=hub)
     fleet_admin = fleet.admin() if fleet is not None else None

@@ -26,6 +26,7 @@ from access.keys import Credential, KeyRing
 from gateway.app import make_gateway_app
 from gateway.deliveries import DeliveryLog
 from gateway.rate_limits import TenantRateLimiter
+from queue_core.control import ControlHub
 from queue_core.service import QueueService
 
 CREDENTIALS = [
@@ -94,6 +95,7 @@ async def serve_gateway(
     app = make_gateway_app(
         service,
         keys,
+        control=ControlHub(service),  # the core's fences and control stream, as `strictq serve` composes it
         deliveries=deliveries,
         receipt_key=receipt_key,
         sqs_regions=sqs_regions,

@@ -309,7 +309,7 @@ async def older_gateway(tmp_path: Path, asked: list[str]) -> AsyncIterator[Gatew
     service = QueueService(tmp_path / "queue")
     await service.start()
     keys = KeyRing(list(CREDENTIALS))
-    app = make_gateway_app(service, keys)
+    app = make_gateway_app(service, keys, control=ControlHub(service))
     app.middlewares.append(no_results_route)  # innermost: after the gateway's error rendering
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

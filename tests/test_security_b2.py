@@ -33,6 +33,7 @@ from fencing.addons.auth import Auth
 from fencing.addons.control import Control
 from fencing.context import PROXY_ACTION_HEADER, context_of
 from fencing.runtime import ProxyRuntime
+from queue_core.control import ControlHub
 from queue_core.service import QueueService
 from strictq.serve import make_edge_app
 
@@ -271,7 +272,9 @@ async def search_url(tmp_path: Path) -> AsyncIterator[str]:
     are checked first (400), a valid query then answers 404 no_index."""
     service = QueueService(tmp_path / "queue")
     await service.start()
-    app = make_edge_app(service, KeyRing(list(CREDENTIALS)), index=tmp_path / "index")
+    app = make_edge_app(
+        service, KeyRing(list(CREDENTIALS)), index=tmp_path / "index", control=ControlHub(service)
+    )
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

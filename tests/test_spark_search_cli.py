@@ -18,6 +18,7 @@ from aiohttp import web
 from spark_support import SampleIndex, brute_force
 
 from access.keys import Credential, KeyRing
+from queue_core.control import ControlHub
 from queue_core.service import QueueService
 from strictq.serve import make_edge_app
 
@@ -127,7 +128,8 @@ def test_index_and_errors_refuse_bad_input_before_starting_spark(
 async def admin_url(spark_sample: SampleIndex, tmp_path: Path) -> AsyncIterator[str]:
     service = QueueService(tmp_path / "queue")
     await service.start()
-    app = make_edge_app(service, KeyRing([ADMIN, PRODUCER, OPERATOR]), index=spark_sample.index)
+    hub = ControlHub(service)
+    app = make_edge_app(service, KeyRing([ADMIN, PRODUCER, OPERATOR]), index=spark_sample.index, control=hub)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -186,7 +188,8 @@ async def test_admin_endpoint_without_an_index_is_404(tmp_path: Path) -> None:
     service = QueueService(tmp_path / "queue")
     await service.start()
     runner = web.AppRunner(
-        make_edge_app(service, KeyRing([ADMIN]), index=tmp_path / "index"), access_log=None
+        make_edge_app(service, KeyRing([ADMIN]), index=tmp_path / "index", control=ControlHub(service)),
+        access_log=None,
     )
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
