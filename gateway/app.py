@@ -20,6 +20,7 @@ from queue_core.control import ControlHub
 from queue_core.failures import FailureManager
 from queue_core.fleet import FleetBackend
 from queue_core.fleet_http import add_fleet_routes
+from queue_core.health_view import HealthView, LocalHealthView
 from queue_core.http_errors import json_http_errors
 from queue_core.metrics_export import core_source
 from queue_core.metrics_http import add_metrics_route
@@ -66,6 +67,7 @@ def make_gateway_app(
     story_index: StoryIndex | None = None,
     fleet: FleetBackend | None = None,
     cluster: ClusterSource | None = None,
+    health: HealthView | None = None,
 ) -> web.Application:
     """`deliveries`: write a wire-log record per message handed to a worker (gateway.deliveries).
     `receipt_key`: the file of the SQS receipt-handle key (gateway.sqs_receipts); None: in memory.
@@ -75,7 +77,9 @@ def make_gateway_app(
     `fleet`: the worker fleet (queue_core.fleet): heartbeats, controls, rebalancing where the core runs;
     in front of a queue server, `RemoteFleet` forwards the heartbeats to it (queue_core.fleet_remote); in a
     cluster, `ClusterFleet` keeps the registry in the cluster's fleet bucket (cluster.fleet_kv).
-    `cluster`: a cluster's state (partitions, owners, lag) for the dashboard and /metrics of its edge."""
+    `cluster`: a cluster's state (partitions, owners, lag) for the dashboard and /metrics of its edge.
+    `health`: failure management's state for the dashboard where it runs elsewhere (a queue server's, a
+    cluster's decider: queue_core.health_view); with `failures` here, read from it."""
     requests = RequestCounter()  # outermost: it counts the status the client gets
     app = web.Application(client_max_size=MAX_EDGE_BODY, middlewares=[requests.middleware, json_http_errors])
     add_request_ids(app)  # every answer names its request's id (X-Request-Id; SQS: x-amzn-RequestId)
@@ -110,7 +114,9 @@ def make_gateway_app(
     sources = [core_source(service, hub, keys)]
     if cluster is not None:
         sources.append(cluster_metrics(cluster))
-    add_dashboard(app, service, hub, keys, failures, story_index, cluster=cluster)  # GET /dashboard
+    if health is None and failures is not None:
+        health = LocalHealthView(failures)
+    add_dashboard(app, service, hub, keys, health, story_index, cluster=cluster)  # GET /dashboard
     if fleet is not None:  # POST /fleet/v1/heartbeat (gateway.fleet_face)
         add_heartbeat_route(app, fleet)
     add_metrics_route(app, registry, keys, sources)

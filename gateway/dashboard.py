@@ -42,8 +42,8 @@ from protocol.errors import StrictqError
 from queue_core.admin_http import UNTENANTED
 from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub
-from queue_core.failures import FailureManager
 from queue_core.figures import Figures
+from queue_core.health_view import ErrorCases, HealthView
 from queue_core.machine import QueueError
 from queue_core.scope import Scope
 
@@ -61,7 +61,7 @@ from .dashboard_session import (
     session_middleware,
     set_cookie,
 )
-from .dashboard_view import CHART, build_view
+from .dashboard_view import CHART, EVENTS, build_view
 
 log = logging.getLogger("strictq.dashboard")
 MAX_LOGIN_BODY = 8 * 1024
@@ -108,7 +108,7 @@ class Dashboard:
     backend: QueueBackend
     hub: ControlHub | None
     keys: KeyRing
-    failures: FailureManager | None
+    health: HealthView | None
     index: StoryIndex | None
     sessions: SessionStore
     history: BacklogHistory
@@ -127,7 +127,7 @@ def add_dashboard(
     backend: QueueBackend,
     hub: ControlHub | None,
     keys: KeyRing,
-    failures: FailureManager | None = None,
+    health: HealthView | None = None,
     index: StoryIndex | None = None,
     *,
     cluster: ClusterSource | None = None,
@@ -136,15 +136,16 @@ def add_dashboard(
     refresh: float = 5.0,
 ) -> Dashboard:
     """Serve the dashboard from `app`; `hub`: the fences this gateway holds (None: none here);
-    `failures`: failure management beside the core (None: not in this process); `index`: the wire-log
-    index for the search box and the top error cases (None: the page says there is none); `cluster`: a
-    cluster's state (partitions, owners, lag). `interval`: seconds between backlog samples; `refresh`:
-    seconds between the page's refreshes (0: none). Buttons show only where `app` serves their route."""
+    `health`: failure management's state, wherever it runs (queue_core.health_view; None: off);
+    `index`: the wire-log index for the search box and the top error cases (None: the page says there is
+    none); `cluster`: a cluster's state (partitions, owners, lag). `interval`: seconds between backlog
+    samples; `refresh`: seconds between the page's refreshes (0: none). Buttons show only where `app`
+    serves their route."""
     dashboard = Dashboard(
         backend=backend,
         hub=hub,
         keys=keys,
-        failures=failures,
+        health=health,
         index=index,
         sessions=sessions or SessionStore(keys),
         history=BacklogHistory.of(backend, interval=interval),
@@ -360,12 +361,14 @@ async def _view(dashboard: Dashboard, scope: Scope) -> Any:
     cluster: ClusterFigures | str | None = None
     if dashboard.cluster is not None and scope.operator:
         cluster = await _cluster(dashboard.cluster)
+    status, cases = await _health(dashboard.health, scope, figures.at)
     return build_view(
         scope,
         figures,
         dashboard.hub,
         dashboard.keys,
-        dashboard.failures,
+        status,
+        cases,
         dashboard.history,
         index.error_cases(scope) if index is not None and index.ready() else None,
         index is not None and index.ready(),
@@ -374,6 +377,20 @@ async def _view(dashboard: Dashboard, scope: Scope) -> Any:
         cluster_error=cluster if isinstance(cluster, str) else None,
         unreachable=unreachable,
     )
+
+
+async def _health(
+    health: HealthView | None, scope: Scope, now: float
+) -> tuple[dict[str, Any] | None, ErrorCases | None]:
+    """Failure management's status and error cases for the page (None, None: not running, or out of
+    reach now: the rest of the page is still worth showing)."""
+    if health is None:
+        return None, None
+    try:
+        return await health.status(scope, EVENTS), await health.error_cases(scope, now)
+    except Exception as exc:  # the queue server or the decider out of reach, a takeover
+        log.info("dashboard: cannot read failure management's state: %s", exc)
+        return None, None
 
 
 async def _cluster(source: ClusterSource) -> ClusterFigures | str:

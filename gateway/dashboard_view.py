@@ -18,9 +18,8 @@ from urllib.parse import quote, urlencode
 from access.keys import KeyRing
 from access.permissions import fenceable
 from queue_core.control import ControlHub
-from queue_core.failures import FailureManager
 from queue_core.figures import Figures, QueueFigures
-from queue_core.health_http import scoped_status
+from queue_core.health_view import ErrorCases
 from queue_core.metrics_export import queue_labels
 from queue_core.scope import Scope
 from wirelog.times import format_time
@@ -119,7 +118,8 @@ def build_view(
     figures: Figures,
     hub: ControlHub | None,
     keys: KeyRing,
-    failures: FailureManager | None,
+    status: dict[str, Any] | None,
+    failures: ErrorCases | None,
     history: BacklogHistory,
     error_cases: dict[str, Any] | None,
     index_ready: bool,
@@ -130,9 +130,9 @@ def build_view(
     unreachable: str | None = None,
 ) -> View:
     """`allowed`: the kinds of action whose admin route this gateway serves (the others' buttons are
-    left out); `cluster`: shown to operators only (it spans tenants)."""
+    left out); `cluster`: shown to operators only (it spans tenants). `status`: failure management's
+    document as the caller sees it (None: not running, or out of reach); `failures`: its error cases."""
     now = figures.at
-    status = scoped_status(failures, scope, EVENTS) if failures is not None else None
     suspended_by_name = {
         q["queue"]: q for q in (status["queues"] if status is not None else []) if q.get("suspended")
     }
@@ -185,7 +185,7 @@ def build_view(
         parked_hidden=parked_hidden,
         errors=errors,
         events=events,
-        health=failures is not None,
+        health=status is not None,
         index=index_ready,
         counts={
             "queues": len(found),
@@ -388,7 +388,7 @@ def _workers(
 
 # ---------------------------------------------------------------------------------------------- errors
 def _errors(
-    scope: Scope, failures: FailureManager | None, from_index: dict[str, Any] | None, now: float
+    scope: Scope, failures: ErrorCases | None, from_index: dict[str, Any] | None, now: float
 ) -> dict[str, Any]:
     """The top error cases: the index's (`strictq errors`) when the caller may see them, else failure
     management's failed attempts still in its window, of the caller's queues."""
@@ -412,12 +412,12 @@ def _errors(
     if failures is None:
         return {
             "source": "none",
-            "note": "failure management does not run beside this gateway (off with --no-health, or not "
-            "available in this topology)",
+            "note": "no error cases at hand: failure management is off (--no-health), out of reach, or keeps"
+            " its tally on the queue server (the index's error cases are shown once `strictq index` ran)",
             "cases": [],
         }
-    window = failures.settings.window
-    found = failures.monitor.failure_signatures(now, None if scope.operator else scope.sees_queue)
+    window = failures.window
+    found = failures.cases
     cases = [
         {
             "signature": f["signature"] or "(no signature)",

@@ -36,9 +36,11 @@ from .health_http import (
     scope_status,
     scoped_events,
 )
+from .health_view import ErrorCases
 from .http_errors import json_response
 from .machine import NotFound
 from .remote import RemoteQueueService, segment
+from .scope import Scope
 
 REMOTE = web.AppKey("strictq_remote_admin", RemoteQueueService)
 
@@ -48,6 +50,21 @@ def _remote(request: web.Request) -> RemoteQueueService:
 
 
 # -------------------------------------------------------------------------------- failure management
+class RemoteHealthView:
+    """Failure management in the queue server behind this gateway, for the dashboard (queue_core.
+    health_view): its status through the same internal route the status route reads, cut to the caller."""
+
+    def __init__(self, remote: RemoteQueueService) -> None:
+        self.remote = remote
+
+    async def status(self, scope: Scope, latest: int) -> dict[str, Any]:
+        state = await self.remote.admin("GET", "failures", params={"events": str(latest)})
+        return scope_status(state["view"], state["events"], state["probes"], scope, latest)
+
+    async def error_cases(self, scope: Scope, now: float) -> ErrorCases | None:
+        return None  # the queue server's tally stays there; the index's error cases are shown instead
+
+
 @errors_as_json
 async def status(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request, READ_ROLES)

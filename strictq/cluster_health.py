@@ -35,6 +35,7 @@ from queue_core.health_http import (
     scope_status,
     scoped_events,
 )
+from queue_core.health_view import ErrorCases
 from queue_core.http_errors import json_response
 
 log = logging.getLogger("strictq.health")
@@ -48,22 +49,37 @@ async def _queue(request: web.Request, scope: Any, name: str) -> str:
     return str(scope.internal_queue(name, queues))
 
 
+class ClusterHealthView:
+    """The decider's status for this edge's dashboard and status route (queue_core.health_view): asked
+    over NATS, parked groups counted over the partitions, cut to the caller's scope."""
+
+    def __init__(self, client: DeciderClient, backend: QueueBackend) -> None:
+        self.client = client
+        self.backend = backend
+
+    async def status(self, scope: Any, latest: int) -> dict[str, Any]:
+        answer = await self.client.request("status")
+        view: dict[str, Any] = answer["status"]
+        every = list(view["events"])
+        view["events"] = every[-latest:] if latest > 0 else []
+        probes: list[dict[str, str | None]] = [
+            {"queue": str(q), "worker": None if w is None else str(w)} for q, w in view.pop("probe_list", [])
+        ]
+        for queue in view["queues"]:
+            with contextlib.suppress(Exception):
+                queue["parked_groups"] = len(await self.backend.parked_groups(queue["queue"]))
+        return scope_status(view, every, probes, scope, latest)
+
+    async def error_cases(self, scope: Any, now: float) -> ErrorCases | None:
+        return None  # the decider's tally stays on its node; the index's error cases are shown instead
+
+
 @_errors_as_json
 async def status(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request, READ_ROLES)
     latest = _int_query(request, "events", 20)
-    answer = await request.app[DECIDER].request("status")
-    view: dict[str, Any] = answer["status"]
-    every = list(view["events"])
-    view["events"] = every[-latest:] if latest > 0 else []
-    probes: list[dict[str, str | None]] = [
-        {"queue": str(q), "worker": None if w is None else str(w)} for q, w in view.pop("probe_list", [])
-    ]
-    backend = request.app[BACKEND]
-    for queue in view["queues"]:
-        with contextlib.suppress(Exception):
-            queue["parked_groups"] = len(await backend.parked_groups(queue["queue"]))
-    return json_response(scope_status(view, every, probes, scope, latest))
+    view = ClusterHealthView(request.app[DECIDER], request.app[BACKEND])
+    return json_response(await view.status(scope, latest))
 
 
 @_errors_as_json
@@ -213,6 +229,10 @@ class EdgeHealth:
     def __init__(self, client: DeciderClient, bridge: ProbeBridge) -> None:
         self.client = client
         self.bridge = bridge
+
+    def view(self, backend: QueueBackend) -> ClusterHealthView:
+        """The decider's state for this edge's dashboard (parked groups counted over `backend`)."""
+        return ClusterHealthView(self.client, backend)
 
     async def start(self) -> None:
         """After the app started (the hub runs): follow the decider's probes."""

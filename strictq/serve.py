@@ -47,13 +47,14 @@ from queue_core.control_relay import RelayHub
 from queue_core.failures import FailureManager
 from queue_core.fleet import FleetBackend, FleetService
 from queue_core.fleet_remote import RemoteFleet
+from queue_core.health_view import HealthView
 from queue_core.http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
 from queue_core.internal_auth import FILE_NAME as SECRET_FILE_NAME
 from queue_core.internal_auth import InternalSecret, missing_secret_line
 from queue_core.machine.fleet import FleetSettings
 from queue_core.machine.health import HealthSettings
 from queue_core.remote import RemoteQueueService
-from queue_core.remote_admin import add_remote_admin_routes
+from queue_core.remote_admin import RemoteHealthView, add_remote_admin_routes
 from queue_core.service import QueueService
 from queue_core.startup import (
     check_output_file,
@@ -92,12 +93,17 @@ def make_edge_app(
     regions: RegionResolver | None = None,
     limiter: TenantRateLimiter | None = None,
     cluster: ClusterSource | None = None,
+    health: HealthView | None = None,
 ) -> web.Application:
     """The gateway's app (gateway.app) with, given `index`, GET /admin/v1/search over the wire-log index
     (spark.admin_endpoint; `strictq index` builds it) mounted beside its faces, and searched by the
     operator's dashboard (gateway.dashboard). `sqs_regions`: the regions
     SQS requests may be signed for (gateway.sqs_regions); empty: any. `regions`: each request's client
-    region is set for the backend (gateway.client_region; an edge of a cluster)."""
+    region is set for the backend (gateway.client_region; an edge of a cluster). `health`: failure
+    management's state for the dashboard where it runs elsewhere (a cluster's decider); in front of a queue
+    server, the queue server's."""
+    if health is None and isinstance(service, RemoteQueueService):
+        health = RemoteHealthView(service)
     app = make_gateway_app(
         service,
         keys,
@@ -110,6 +116,7 @@ def make_edge_app(
         limiter=limiter,
         story_index=PageIndex(index) if index is not None else None,  # the dashboard's search box
         cluster=cluster,  # an edge of a cluster: its partitions, owners and lag (strictq.cluster_source)
+        health=health,
     )
     if isinstance(service, RemoteQueueService):  # failure management and the fleet: the queue server's
         add_remote_admin_routes(app, service)
@@ -341,6 +348,7 @@ async def serve(options: ServeOptions) -> None:
             regions=options.region_resolver(),
             limiter=limiter,
             cluster=cluster_state,
+            health=None if edge_health is None else edge_health.view(service),
         ),
         access_log=None,
         handle_signals=False,

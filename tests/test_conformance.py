@@ -297,10 +297,21 @@ async def test_metrics_show_queue_depth(edge: Edge) -> None:
 
 @gapped("dashboard")
 async def test_dashboard_is_served(edge: Edge) -> None:
-    """GET /dashboard serves the operator's page (not a pointer elsewhere)."""
+    """GET /dashboard serves the operator's page (not a pointer elsewhere), and once logged in its failure
+    panel reads failure management wherever it runs (beside the core, the queue server, the decider)."""
     status, page = await call(edge, "GET", "/dashboard")
     assert status == 200
     assert "strictq status" not in page  # the placeholder of a gateway without the core says to use it
+    connector = aiohttp.TCPConnector(ssl=edge.ssl_context())
+    jar = aiohttp.CookieJar(unsafe=True)
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=connector, cookie_jar=jar, timeout=timeout) as session:
+        login = {"key": edge.credential("admin").secret}
+        async with session.post(edge.url + "/dashboard/login", data=login) as answer:
+            assert answer.status == 200, await answer.text()  # redirected to the page, logged in
+            page = await answer.text()
+    assert 'id="panels"' in page, page[:2000]
+    assert "no worker states, suspensions or events here" not in page  # failure management is read
 
 
 @gapped("status")

@@ -515,7 +515,7 @@ async def test_the_dashboard_in_front_of_a_queue_server(tmp_path: Path) -> None:
         assert cells[:4] == ["3", "0", "0", "2"], cells  # visible, in flight, delayed, groups
         assert _row(page, "data-queue", "invoices") is None  # t2's
         assert 'id="count-messages">3<' in page and "customer-0" in page  # the groups panel
-        assert 'id="no-fences"' in page and "failure management does not run beside this gateway" in page
+        assert 'id="no-fences"' in page and "failure management is off" in page
         assert "data-kind=" not in page  # no fence, suspend or release route here: no button
         assert 'id="cluster"' not in page
 
