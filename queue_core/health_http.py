@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -221,17 +222,23 @@ async def lift_blacklist(request: web.Request) -> web.StreamResponse:
     return json_response({"worker": worker, "lifted": True})
 
 
-@_errors_as_json
-async def alert(request: web.Request) -> web.StreamResponse:
-    scope = scope_of(request, WRITE_ROLES)
-    manager = request.app[FAILURES]
-    data = await _body(request)
+@dataclass(frozen=True, slots=True)
+class AlertRequest:
+    """`POST /admin/v1/alerts`' body, checked: the reason, the queue (as the caller named it) or None,
+    the signatures (exact or glob)."""
+
+    reason: str
+    queue: str | None
+    signatures: list[str]
+
+
+def alert_request(data: dict[str, Any]) -> AlertRequest:
+    """The one check of an alert's body, wherever failure management runs (here, behind a queue server,
+    a cluster's decider): HealthRequestError naming what is wrong."""
     reason = _text(data, "reason", None)
     queue = data.get("queue")
-    if queue is not None:
-        if not isinstance(queue, str):
-            raise HealthRequestError("queue must be a queue name", "bad_queue")
-        queue = _internal_queue(manager, scope, queue)
+    if queue is not None and not isinstance(queue, str):
+        raise HealthRequestError("queue must be a queue name", "bad_queue")
     signatures = data.get("signatures", [])
     if (
         not isinstance(signatures, list)
@@ -241,6 +248,16 @@ async def alert(request: web.Request) -> web.StreamResponse:
         raise HealthRequestError(f"signatures must be up to {MAX_SIGNATURES} strings", "bad_signatures")
     if queue is None and not signatures:
         raise HealthRequestError("name a queue or give signatures (exact or glob)", "bad_alert")
+    return AlertRequest(reason, queue, list(signatures))
+
+
+@_errors_as_json
+async def alert(request: web.Request) -> web.StreamResponse:
+    scope = scope_of(request, WRITE_ROLES)
+    manager = request.app[FAILURES]
+    asked = alert_request(await _body(request))
+    reason, signatures = asked.reason, asked.signatures
+    queue = None if asked.queue is None else _internal_queue(manager, scope, asked.queue)
     # A tenant's alert by signature suspends only the tenant's queues (an operator's: any tenant's).
     within = None if scope.operator else scope.sees_queue
     suspended = manager.alert(reason, queue=queue, signatures=signatures, within=within, tenant=scope.tenant)

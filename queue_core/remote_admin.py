@@ -26,13 +26,12 @@ from .admin_http import errors_as_json, existing_queue, known_worker, queue_in_p
 from .fleet_http import _body as fleet_body
 from .fleet_http import control_targets, no_workers, scope_fleet
 from .health_http import (
-    MAX_SIGNATURES,
-    HealthRequestError,
     NotBlacklisted,
     NotSuspended,
     _body,
     _int_query,
     _text,
+    alert_request,
     scope_status,
     scoped_events,
 )
@@ -119,22 +118,9 @@ async def lift_blacklist(request: web.Request) -> web.StreamResponse:
 async def alert(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request, WRITE_ROLES)
     remote = _remote(request)
-    data = await _body(request)
-    reason = _text(data, "reason", None)
-    queue = data.get("queue")
-    if queue is not None:
-        if not isinstance(queue, str):
-            raise HealthRequestError("queue must be a queue name", "bad_queue")
-        queue = await existing_queue(scope, remote, queue)
-    signatures = data.get("signatures", [])
-    if (
-        not isinstance(signatures, list)
-        or len(signatures) > MAX_SIGNATURES
-        or not all(isinstance(s, str) and s for s in signatures)
-    ):
-        raise HealthRequestError(f"signatures must be up to {MAX_SIGNATURES} strings", "bad_signatures")
-    if queue is None and not signatures:
-        raise HealthRequestError("name a queue or give signatures (exact or glob)", "bad_alert")
+    asked = alert_request(await _body(request))
+    reason, signatures = asked.reason, asked.signatures
+    queue = None if asked.queue is None else await existing_queue(scope, remote, asked.queue)
     # A tenant's alert by signature suspends only the tenant's queues within its prefixes.
     body = {
         "reason": reason,

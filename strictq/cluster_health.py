@@ -32,6 +32,7 @@ from queue_core.health_http import (
     _errors_as_json,
     _int_query,
     _text,
+    alert_request,
     scope_status,
     scoped_events,
 )
@@ -127,25 +128,10 @@ async def lift_blacklist(request: web.Request) -> web.StreamResponse:
 
 @_errors_as_json
 async def alert(request: web.Request) -> web.StreamResponse:
-    from queue_core.health_http import MAX_SIGNATURES, HealthRequestError
-
     scope = scope_of(request, WRITE_ROLES)
-    data = await _body(request)
-    reason = _text(data, "reason", None)
-    queue = data.get("queue")
-    if queue is not None:
-        if not isinstance(queue, str):
-            raise HealthRequestError("queue must be a queue name", "bad_queue")
-        queue = await _queue(request, scope, queue)
-    signatures = data.get("signatures", [])
-    if (
-        not isinstance(signatures, list)
-        or len(signatures) > MAX_SIGNATURES
-        or not all(isinstance(s, str) and s for s in signatures)
-    ):
-        raise HealthRequestError(f"signatures must be up to {MAX_SIGNATURES} strings", "bad_signatures")
-    if queue is None and not signatures:
-        raise HealthRequestError("name a queue or give signatures (exact or glob)", "bad_alert")
+    asked = alert_request(await _body(request))
+    reason, signatures = asked.reason, asked.signatures
+    queue = None if asked.queue is None else await _queue(request, scope, asked.queue)
     within = None
     if not scope.operator:  # a tenant's alert by signature reaches only its tenant's queues
         within = [q for q in await request.app[BACKEND].list_queues() if scope.sees_queue(q)]
