@@ -95,6 +95,9 @@ class DeciderRole:
         self.last_event = 0
         self._subscriptions: list[Any] = []
         self._seen_fences: set[str] = set()  # the decider's fences the control bucket showed
+        # Fences this holder wrote, by the revision of the write, until its copy of the bucket has heard
+        # that far: one deleted before this copy looked was still lifted by someone (an operator).
+        self._written: dict[str, int] = {}
         self._reports: asyncio.Queue[Msg] = asyncio.Queue()
 
     # ------------------------------------------------------------------------------------- the lease
@@ -217,6 +220,12 @@ class DeciderRole:
         `strictq unfence`): the worker is restored, as in one process."""
         fenced = set(read_state({k: e.value for k, e in self.control.entries.items()}).health_fences())
         gone, self._seen_fences = self._seen_fences - fenced, fenced
+        heard = self.control.revision
+        for worker, revision in list(self._written.items()):
+            if heard >= revision:  # this copy is past our write: present (seen above) or lifted already
+                del self._written[worker]
+                if worker not in fenced:
+                    gone.add(worker)
         for worker in sorted(gone):
             monitor = decider.monitor
             if monitor.blocked(worker):
@@ -259,7 +268,8 @@ class DeciderRole:
                 effect.decision.at,
             )
             try:
-                await bucket.create(fence_key(effect.worker), orjson.dumps(fence.to_dict()))
+                revision = await bucket.create(fence_key(effect.worker), orjson.dumps(fence.to_dict()))
+                self._written[effect.worker] = revision
             except KeyWrongLastSequenceError:
                 return False  # fenced already: by an earlier holder (adopted) or by an operator
         elif isinstance(effect, UnfenceRequested):
