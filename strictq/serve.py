@@ -94,16 +94,18 @@ def make_edge_app(
     limiter: TenantRateLimiter | None = None,
     cluster: ClusterSource | None = None,
     health: HealthView | None = None,
+    remote: RemoteQueueService | None = None,
 ) -> web.Application:
     """The gateway's app (gateway.app) with, given `index`, GET /admin/v1/search over the wire-log index
     (spark.admin_endpoint; `strictq index` builds it) mounted beside its faces, and searched by the
     operator's dashboard (gateway.dashboard). `sqs_regions`: the regions
     SQS requests may be signed for (gateway.sqs_regions); empty: any. `regions`: each request's client
     region is set for the backend (gateway.client_region; an edge of a cluster). `health`: failure
-    management's state for the dashboard where it runs elsewhere (a cluster's decider); in front of a queue
-    server, the queue server's."""
-    if health is None and isinstance(service, RemoteQueueService):
-        health = RemoteHealthView(service)
+    management's state for the dashboard where it runs elsewhere (a cluster's decider). `remote`: the
+    queue server this gateway fronts (its failure management, fleet and their admin routes are served from
+    it: queue_core.remote_admin)."""
+    if health is None and remote is not None:
+        health = RemoteHealthView(remote)
     app = make_gateway_app(
         service,
         keys,
@@ -118,8 +120,8 @@ def make_edge_app(
         cluster=cluster,  # an edge of a cluster: its partitions, owners and lag (strictq.cluster_source)
         health=health,
     )
-    if isinstance(service, RemoteQueueService):  # failure management and the fleet: the queue server's
-        add_remote_admin_routes(app, service)
+    if remote is not None:  # failure management and the fleet: the queue server's
+        add_remote_admin_routes(app, remote)
     if index is not None:
         add_search_route(app, index, SearchGate(*search_gate(app, keys)))
     if regions is not None:
@@ -297,40 +299,41 @@ async def serve(options: ServeOptions) -> None:
     publisher = None  # an edge of a cluster's traffic reports (cluster.traffic), started once it listens
     cluster_state: ClusterSource | None = None
     edge_health = None  # failure management at a cluster edge (strictq.cluster_health)
+    failures: FailureManager | None = None
+    remote: RemoteQueueService | None = None
     if options.cluster is not None:
         service, control, publisher, cluster_state, fleet = await cluster_backend(
             options.cluster, data_dir, options, limiter, secret
         )
         edge_health = getattr(service, "edge_health", None)
     elif options.queue_server is None:
-        service = QueueService(data_dir / "queue", partitions=options.partitions)
-        await start_service(service, data_dir)
+        core = QueueService(data_dir / "queue", partitions=options.partitions)
+        await start_service(core, data_dir)
+        service = core
+        # The core in this process: its control stream and fences (in the store; a legacy
+        # <data-dir>/fences.json is migrated into it), failure management and the fleet beside it.
+        control = ControlHub(core, store_registry(core, data_dir / "fences.json"))
+        if options.health is not None:  # its events go to the wire log beside the gateway's records
+            failures = FailureManager(core, control, options.health, wirelog=data_dir / "wirelog")
+        fleet = FleetService(core, failures, options.fleet)  # heartbeats and controls (docs/fleet.md)
     else:
-        service = RemoteQueueService(
+        remote = RemoteQueueService(
             options.queue_server,
             partitions=options.partitions,
             secret=secret,
             ca_file=None if options.internal_ca is None else str(options.internal_ca),
         )
-        await service.start()
-        if service.refused is not None:  # the server is there, and says our secret is not its own
-            await service.close()
-            raise StartupLine(data_dir, service.refused)
-    gc.freeze()  # see strictq.queue_server: the restored backlog stays out of collections
-    gc.set_threshold(50_000, 20, 100)
-    # With the core in-process, this process serves the control stream and fences (in the store; a legacy
-    # <data-dir>/fences.json is migrated into it).
-    failures = None
-    if isinstance(service, RemoteQueueService):  # heartbeats go on to the queue server's fleet
-        fleet = RemoteFleet(service)
+        await remote.start()
+        if remote.refused is not None:  # the server is there, and says our secret is not its own
+            await remote.close()
+            raise StartupLine(data_dir, remote.refused)
+        service = remote
+        fleet = RemoteFleet(remote)  # heartbeats go on to the queue server's fleet
         # The queue server's control stream and fences, relayed: this gateway serves them to its callers
         # and proxies within their scope (queue_core.control_relay).
-        control = RelayHub(service)
-    if isinstance(service, QueueService):
-        control = ControlHub(service, store_registry(service, data_dir / "fences.json"))
-        if options.health is not None:  # its events go to the wire log beside the gateway's records
-            failures = FailureManager(service, control, options.health, wirelog=data_dir / "wirelog")
-        fleet = FleetService(service, failures, options.fleet)  # heartbeats and controls (docs/fleet.md)
+        control = RelayHub(remote)
+    gc.freeze()  # see strictq.queue_server: the restored backlog stays out of collections
+    gc.set_threshold(50_000, 20, 100)
     # One `delivery` record per message handed to a worker, beside the proxy's records (same redaction key).
     deliveries = DeliveryLog(data_dir / "wirelog", key_dir=data_dir)
     deliveries.start()
@@ -349,6 +352,7 @@ async def serve(options: ServeOptions) -> None:
             limiter=limiter,
             cluster=cluster_state,
             health=None if edge_health is None else edge_health.view(service),
+            remote=remote,
         ),
         access_log=None,
         handle_signals=False,
