@@ -78,6 +78,14 @@ class ClusterFenceRegistry(FenceRegistry):
     def load(self) -> None:
         """Nothing to read: the view follows the bucket since `start`."""
 
+    @property
+    def mirror(self) -> KvMirror:
+        """This edge's one copy of the control bucket (started with the registry): the probe bridge reads
+        the decider's probes from it rather than watching the bucket a second time."""
+        if self._mirror is None:
+            raise RuntimeError("the control registry has not started")
+        return self._mirror
+
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()

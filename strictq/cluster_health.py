@@ -3,10 +3,10 @@
 - The admin routes of queue_core.health_http (`GET /admin/v1/status`, `/admin/v1/events`, suspend,
   resume, `DELETE /admin/v1/blacklist/{worker}`, `POST /admin/v1/alerts`), answered by the node holding
   the decider (cluster.decider_client), scoped here as in one process.
-- BRIDGE, to be replaced by the control bucket's fence registry (issue 27, item 3): `FenceBridge` copies
-  the decider's fences (`fence.*` keys of the control bucket whose reason is `health: …`) and its probes
-  (`probe.*` with a worker) into this edge's control hub, so its egress proxies fence and exempt as in one
-  process. Operators' fences are not touched.
+- `ProbeBridge` copies the decider's probes (`probe.*` keys of the control bucket with a worker) into this
+  edge's control hub, so its egress proxies exempt them as in one process. Fences need no copy: the hub's
+  registry is the control bucket's (cluster.control_fences).
+- `ClusterHealthView`: the decider's status for the status route and the dashboard (queue_core.health_view).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from access.permissions import READ_ROLES, WRITE_ROLES
 from cluster.control_keys import read_state
 from cluster.decider_client import DeciderClient
 from cluster.kv_mirror import KvMirror
-from queue_core.admin_http import scope_of
+from queue_core.admin_http import existing_queue, scope_of
 from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub
 from queue_core.health_http import (
@@ -46,8 +46,8 @@ BACKEND = web.AppKey("strictq_health_backend", QueueBackend)
 
 # ------------------------------------------------------------------------------------------ routes
 async def _queue(request: web.Request, scope: Any, name: str) -> str:
-    queues = set(await request.app[BACKEND].list_queues())
-    return str(scope.internal_queue(name, queues))
+    """The core's name of the caller's queue `name`, looked up by name (not the whole queue list)."""
+    return await existing_queue(scope, request.app[BACKEND], name)
 
 
 class ClusterHealthView:
@@ -66,9 +66,13 @@ class ClusterHealthView:
         probes: list[dict[str, str | None]] = [
             {"queue": str(q), "worker": None if w is None else str(w)} for q, w in view.pop("probe_list", [])
         ]
-        for queue in view["queues"]:
-            with contextlib.suppress(Exception):
-                queue["parked_groups"] = len(await self.backend.parked_groups(queue["queue"]))
+        queues = view["queues"]
+        parked = await asyncio.gather(
+            *(self.backend.parked_groups(q["queue"]) for q in queues), return_exceptions=True
+        )  # every queue's partitions asked at once: a refresh of the dashboard costs one round trip
+        for queue, groups in zip(queues, parked, strict=True):
+            if not isinstance(groups, BaseException):
+                queue["parked_groups"] = len(groups)
         return scope_status(view, every, probes, scope, latest)
 
     async def error_cases(self, scope: Any, now: float) -> ErrorCases | None:
@@ -162,14 +166,13 @@ class ProbeBridge:
     unfence deletes the decider's key there, which the decider hears as a restore (cluster.decider)."""
 
     def __init__(self, control: KvMirror, hub: ControlHub, backend: QueueBackend | None = None) -> None:
-        self.control = control
+        self.control = control  # the fence registry's copy of the bucket: it starts and stops it
         self.hub = hub
         self.backend = backend  # the queues' `probe_safe` (a probe's calls pass instead of mimicked)
         self._probes: set[str] = set()
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        await self.control.start()
         self._task = asyncio.create_task(self._run(), name="strictq-probe-bridge")
 
     async def close(self) -> None:
@@ -177,7 +180,6 @@ class ProbeBridge:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self.control.stop()
 
     async def _run(self) -> None:
         while True:

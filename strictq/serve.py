@@ -606,13 +606,10 @@ async def cluster_backend(
     health = None
     if options.health is not None:
         from cluster.decider_client import DeciderClient
-        from cluster.kv_mirror import KvMirror
         from strictq.cluster_health import EdgeHealth, ProbeBridge
 
-        control = await retrying(
-            lambda: KvMirror.open(js, layout.control_bucket, "control"), "the control bucket"
-        )
-        health = EdgeHealth(DeciderClient(nc, layout), ProbeBridge(control, hub))  # backend: set below
+        bridge = ProbeBridge(fences.mirror, hub)  # backend: set below
+        health = EdgeHealth(DeciderClient(nc, layout), bridge)
 
     async def closed() -> None:
         if health is not None:
