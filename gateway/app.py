@@ -78,8 +78,8 @@ def make_gateway_app(
     in front of a queue server, `RemoteFleet` forwards the heartbeats to it (queue_core.fleet_remote); in a
     cluster, `ClusterFleet` keeps the registry in the cluster's fleet bucket (cluster.fleet_kv).
     `cluster`: a cluster's state (partitions, owners, lag) for the dashboard and /metrics of its edge.
-    `health`: failure management's state for the dashboard where it runs elsewhere (a queue server's, a
-    cluster's decider: queue_core.health_view); with `failures` here, read from it."""
+    `health`: failure management where it runs elsewhere (a queue server's, a cluster's decider:
+    queue_core.health_view), for its admin routes and the dashboard; with `failures` here, read from it."""
     requests = RequestCounter()  # outermost: it counts the status the client gets
     app = web.Application(client_max_size=MAX_EDGE_BODY, middlewares=[requests.middleware, json_http_errors])
     add_request_ids(app)  # every answer names its request's id (X-Request-Id; SQS: x-amzn-RequestId)
@@ -104,8 +104,10 @@ def make_gateway_app(
     # (with failure management's routes and hooks when `failures` runs here), a cluster edge's over the
     # control bucket, or a queue server's relayed (queue_core.control_relay). None: no admin routes.
     hub = control if control is not None else failures.hub if failures is not None else None
-    if hub is not None:
-        add_admin_routes(app, hub, keys, failures)
+    if health is None and failures is not None:
+        health = LocalHealthView(failures)
+    if hub is not None:  # failure management's routes over `health`, wherever it runs
+        add_admin_routes(app, hub, keys, failures, health=health)
     # The retry workflow, handovers and group routing, over the port: in every topology.
     add_queue_admin_routes(app, service, keys, failures=failures, hub=hub)
     fleet_admin = fleet.admin() if fleet is not None else None
@@ -114,8 +116,6 @@ def make_gateway_app(
     sources = [core_source(service, hub, keys)]
     if cluster is not None:
         sources.append(cluster_metrics(cluster))
-    if health is None and failures is not None:
-        health = LocalHealthView(failures)
     add_dashboard(app, service, hub, keys, health, story_index, cluster=cluster)  # GET /dashboard
     if fleet is not None:  # POST /fleet/v1/heartbeat (gateway.fleet_face)
         add_heartbeat_route(app, fleet)

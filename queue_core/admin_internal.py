@@ -21,14 +21,12 @@ from typing import Any
 
 from aiohttp import web
 
-from access.tenancy import tenant_of
-
 from .admin_http import json_object_body, stream_events
 from .control import ControlHub
 from .failures import FailureManager
 from .fleet import FleetService
 from .fleet_http import fleet_document
-from .health_http import probe_owners
+from .health_view import probe_owners, tenant_reach
 from .http_errors import json_response
 from .machine import InvalidArgument, NotFound, QueueNotFound
 from .machine.rebalance import RebalancePolicy
@@ -146,9 +144,7 @@ async def alert(request: web.Request) -> web.StreamResponse:
         raise InvalidArgument("prefixes must be a list of strings", field="prefixes")
 
     def within(name: str) -> bool:
-        if tenant_of(name) != tenant:
-            return False
-        return prefixes is None or any(name.partition(".")[2].startswith(p) for p in prefixes)
+        return tenant_reach(tenant, prefixes, name)
 
     signatures = [str(s) for s in data.get("signatures") or []]
     suspended = manager.alert(

@@ -21,6 +21,7 @@ from .control import ControlHub
 from .failures import FailureManager
 from .handover_http import add_handover_routes
 from .health_http import add_health_routes
+from .health_view import HealthView, LocalHealthView
 from .retry_http import add_retry_routes
 from .routing_http import RoutingHooks, add_routing_routes
 
@@ -32,10 +33,13 @@ def add_admin_routes(
     failures: FailureManager | None = None,
     *,
     untenanted: bool = False,
+    health: HealthView | None = None,
 ) -> None:
     """Serve /admin/v1/control and /admin/v1/fences from `app`, with the hub living as long as it; with
-    `failures` (its hub must be `hub`), failure management's routes too (queue_core.health_http).
-    `untenanted`: the core has no tenants (the queue server), see UNTENANTED."""
+    `failures` (its hub must be `hub`: failure management beside the core, started and closed with the
+    app) or `health` (where it runs elsewhere: a queue server's, a cluster's decider), failure
+    management's routes too (queue_core.health_http). `untenanted`: the core has no tenants (the queue
+    server), see UNTENANTED."""
     app[CONTROL] = hub
     app[ADMIN_KEYS] = keys
     app[UNTENANTED] = untenanted
@@ -43,8 +47,10 @@ def add_admin_routes(
     app.router.add_get("/admin/v1/fences", list_fences)
     app.router.add_put("/admin/v1/fences/{worker}", put_fence)
     app.router.add_delete("/admin/v1/fences/{worker}", delete_fence)
-    if failures is not None:
-        add_health_routes(app, failures)
+    if health is None and failures is not None:
+        health = LocalHealthView(failures)
+    if health is not None:
+        add_health_routes(app, health)
 
     async def start(app: web.Application) -> None:
         await hub.start()

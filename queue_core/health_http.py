@@ -12,12 +12,14 @@ Every answer is within the caller's scope (queue_core.scope): an admin sees and 
 queues (named as the tenant sees them, `orders`, not `t1.orders`), workers and events, and an alert by
 signature suspends only its tenant's queues; an `operator` spans tenants and uses core names. Another
 tenant's queue or worker is 404, as if it did not exist. Reads and changes take `admin` or `operator`.
+
+These handlers are the only ones, in every topology: they read and change failure management through its
+port (queue_core.health_view.HealthView), whether it runs in this process, in the queue server behind
+`--queue-server` or as a cluster's decider; the edge mounts them with the view its root composed.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,17 +29,15 @@ from aiohttp import web
 from access.permissions import READ_ROLES, WRITE_ROLES
 from protocol.errors import RequestTooLarge, StrictqError
 
-from .admin_http import error_response, scope_of
-from .failures import FailureManager
+from .admin_http import errors_as_json, scope_of
 from .fences import MAX_REASON
+from .health_view import Alert, HealthView, scoped_events
 from .http_errors import json_response
 from .machine.text import INTEGER_RE
-from .scope import Scope
 
-FAILURES = web.AppKey("strictq_failures", FailureManager)
+HEALTH: web.AppKey[HealthView] = web.AppKey("strictq_health")
 MAX_BODY = 64 * 1024
 MAX_SIGNATURES = 100
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class HealthRequestError(StrictqError):
@@ -60,31 +60,6 @@ class NotSuspended(HealthRequestError):
 class NotBlacklisted(HealthRequestError):
     status = 404
     code = "not_blacklisted"
-
-
-def _errors_as_json(handler: Handler) -> Handler:
-    """Every error of these routes as the one JSON body, with the status it carries (docs/errors.md)."""
-
-    async def wrapped(request: web.Request) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except (web.HTTPException, ConnectionError):
-            raise
-        except Exception as exc:
-            return error_response(exc)
-
-    return wrapped
-
-
-# ------------------------------------------------------------------------------------------- tenancy
-def _internal_queue(manager: FailureManager, scope: Scope, name: str) -> str:
-    """The core's name of an existing queue the caller names (its tenant's), or 404."""
-    return scope.internal_queue(name, manager.service.core.queues)
-
-
-def scoped_events(scope: Scope, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The failure-management events `scope` sees, renamed as it names queues."""
-    return [e for e in (scope.event(event) for event in events) if e is not None]
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -122,103 +97,59 @@ def _int_query(request: web.Request, name: str, default: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------ handlers
-def scoped_status(manager: FailureManager, scope: Scope, latest: int = 20) -> dict[str, Any]:
-    """`GET /admin/v1/status`'s document as the caller sees it (also the operator's dashboard's): its
-    tenant's workers, fences, queues (named as it names them), events, counts and probes."""
-    return scope_status(manager.status(latest=latest), manager.events(), probe_owners(manager), scope, latest)
+def _view(request: web.Request) -> HealthView:
+    return request.app[HEALTH]
 
 
-def probe_owners(manager: FailureManager) -> list[dict[str, str | None]]:
-    """The queue and worker of every probe out (what a scope counts its own probes by)."""
-    return [{"queue": probe.queue, "worker": probe.worker} for probe in manager.monitor.probes.values()]
+def _face(request: web.Request) -> str:
+    return request.query.get("face", "queue")  # `dedupq`: an EmoDB dedup queue, as the other admin routes
 
 
-def scope_status(
-    view: dict[str, Any],
-    events: list[dict[str, Any]],
-    probes: list[dict[str, str | None]],
-    scope: Scope,
-    latest: int = 20,
-) -> dict[str, Any]:
-    """The status document `view` (FailureManager.status, every tenant's) cut to `scope`, with the tenant's
-    own latest events and counts out of `events` (all of them) and its probes out of `probes`: the one
-    rule, whether the manager runs in this process or in a queue server behind the gateway."""
-    if scope.operator:
-        return view
-    view["workers"] = [w for w in view["workers"] if scope.sees_worker(w["worker"])]
-    view["operator_fences"] = [f for f in view["operator_fences"] if scope.sees_worker(f["worker"])]
-    queues = []
-    for queue in view["queues"]:
-        name = scope.queue_name(queue["queue"])
-        if name is not None:
-            queues.append({**queue, "queue": name})
-    view["queues"] = queues
-    for worker in view["workers"]:
-        worker["queue"] = scope.queue_name(worker["queue"]) if worker["queue"] else None
-    # The tenant's own events, counts and probes only: the server-wide ones tell of other tenants.
-    mine = scoped_events(scope, events)
-    view["events"] = mine[-latest:] if latest > 0 else []
-    view["counts"] = dict(Counter(e["event"] for e in mine))
-    view["probes"] = sum(
-        1
-        for probe in probes
-        if isinstance(queue := probe.get("queue"), str)
-        and scope.sees_queue(queue)
-        and ((worker := probe.get("worker")) is None or scope.sees_worker(worker))
-    )
-    return view
-
-
-@_errors_as_json
+@errors_as_json
 async def status(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request, READ_ROLES)
-    return json_response(scoped_status(request.app[FAILURES], scope, _int_query(request, "events", 20)))
+    return json_response(await _view(request).status(scope, _int_query(request, "events", 20)))
 
 
-@_errors_as_json
+@errors_as_json
 async def events(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request, READ_ROLES)
-    manager = request.app[FAILURES]
     limit = _int_query(request, "limit", 1000)
+    page = await _view(request).events(_int_query(request, "since", 0))
     # Scoped before the limit: another tenant's busy hour must not push this tenant's events out.
-    shown = scoped_events(scope, manager.events(_int_query(request, "since", 0)))
-    return json_response({"events": shown[-limit:] if limit > 0 else [], "last": manager.last_event})
+    shown = scoped_events(scope, page.events)
+    return json_response({"events": shown[-limit:] if limit > 0 else [], "last": page.last})
 
 
-@_errors_as_json
+@errors_as_json
 async def suspend(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request, WRITE_ROLES)
-    manager = request.app[FAILURES]
+    view = _view(request)
     name = request.match_info["queue"]
-    queue = _internal_queue(manager, scope, name)
+    queue = await view.queue(scope, name, _face(request))
     reason = _text(await _body(request), "reason", None)
-    manager.suspend(queue, f"operator: {reason}")
-    await manager.settled()  # in the store before the answer
+    await view.suspend(queue, f"operator: {reason}")
     return json_response({"queue": name, "suspended": True, "reason": reason})
 
 
-@_errors_as_json
+@errors_as_json
 async def resume(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request, WRITE_ROLES)
-    manager = request.app[FAILURES]
+    view = _view(request)
     name = request.match_info["queue"]
-    queue = _internal_queue(manager, scope, name)
+    queue = await view.queue(scope, name, _face(request))
     reason = _text(await _body(request), "reason", "operator")
-    if not manager.resume(queue, reason):
+    if not await view.resume(queue, reason):
         raise NotSuspended(f"queue {name!r} is not suspended")
-    await manager.settled()
     return json_response({"queue": name, "resumed": True})
 
 
-@_errors_as_json
+@errors_as_json
 async def lift_blacklist(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request, WRITE_ROLES)
     worker = request.match_info["worker"]
-    if not scope.sees_worker(worker):
+    if not scope.sees_worker(worker) or not await _view(request).lift_blacklist(worker):
         raise NotBlacklisted(f"worker {worker!r} is not blacklisted")
-    if not request.app[FAILURES].lift_blacklist(worker, "operator"):
-        raise NotBlacklisted(f"worker {worker!r} is not blacklisted")
-    await request.app[FAILURES].settled()
     return json_response({"worker": worker, "lifted": True})
 
 
@@ -251,26 +182,24 @@ def alert_request(data: dict[str, Any]) -> AlertRequest:
     return AlertRequest(reason, queue, list(signatures))
 
 
-@_errors_as_json
+@errors_as_json
 async def alert(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request, WRITE_ROLES)
-    manager = request.app[FAILURES]
+    view = _view(request)
     asked = alert_request(await _body(request))
-    reason, signatures = asked.reason, asked.signatures
-    queue = None if asked.queue is None else _internal_queue(manager, scope, asked.queue)
+    queue = None if asked.queue is None else await view.queue(scope, asked.queue, "queue")
     # A tenant's alert by signature suspends only the tenant's queues (an operator's: any tenant's).
-    within = None if scope.operator else scope.sees_queue
-    suspended = manager.alert(reason, queue=queue, signatures=signatures, within=within, tenant=scope.tenant)
+    suspended = await view.alert(scope, Alert(asked.reason, queue, asked.signatures))
     names = [n for n in (scope.queue_name(q) for q in suspended) if n is not None]
-    await manager.settled()
     return json_response({"suspended": names})
 
 
 # ------------------------------------------------------------------------------------------ mounting
-def add_health_routes(app: web.Application, manager: FailureManager) -> None:
-    """Serve the routes above from `app` (which already has the admin keys); the manager lives as long
-    as the app: started after the control hub, closed before it."""
-    app[FAILURES] = manager
+def add_health_routes(app: web.Application, view: HealthView) -> None:
+    """Serve the routes above from `app` (which already has the admin keys) over `view`: failure
+    management wherever it runs (its life is its owner's: the manager's is tied to the app by
+    queue_core.admin_routes)."""
+    app[HEALTH] = view
     app.router.add_get("/admin/v1/status", status)
     app.router.add_get("/admin/v1/events", events)
     app.router.add_post("/admin/v1/queues/{queue}/suspend", suspend)

@@ -47,14 +47,14 @@ from queue_core.control_relay import RelayHub
 from queue_core.failures import FailureManager
 from queue_core.fleet import FleetBackend, FleetService
 from queue_core.fleet_remote import RemoteFleet
-from queue_core.health_view import HealthView
+from queue_core.health_view import HealthView, RemoteHealthView
 from queue_core.http_guard import DEFAULT_LIMITS, ConnectionLimits, GuardedSite
 from queue_core.internal_auth import FILE_NAME as SECRET_FILE_NAME
 from queue_core.internal_auth import InternalSecret, missing_secret_line
 from queue_core.machine.fleet import FleetSettings
 from queue_core.machine.health import HealthSettings
 from queue_core.remote import RemoteQueueService
-from queue_core.remote_admin import RemoteHealthView, add_remote_admin_routes
+from queue_core.remote_admin import add_remote_admin_routes
 from queue_core.service import QueueService
 from queue_core.startup import (
     check_output_file,
@@ -101,9 +101,9 @@ def make_edge_app(
     operator's dashboard (gateway.dashboard). `sqs_regions`: the regions
     SQS requests may be signed for (gateway.sqs_regions); empty: any. `regions`: each request's client
     region is set for the backend (gateway.client_region; an edge of a cluster). `health`: failure
-    management's state for the dashboard where it runs elsewhere (a cluster's decider). `remote`: the
-    queue server this gateway fronts (its failure management, fleet and their admin routes are served from
-    it: queue_core.remote_admin)."""
+    management where it runs elsewhere (a cluster's decider), for its admin routes and the dashboard.
+    `remote`: the queue server this gateway fronts (its failure management and fleet are served from it:
+    queue_core.health_view.RemoteHealthView, queue_core.remote_admin)."""
     if health is None and remote is not None:
         health = RemoteHealthView(remote)
     app = make_gateway_app(
@@ -120,7 +120,7 @@ def make_edge_app(
         cluster=cluster,  # an edge of a cluster: its partitions, owners and lag (strictq.cluster_source)
         health=health,
     )
-    if remote is not None:  # failure management and the fleet: the queue server's
+    if remote is not None:  # the fleet: the queue server's
         add_remote_admin_routes(app, remote)
     if index is not None:
         add_search_route(app, index, SearchGate(*search_gate(app, keys)))
@@ -358,10 +358,6 @@ async def serve(options: ServeOptions) -> None:
         handle_signals=False,
         **options.limits.handler_args(),
     )
-    if edge_health is not None:  # the decider answers these at every edge (docs/failure-management.md)
-        from strictq.cluster_health import add_cluster_health_routes
-
-        add_cluster_health_routes(runner.app, edge_health.client, service)
     await runner.setup()
     if edge_health is not None:
         await edge_health.start()
