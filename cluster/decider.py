@@ -12,19 +12,22 @@ expires and another node's create succeeds. The holder:
 - carries out each typed decision as a write to the control bucket (cluster.control_keys); a fence is a
   create, so a fence an earlier holder already wrote is not decided, nor published, twice;
 - publishes every event to `SQ_<id>_EVENTS` (numbered by its stream sequence, so the numbers go on
-  across a takeover) and answers requests on `sq.<id>.decider.api` (status, events, suspend, resume,
-  unblacklist, alert; cluster.decider_client) for every edge.
+  across a takeover), with the events the edges decide (the fleet's, `record`: cluster.edge_events; a
+  gateway may not publish to the stream itself, cluster.nats_roles), and answers requests on
+  `sq.<id>.decider.api` (status, events, suspend, resume, unblacklist, alert, record;
+  cluster.decider_client) for every edge.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import datetime
 import logging
 import secrets
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -68,6 +71,7 @@ from .layout import DECIDER_TTL, EVENTS_KEPT, ClusterLayout, retrying
 log = logging.getLogger("strictq.health")
 DECIDER_KEY = "decider"
 QUIET = frozenset({"probe-cancelled", "probe-delivered"})  # not events (queue_core.failures.QUIET)
+EDGE_EVENTS = frozenset({"sleep", "wake"})  # with `control-*`: the fleet's, decided at an edge
 MAX_WAIT = 0.25  # seconds the holder waits for reports before it looks at its timers and lease again
 
 
@@ -90,7 +94,7 @@ class DeciderRole:
         self._clock = clock
         self.holding = False
         self.decider: Decider | None = None
-        self.ring: deque[dict[str, Any]] = deque(maxlen=EVENTS_KEPT)
+        self.ring: list[dict[str, Any]] = []  # the newest EVENTS_KEPT events, in stream order
         self.counts: Counter[str] = Counter()
         self.last_event = 0
         self._subscriptions: list[Any] = []
@@ -243,11 +247,11 @@ class DeciderRole:
             if report is not None and self.decider is not None:
                 await self._carry_out(self.decider.feed(report))
 
-    async def _carry_out(self, effects: list[HealthEffect]) -> None:
+    async def _carry_out(self, effects: list[HealthEffect], tenant: str | None = None) -> None:
         for effect in effects:
             try:
                 if await self._act(effect) and effect.decision.event not in QUIET:
-                    await self._publish(effect.decision)
+                    await self._publish(effect.decision, tenant)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -345,11 +349,18 @@ class DeciderRole:
         )
 
     def _remember(self, event: dict[str, Any]) -> None:
-        if event["n"] <= self.last_event:
+        """`event` (numbered `n`) into the ring in stream order, once: publishes acknowledged out of order
+        (a request's beside the step's) are all kept."""
+        n = event["n"]
+        at = bisect.bisect_left(self.ring, n, key=_number)
+        if at < len(self.ring) and self.ring[at]["n"] == n:
             return
-        self.ring.append(event)
+        if len(self.ring) >= EVENTS_KEPT and at == 0:
+            return  # older than every event kept
+        self.ring.insert(at, event)
+        del self.ring[:-EVENTS_KEPT]
         self.counts[str(event.get("event"))] += 1
-        self.last_event = event["n"]
+        self.last_event = max(self.last_event, n)
 
     async def _load_events(self) -> None:
         """The events earlier holders published (the newest EVENTS_KEPT), into the ring."""
@@ -426,6 +437,7 @@ class DeciderRole:
         if op == "alert":
             queues = request.get("queues")
             allowed = None if queues is None else set(queues)
+            tenant = request.get("tenant")  # a tenant's alert: its events carry the tenant (scope.event)
             suspended, effects = decider.command(
                 monitor.alert,
                 str(request["reason"]),
@@ -434,8 +446,14 @@ class DeciderRole:
                 signatures=[str(s) for s in request.get("signatures") or []],
                 within=None if allowed is None else allowed.__contains__,
             )
-            await self._carry_out(effects)
+            await self._carry_out(effects, tenant if isinstance(tenant, str) and tenant else None)
             return {"suspended": suspended}
+        if op == "record":
+            decision = edge_decision(request.get("event"))
+            if decision is None:
+                return {"error": {"code": "bad_request", "message": "not an event an edge decides"}}
+            await self._publish(decision)
+            return {"ok": True}
         return {"error": {"code": "bad_request", "message": f"unknown operation {op!r}"}}
 
     def status(self, now: float) -> dict[str, Any]:
@@ -459,6 +477,26 @@ class DeciderRole:
         view["now"] = now
         view["decider"] = self._me
         return view
+
+
+def edge_decision(event: Any) -> Decision | None:
+    """The Decision of an event an edge decided (the fleet's: `control-*`, `sleep`, `wake`), checked;
+    None for anything else, so an edge's request cannot pass for the decider's own decisions."""
+    if not isinstance(event, dict):
+        return None
+    kind, reason, at = event.get("event"), event.get("reason"), event.get("at")
+    if not isinstance(kind, str) or not (kind in EDGE_EVENTS or kind.startswith("control-")):
+        return None
+    if not isinstance(reason, str) or not isinstance(at, int | float) or isinstance(at, bool):
+        return None
+    worker, queue = event.get("worker"), event.get("queue")
+    if not all(v is None or (isinstance(v, str) and v) for v in (worker, queue)):
+        return None
+    return Decision(kind[:64], reason[:MAX_REASON], float(at), worker=worker, queue=queue)
+
+
+def _number(event: dict[str, Any]) -> int:
+    return int(event["n"])
 
 
 def _reason(text: str) -> str:

@@ -33,9 +33,10 @@ from typing import Any, TypeVar
 
 import orjson
 
-from access.tenancy import core_name, split, tenant_of
+from access.tenancy import split, tenant_of
 from wirelog.files import StartupError
 
+from .alert_records import ALERT_POLL, WireAlert, follow_alerts
 from .control import ControlHub
 from .fences import MAX_REASON, MIGRATED_SUFFIX, Fence, FenceMode, NotFenced
 from .machine import QueueNotFound
@@ -56,8 +57,6 @@ from .service import FailureEffect, QueueService
 log = logging.getLogger("strictq.health")
 REASON_PREFIX = "health: "
 EVENT_RING = 1000
-ALERT_POLL = 2.0  # seconds between looks for new alert records in the wire log
-ALERT_WRITER = "spark-alerts"  # spark.alerts.WRITER (not imported: that package pulls in pyspark)
 TICK = 0.25  # seconds between flushes of the event writer
 DRAIN_TIMEOUT = 5.0  # seconds close() waits for queued fence changes
 # Decisions that are events (the rest only drive the control stream).
@@ -424,67 +423,20 @@ class FailureManager:
 
     # ------------------------------------------------------------------------------------------ alerts
     async def _follow_alerts(self) -> None:
-        """Poll the wire log for `event: alert` records (strictq errors' alert rules) and act on them."""
+        """Follow the wire log's `event: alert` records (strictq errors' alert rules) and act on them."""
         assert self.wirelog is not None
-        follower = _AlertFollower(self.wirelog)
         fresh_after = self.service.clock() - self.settings.window  # older alerts were acted on before
-        while True:
-            try:
-                records = await asyncio.to_thread(follower.poll)
-            except Exception:
-                log.exception("cannot read alert records in %s", self.wirelog)
-                records = []
-            for record in records:
-                ts = record.get("ts")
-                if record.get("event") != "alert" or not isinstance(ts, int | float) or ts < fresh_after:
-                    continue
-                self._alert_record(record)
-            await asyncio.sleep(self.alert_poll)
+        await follow_alerts(self.wirelog, fresh_after, self.alert_poll, self._alert_record)
 
-    def _alert_record(self, record: dict[str, Any]) -> None:
-        alert = record.get("alert")
-        details: dict[str, Any] = alert if isinstance(alert, dict) else {}
-        signatures = [s for s in [details.get("signature"), *(details.get("signatures") or [])] if s]
-        queue = record.get("queue")
-        tenant = record.get("tenant")
-        if isinstance(queue, str) and queue not in self.service.core.queues and tenant:
-            queue = core_name(tenant, queue)
-        # A record of one tenant reaches only that tenant's queues; one without: any (the operator's rule).
-        scoped = tenant if isinstance(tenant, str) and tenant else None
+    async def _alert_record(self, alert: WireAlert) -> None:
+        tenant = alert.tenant
         self.alert(
-            str(record.get("reason") or details.get("rule") or "alert"),
-            queue=queue if isinstance(queue, str) else None,
-            signatures=[str(s) for s in signatures],
-            within=None if scoped is None else (lambda name: tenant_of(name) == scoped),
-            tenant=scoped,
+            alert.reason,
+            queue=alert.core_queue(self.service.core.queues.__contains__),
+            signatures=alert.signatures,
+            within=None if tenant is None else (lambda name: tenant_of(name) == tenant),
+            tenant=tenant,
         )
-
-
-class _AlertFollower:
-    """New records of the alert writer's segments only (the proxy's busy segments are never read)."""
-
-    def __init__(self, directory: Path) -> None:
-        from wirelog.reader import Follower, RecordFilter
-
-        self.directory = directory
-        self._follower = Follower(directory, where=RecordFilter(kind="event"))
-
-    def poll(self) -> list[dict[str, Any]]:
-        from wirelog.layout import TMP, parse_segment_name
-
-        try:
-            entries = os.listdir(self.directory)
-        except FileNotFoundError:
-            return []
-        names: dict[tuple[str, int, str], Any] = {}
-        for entry in entries:
-            name = parse_segment_name(entry)
-            if name is not None and name.writer == ALERT_WRITER and name.state != TMP:
-                names.setdefault(name.key, name)
-        found: list[dict[str, Any]] = []
-        for key in sorted(names):
-            found.extend(self._follower.read_segment(names[key]))
-        return found
 
 
 class SuspensionFileError(StartupError):

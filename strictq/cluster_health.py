@@ -6,6 +6,9 @@
 - `ProbeBridge` copies the decider's probes (`probe.*` keys of the control bucket with a worker) into this
   edge's control hub, so its egress proxies exempt them as in one process. Fences need no copy: the hub's
   registry is the control bucket's (cluster.control_fences).
+- `AlertRelay` hands the alerts of this edge's wire log (`strictq errors`' rules) to the decider;
+  `EdgeEvents` (cluster.edge_events) publishes the events decided here (the fleet's) to the events stream
+  the decider follows, so every edge's status shows them.
 """
 
 from __future__ import annotations
@@ -13,12 +16,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from access.tenancy import tenant_of
 from cluster.control_keys import read_state
 from cluster.decider_client import DeciderClient
+from cluster.edge_events import EdgeEvents
 from cluster.kv_mirror import KvMirror
 from queue_core.admin_http import existing_queue
+from queue_core.alert_records import ALERT_POLL, WireAlert, follow_alerts
 from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub
 from queue_core.health_view import Alert, ErrorCases, EventPage, scope_status
@@ -72,11 +81,26 @@ class ClusterHealthView:
         return bool(answer.get("ok"))
 
     async def alert(self, scope: Scope, alert: Alert) -> list[str]:
-        within = None
-        if not scope.operator:  # a tenant's alert by signature reaches only its tenant's queues
-            within = [q for q in await self.backend.list_queues() if scope.sees_queue(q)]
+        # A tenant's alert by signature reaches only its tenant's queues (an operator's: any queue).
+        return await self._alert(alert, None if scope.operator else scope.sees_queue, scope.tenant)
+
+    async def tenant_alert(self, alert: Alert, tenant: str | None) -> list[str]:
+        """An alert of the wire log: one of `tenant` reaches only its queues (None: any queue)."""
+        if tenant is None:
+            return await self._alert(alert, None, None)
+        return await self._alert(alert, lambda queue: tenant_of(queue) == tenant, tenant)
+
+    async def _alert(
+        self, alert: Alert, within: Callable[[str], bool] | None, tenant: str | None
+    ) -> list[str]:
+        queues = None if within is None else [q for q in await self.backend.list_queues() if within(q)]
         answer = await self.client.request(
-            "alert", reason=alert.reason, queue=alert.queue, signatures=alert.signatures, queues=within
+            "alert",
+            reason=alert.reason,
+            queue=alert.queue,
+            signatures=alert.signatures,
+            queues=queues,
+            tenant=tenant,
         )
         return [str(q) for q in answer.get("suspended", [])]
 
@@ -137,20 +161,61 @@ class ProbeBridge:
             self.hub.probe_end(pid)
 
 
-class EdgeHealth:
-    """Failure management's part of a cluster edge: the decider's client and the probe bridge."""
+class AlertRelay:
+    """This edge's wire-log alerts (`event: alert` records of `strictq errors`' rules in its data dir) to
+    the decider, as one process's failure manager acts on its own (queue_core.alert_records)."""
 
-    def __init__(self, client: DeciderClient, bridge: ProbeBridge) -> None:
+    def __init__(self, wirelog: Path, window: float, poll: float = ALERT_POLL) -> None:
+        self.wirelog = wirelog
+        self.window = window  # alerts older than failure management's window were acted on before
+        self.poll = poll
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, view: ClusterHealthView) -> None:
+        fresh_after = time.time() - self.window
+
+        async def act(alert: WireAlert) -> None:
+            queue = None
+            if alert.queue is not None:
+                found = {q for q in await view.backend.list_queues(alert.queue) if q == alert.queue}
+                queue = alert.core_queue(found.__contains__)
+            await view.tenant_alert(Alert(alert.reason, queue, alert.signatures), alert.tenant)
+
+        follow = follow_alerts(self.wirelog, fresh_after, self.poll, act)
+        self._task = asyncio.create_task(follow, name="strictq-alert-relay")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
+class EdgeHealth:
+    """Failure management's part of a cluster edge: the decider's client, the probe bridge, the relay of
+    this edge's wire-log alerts and its events (the fleet's) into the cluster's events stream."""
+
+    def __init__(
+        self, client: DeciderClient, bridge: ProbeBridge, events: EdgeEvents, alerts: AlertRelay
+    ) -> None:
         self.client = client
         self.bridge = bridge
+        self.events = events
+        self.alerts = alerts
+        self.backend: QueueBackend | None = None  # the edge's backend, set once it is made
 
     def view(self, backend: QueueBackend) -> ClusterHealthView:
         """The decider's state for this edge's dashboard (parked groups counted over `backend`)."""
         return ClusterHealthView(self.client, backend)
 
     async def start(self) -> None:
-        """After the app started (the hub runs): follow the decider's probes."""
+        """After the app started (the hub runs): follow the decider's probes and this edge's alerts."""
         await self.bridge.start()
+        if self.backend is not None:
+            await self.alerts.start(self.view(self.backend))
 
     async def close(self) -> None:
+        await self.alerts.close()
         await self.bridge.close()
+        await self.events.close()

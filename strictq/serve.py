@@ -602,10 +602,13 @@ async def cluster_backend(
     health = None
     if options.health is not None:
         from cluster.decider_client import DeciderClient
-        from strictq.cluster_health import EdgeHealth, ProbeBridge
+        from cluster.edge_events import EdgeEvents
+        from strictq.cluster_health import AlertRelay, EdgeHealth, ProbeBridge
 
         bridge = ProbeBridge(fences.mirror, hub)  # backend: set below
-        health = EdgeHealth(DeciderClient(nc, layout), bridge)
+        alerts = AlertRelay(data_dir / "wirelog", options.health.window)  # as one process's manager reads
+        client = DeciderClient(nc, layout)
+        health = EdgeHealth(client, bridge, EdgeEvents(client), alerts)
 
     async def closed() -> None:
         if health is not None:
@@ -637,7 +640,11 @@ async def cluster_backend(
     backend.edge_health = health
     if health is not None:
         health.bridge.backend = backend  # a probe of a `probe_safe` queue passes at the proxies
-    fleet = ClusterFleet(js, layout, backend, options.fleet)
+        health.backend = backend
+    # The fleet's events: into the cluster's events stream beside the decider's (else only logged).
+    fleet = ClusterFleet(
+        js, layout, backend, options.fleet, events=None if health is None else health.events.fleet
+    )
     return backend, hub, publisher, KvClusterSource(js, layout, tuple(settings.urls)), fleet
 
 

@@ -9,6 +9,8 @@ driven as the SDK drives it (EmoDB polls declaring `results, probes`, results re
   resumes it by itself.
 - SIGKILL of the node holding the decider while a worker fails: another node takes the lease, the fence
   still comes, once.
+- An alert rule's record in the edge's wire log (`strictq errors`) suspends the queue through the decider;
+  the fleet's events (a control applied through one edge) are in the cluster's events at every edge.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from kit.process import ChildProcess, launch, strictq
 from kit.until import until
 
 from access.keys import KeyRing
+from wirelog.record import event_record
+from wirelog.writer import WireLogWriter
 
 CAPABILITIES = {"X-Strictq-Capabilities": "results, probes"}
 FENCE_AFTER = 3
@@ -326,3 +330,54 @@ async def fenced_at_both(edge: Edge, other: Edge) -> None:
         assert await at.worker_state("worker-1") in ("fenced", "probing")
     assert all(i.get("probe") for i in await other.poll(queue, "worker-1", limit=10, wait=0.2))
     await drain_in_order(other, queue, ("worker-2",), expected)
+
+
+async def test_an_alert_in_the_edges_wire_log_suspends_the_queue(edge: Edge, cluster: Cluster) -> None:
+    """`strictq errors`' alert records in the edge's data dir reach the decider, as one process's failure
+    manager reads its own: the tenant's queue is suspended, the event carries the alert's reason."""
+    queue = "alerted"
+    await edge.send(queue, "a0", "a-0")  # the queue exists
+    admin = edge.keys.by_id("admin")
+    assert admin is not None
+    record = event_record(event="alert", reason="payments-5xx: 12 failures", queue=queue)
+    record["tenant"] = admin.tenant
+    record["alert"] = {"rule": "payments-5xx", "signatures": []}
+    with WireLogWriter(cluster.data_dir / "gateway" / "wirelog", "spark-alerts", fsync="always") as writer:
+        writer.write(record)
+
+    async def suspended() -> bool:
+        return any(q["queue"] == queue and q["suspended"] for q in (await edge.status())["queues"])
+
+    await until(suspended, within=TIMEOUT, what="the alert to suspend the queue")
+    (suspend,) = [e for e in await edge.events("suspend") if e.get("queue") == queue]
+    assert suspend["reason"] == "alert: payments-5xx: 12 failures", suspend
+    await edge.ok("POST", f"/admin/v1/queues/{queue}/resume", "admin", {"reason": "test over"})
+
+
+async def test_the_fleets_events_are_in_the_clusters_events_at_every_edge(
+    edge: Edge, second_edge: tuple[str, str]
+) -> None:
+    """A control issued through edge 2 and applied by a worker heartbeating through edge 1: the fleet's
+    `control-applied` (decided at edge 1) is in the decider's events, read at both edges."""
+    url, ca = second_edge
+    worker = "worker-3"
+    beat = {"interval": 5.0, "queues": ["fleet-events"]}
+    await edge.ok("POST", "/fleet/v1/heartbeat", worker, beat)
+    connector = aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=ca))
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
+        other = Edge(url, session, edge.keys)
+        body = {"kind": "config", "args": {"concurrency": 2}, "workers": [worker]}
+        (control,) = (await other.ok("POST", "/admin/v1/fleet/control", "admin", body))["controls"]
+        answer = await edge.ok("POST", "/fleet/v1/heartbeat", worker, beat)
+        assert [c["id"] for c in answer["controls"]] == [control["id"]]
+        ack = {"id": control["id"], "status": "applied", "detail": "concurrency=2"}
+        await edge.ok("POST", "/fleet/v1/heartbeat", worker, {**beat, "acks": [ack]})
+
+        async def applied_at(at: Edge) -> list[dict[str, Any]]:
+            return [e for e in await at.events("control-applied", worker) if control["id"] in e["reason"]]
+
+        for at in (other, edge):
+            (event,) = await until(functools.partial(applied_at, at), within=TIMEOUT, what="control-applied")
+            assert event["n"] > 0
+        shown = (await other.status())["events"]
+        assert any(e["event"] == "control-applied" and e.get("worker") == worker for e in shown)
