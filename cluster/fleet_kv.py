@@ -28,7 +28,7 @@ pending is dropped from the bucket (one process forgets its registry at a restar
 otherwise keep every worker ever seen).
 
 Events (control-applied / -refused / -failed / -expired, sleep, wake) go to `events` when given (the
-cluster's failure management, once it runs in a cluster), else to the log (as with `--no-health`). A
+edge hands them to the cluster's decider: cluster.edge_events), else to the log (as with `--no-health`). A
 drain does not hand the worker's groups' local state over (state transfer needs the core's state
 holders, which the port does not expose yet): its groups go on elsewhere without their state.
 """
