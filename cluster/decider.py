@@ -340,13 +340,7 @@ class DeciderRole:
         ack = await self._js.publish(self._layout.events_subject, orjson.dumps(event), timeout=5.0)
         event["n"] = ack.seq
         self._remember(event)
-        log.info(
-            "%s%s%s: %s",
-            decision.event,
-            f" worker={decision.worker}" if decision.worker else "",
-            f" queue={decision.queue}" if decision.queue else "",
-            decision.reason,
-        )
+        log.info("%s", decision.summary())
 
     def _remember(self, event: dict[str, Any]) -> None:
         """`event` (numbered `n`) into the ring in stream order, once: publishes acknowledged out of order

@@ -42,13 +42,7 @@ class EdgeEvents:
         self.record(Decision(event.event, event.reason, event.at, worker=event.worker, queue=event.queue))
 
     def record(self, decision: Decision) -> None:
-        log.info(
-            "%s%s%s: %s",
-            decision.event,
-            f" worker={decision.worker}" if decision.worker else "",
-            f" queue={decision.queue}" if decision.queue else "",
-            decision.reason,
-        )
+        log.info("%s", decision.summary())
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._send(), name="strictq-edge-events")
         try:

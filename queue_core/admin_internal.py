@@ -26,7 +26,7 @@ from .control import ControlHub
 from .failures import FailureManager
 from .fleet import FleetService
 from .fleet_http import fleet_document
-from .health_view import probe_owners, tenant_reach
+from .health_view import Alert, LocalHealthView, probe_owners, tenant_reach
 from .http_errors import json_response
 from .machine import InvalidArgument, NotFound, QueueNotFound
 from .machine.rebalance import RebalancePolicy
@@ -106,25 +106,22 @@ async def failures(request: web.Request) -> web.StreamResponse:
 async def suspend(request: web.Request) -> web.StreamResponse:
     manager = _manager(request)
     data = await _body(request)
-    manager.suspend(_queue(manager, _text(data, "queue")), _text(data, "reason"))
-    await manager.settled()
+    await LocalHealthView(manager).suspend(_queue(manager, _text(data, "queue")), _text(data, "reason"))
     return json_response({"suspended": True})
 
 
 async def resume(request: web.Request) -> web.StreamResponse:
     manager = _manager(request)
     data = await _body(request)
-    resumed = manager.resume(_queue(manager, _text(data, "queue")), _text(data, "reason"))
-    await manager.settled()
+    view = LocalHealthView(manager)
+    resumed = await view.resume(_queue(manager, _text(data, "queue")), _text(data, "reason"))
     return json_response({"resumed": resumed})  # False: it was not suspended (the gateway names the queue)
 
 
 async def unblacklist(request: web.Request) -> web.StreamResponse:
     manager = _manager(request)
     worker = _text(await _body(request), "worker")
-    lifted = manager.lift_blacklist(worker, "operator")
-    await manager.settled()
-    return json_response({"lifted": lifted})
+    return json_response({"lifted": await LocalHealthView(manager).lift_blacklist(worker)})
 
 
 async def alert(request: web.Request) -> web.StreamResponse:
@@ -147,14 +144,9 @@ async def alert(request: web.Request) -> web.StreamResponse:
         return tenant_reach(tenant, prefixes, name)
 
     signatures = [str(s) for s in data.get("signatures") or []]
-    suspended = manager.alert(
-        _text(data, "reason"),
-        queue=queue,
-        signatures=signatures,
-        within=None if tenant is None else within,
-        tenant=tenant,
-    )
-    await manager.settled()
+    asked = Alert(_text(data, "reason"), queue, signatures)
+    view = LocalHealthView(manager)
+    suspended = await view.alert_within(asked, None if tenant is None else within, tenant)
     return json_response({"suspended": suspended})
 
 

@@ -346,13 +346,7 @@ class FailureManager:
         event["n"] = self._n
         self._ring.append(event)
         self.counts[decision.event] += 1
-        log.info(
-            "%s%s%s: %s",
-            decision.event,
-            f" worker={decision.worker}" if decision.worker else "",
-            f" queue={decision.queue}" if decision.queue else "",
-            decision.reason,
-        )
+        log.info("%s", decision.summary())
         if self._writer is not None:
             self._write(event)
 

@@ -16,6 +16,7 @@ the one set of rules here (`scope_status`, `scoped_events`), so every topology a
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -181,9 +182,15 @@ class LocalHealthView:
 
     async def alert(self, scope: Scope, alert: Alert) -> list[str]:
         # A tenant's alert by signature suspends only the tenant's queues (an operator's: any tenant's).
-        within = None if scope.operator else scope.sees_queue
+        return await self.alert_within(alert, None if scope.operator else scope.sees_queue, scope.tenant)
+
+    async def alert_within(
+        self, alert: Alert, within: Callable[[str], bool] | None, tenant: str | None
+    ) -> list[str]:
+        """`alert` reaching the queues `within` accepts (None: any), its events carrying `tenant`: a
+        caller known by its tenant rather than its scope (the queue server's internal route)."""
         suspended = self.manager.alert(
-            alert.reason, queue=alert.queue, signatures=alert.signatures, within=within, tenant=scope.tenant
+            alert.reason, queue=alert.queue, signatures=alert.signatures, within=within, tenant=tenant
         )
         await self.manager.settled()
         return suspended

@@ -108,6 +108,14 @@ class ClusterHealthView:
         return None  # the decider's tally stays on its node; the index's error cases are shown instead
 
 
+async def _stop(task: asyncio.Task[None] | None) -> None:
+    """Cancel one of this module's follower tasks and wait for it to end."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 # ------------------------------------------------------------------------------------------ bridge
 class ProbeBridge:
     """The decider's probes (`probe.<id>` keys of the control bucket) into this edge's hub, so its proxies
@@ -126,10 +134,8 @@ class ProbeBridge:
         self._task = asyncio.create_task(self._run(), name="strictq-probe-bridge")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await _stop(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:
@@ -185,11 +191,8 @@ class AlertRelay:
         self._task = asyncio.create_task(follow, name="strictq-alert-relay")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await _stop(self._task)
+        self._task = None
 
 
 class EdgeHealth:

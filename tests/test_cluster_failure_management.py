@@ -33,6 +33,7 @@ from kit.process import ChildProcess, launch, strictq
 from kit.until import until
 
 from access.keys import KeyRing
+from cluster.decider import edge_decision
 from wirelog.record import event_record
 from wirelog.writer import WireLogWriter
 
@@ -381,3 +382,20 @@ async def test_the_fleets_events_are_in_the_clusters_events_at_every_edge(
             assert event["n"] > 0
         shown = (await other.status())["events"]
         assert any(e["event"] == "control-applied" and e.get("worker") == worker for e in shown)
+
+
+def test_the_decider_takes_only_the_fleets_events_from_an_edge() -> None:
+    """`record` (cluster.edge_events): an edge's `control-*`, `sleep` and `wake` are published as they are;
+    anything else (a forged `fence`, a malformed event) is refused, so an edge cannot pass for the decider."""
+    applied = {"event": "control-applied", "reason": "config c-1", "at": 1.5, "worker": "w", "queue": "t.q"}
+    decision = edge_decision(applied)
+    assert decision is not None and decision.to_event() == applied
+    assert edge_decision({"event": "sleep", "reason": "idle", "at": 2}) is not None
+    for forged in (
+        {"event": "fence", "reason": "x", "at": 1.0, "worker": "w"},
+        {"event": "wake", "reason": 3, "at": 1.0},
+        {"event": "wake", "reason": "x", "at": True},
+        {"event": "wake", "reason": "x", "at": 1.0, "worker": ""},
+        ["control-applied"],
+    ):
+        assert edge_decision(forged) is None, forged

@@ -168,6 +168,12 @@ class Decision:
                 data[name] = value
         return data
 
+    def summary(self) -> str:
+        """The one log line of the event: `fence worker=w-1 queue=t.q: 5 failed attempts`."""
+        worker = f" worker={self.worker}" if self.worker else ""
+        queue = f" queue={self.queue}" if self.queue else ""
+        return f"{self.event}{worker}{queue}: {self.reason}"
+
 
 @dataclass(slots=True)
 class Probe:
