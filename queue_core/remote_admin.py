@@ -6,12 +6,12 @@ fleet`, `control`, `fleet-policy`), with the same paths, roles, scope and answer
 
 The state is the queue server's (its failure manager, core and fleet); the gateway authenticates the caller
 with its own key file, names its queues and checks its workers (another tenant's: 404, as if they did not
-exist), asks the queue server's internal admin routes (queue_core.admin_internal) by core names through its
-one client (queue_core.remote.RemoteQueueService.admin), and cuts the answer to the caller's scope with the
-same functions as in one process (`scope_status`, `scope_fleet`). These routes only read and forward, so
-they are a short explicit list of paths and methods rather than a typed port of their own. The queue
-server unreachable: 503 `unavailable`; its 4xx passed on with its status and body. The control stream and
-the fences are queue_core.control_relay's.
+exist), asks the queue server's internal admin operations (queue_core.operations, served by
+queue_core.admin_internal) by core names through its one client (`RemoteQueueService.call`), and cuts the
+answer to the caller's scope with the same functions as in one process (`scope_status`, `scope_fleet`).
+These routes only read and forward, so they are a short explicit list of paths and methods rather than a
+typed port of their own. The queue server unreachable: 503 `unavailable`; its 4xx passed on with its
+status and body. The control stream and the fences are queue_core.control_relay's.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from aiohttp import web
 
 from access.permissions import READ_ROLES, WRITE_ROLES
 
+from . import operations as ops
 from .admin_http import errors_as_json, existing_queue, known_worker, queue_in_path, scope_of
 from .fleet_http import _body as fleet_body
 from .fleet_http import control_targets, no_workers, scope_fleet
@@ -38,7 +39,7 @@ from .health_http import (
 from .health_view import ErrorCases
 from .http_errors import json_response
 from .machine import NotFound
-from .remote import RemoteQueueService, segment
+from .remote import RemoteQueueService
 from .scope import Scope
 
 REMOTE = web.AppKey("strictq_remote_admin", RemoteQueueService)
@@ -57,7 +58,7 @@ class RemoteHealthView:
         self.remote = remote
 
     async def status(self, scope: Scope, latest: int) -> dict[str, Any]:
-        state = await self.remote.admin("GET", "failures", params={"events": str(latest)})
+        state = await self.remote.call(ops.FAILURES.bind(latest))
         return scope_status(state["view"], state["events"], state["probes"], scope, latest)
 
     async def error_cases(self, scope: Scope, now: float) -> ErrorCases | None:
@@ -68,7 +69,7 @@ class RemoteHealthView:
 async def status(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request, READ_ROLES)
     latest = _int_query(request, "events", 20)
-    state = await _remote(request).admin("GET", "failures", params={"events": str(latest)})
+    state = await _remote(request).call(ops.FAILURES.bind(latest))
     return json_response(scope_status(state["view"], state["events"], state["probes"], scope, latest))
 
 
@@ -77,7 +78,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request, READ_ROLES)
     limit = _int_query(request, "limit", 1000)
     since = _int_query(request, "since", 0)
-    state = await _remote(request).admin("GET", "failures", params={"events": "0", "since": str(since)})
+    state = await _remote(request).call(ops.FAILURES.bind(0, since))
     shown = scoped_events(scope, state["events"])  # scoped before the limit, as in one process
     return json_response({"events": shown[-limit:] if limit > 0 else [], "last": state["last"]})
 
@@ -86,9 +87,7 @@ async def events(request: web.Request) -> web.StreamResponse:
 async def suspend(request: web.Request) -> web.StreamResponse:
     name, queue = await queue_in_path(request, _remote(request), WRITE_ROLES)
     reason = _text(await _body(request), "reason", None)
-    await _remote(request).admin(
-        "POST", "failures/suspend", {"queue": queue, "reason": f"operator: {reason}"}
-    )
+    await _remote(request).call(ops.SUSPEND.bind(queue, f"operator: {reason}"))
     return json_response({"queue": name, "suspended": True, "reason": reason})
 
 
@@ -96,7 +95,7 @@ async def suspend(request: web.Request) -> web.StreamResponse:
 async def resume(request: web.Request) -> web.StreamResponse:
     name, queue = await queue_in_path(request, _remote(request), WRITE_ROLES)
     reason = _text(await _body(request), "reason", "operator")
-    answer = await _remote(request).admin("POST", "failures/resume", {"queue": queue, "reason": reason})
+    answer = await _remote(request).call(ops.RESUME.bind(queue, reason))
     if answer.get("resumed") is not True:
         raise NotSuspended(f"queue {name!r} is not suspended")
     return json_response({"queue": name, "resumed": True})
@@ -108,7 +107,7 @@ async def lift_blacklist(request: web.Request) -> web.StreamResponse:
     worker = request.match_info["worker"]
     if not scope.sees_worker(worker):
         raise NotBlacklisted(f"worker {worker!r} is not blacklisted")
-    answer = await _remote(request).admin("POST", "failures/unblacklist", {"worker": worker})
+    answer = await _remote(request).call(ops.UNBLACKLIST.bind(worker))
     if answer.get("lifted") is not True:
         raise NotBlacklisted(f"worker {worker!r} is not blacklisted")
     return json_response({"worker": worker, "lifted": True})
@@ -129,7 +128,7 @@ async def alert(request: web.Request) -> web.StreamResponse:
         "tenant": scope.tenant,
         "prefixes": None if scope.operator else list(scope.credential.prefixes),
     }
-    answer = await remote.admin("POST", "failures/alert", body)
+    answer = await remote.call(ops.ALERT.bind(body))
     names = [n for n in (scope.queue_name(q) for q in answer["suspended"]) if n is not None]
     return json_response({"suspended": names})
 
@@ -138,7 +137,7 @@ async def alert(request: web.Request) -> web.StreamResponse:
 @errors_as_json
 async def list_fleet(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request, READ_ROLES)
-    return json_response(scope_fleet(await _remote(request).admin("GET", "fleet"), scope))
+    return json_response(scope_fleet(await _remote(request).call(ops.FLEET.bind()), scope))
 
 
 @errors_as_json
@@ -155,13 +154,12 @@ async def fleet_control(request: web.Request) -> web.StreamResponse:
     else:
         assert queue is not None
         internal = await existing_queue(scope, remote, queue)
-        found = await remote.admin("POST", "fleet/targets", {"queue": internal, "version": version})
+        found = await remote.call(ops.FLEET_TARGETS.bind(internal, version))
         targets = [w for w in found["workers"] if scope.sees_worker(w)]
         if not targets:
             raise no_workers(queue, version)
-    body = {"kind": data.get("kind"), "args": data.get("args"), "workers": targets}
-    body.update(ttl=data.get("ttl"), queue=internal)
-    answer = await remote.admin("POST", "fleet/control", body)
+    control = ops.FLEET_CONTROL.bind(data.get("kind"), data.get("args"), targets, data.get("ttl"), internal)
+    answer = await remote.call(control)
     shown: list[dict[str, Any]] = [
         {**row, "queue": queue if internal is not None else None} for row in answer["controls"]
     ]
@@ -171,16 +169,14 @@ async def fleet_control(request: web.Request) -> web.StreamResponse:
 @errors_as_json
 async def put_policy(request: web.Request) -> web.StreamResponse:
     name, queue = await queue_in_path(request, _remote(request), WRITE_ROLES)
-    answer = await _remote(request).admin(
-        "PUT", "fleet/policies/" + segment(queue), await fleet_body(request)
-    )
+    answer = await _remote(request).call(ops.PUT_FLEET_POLICY.bind(queue, await fleet_body(request)))
     return json_response({"queue": name, "policy": answer["policy"]})
 
 
 @errors_as_json
 async def delete_policy(request: web.Request) -> web.StreamResponse:
     name, queue = await queue_in_path(request, _remote(request), WRITE_ROLES)
-    answer = await _remote(request).admin("DELETE", "fleet/policies/" + segment(queue))
+    answer = await _remote(request).call(ops.DELETE_FLEET_POLICY.bind(queue))
     if answer.get("deleted") is not True:
         raise NotFound(f"queue {name!r} has no rebalancing policy", queue=name)
     return json_response({"queue": name, "policy": None})
