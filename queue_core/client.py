@@ -19,11 +19,11 @@ from protocol.errors import BAD_RESPONSE, error_body, parse_error
 from protocol.headers import API_KEY as API_KEY_HEADER
 
 from . import operations as ops
+from . import wire
 from .internal_auth import InternalSecret, load_secret
 from .internal_client import InternalClient, client_session
 from .machine.errors import QueueError, error_class
 from .operations import Call
-from .wire import held as _held
 
 
 class QueueClientError(Exception):
@@ -159,14 +159,13 @@ class QueueClient:
         return list(result["queues"])
 
     # --------------------------------------------------------------------------------- messages
-    # The bodies below are the callers' JSON as they gave it (`raw`): the server, not this client, checks
-    # it, and tests send it malformed on purpose.
+    # The bodies below carry the callers' JSON as they gave it (`raw`, with the tool forms of queue_core.
+    # wire): the server, not this client, checks it, and tests send it malformed on purpose.
     async def send(
         self, queue: str, messages: Sequence[dict[str, Any]], *, create: bool = True
     ) -> list[dict[str, Any]]:
         """Send a batch of {"body"|"json"|"body_b64", "group"?, "dedup_id"?, "id"?, "delay"?} entries."""
-        body = {"messages": list(messages), "create": create}
-        return await self.batch(ops.SEND.raw({"queue": queue}, body))
+        return await self.batch(ops.SEND.raw({"queue": queue}, wire.encode_entries(messages, create)))
 
     async def send_one(
         self, queue: str, body: str, group: str | None = None, **fields: Any
@@ -194,11 +193,10 @@ class QueueClient:
     ) -> list[dict[str, Any]]:
         """`capabilities`: what this poller declares (["results", "probes"]: it takes part in failure
         management, docs/failure-management.md); None: plain queue semantics."""
-        call = ops.RECEIVE.bind(queue, limit, ttl, worker or self.config.worker_id or "", wait)
-        if capabilities is not None:  # as given: the server decides what it makes of them
-            body = {**call.request.body, "capabilities": list(capabilities)}
-            call = ops.RECEIVE.raw(call.request.path, body)
-        result = await self.call(call)
+        polled = wire.ReceiveRequest(limit, ttl, worker or self.config.worker_id or "", wait)
+        result = await self.call(
+            ops.RECEIVE.raw({"queue": queue}, wire.encode_declared(polled, capabilities))
+        )
         return list(result["messages"])
 
     # `holder`: act as that worker, so the server ends or extends only claims that went to it (what the
@@ -206,25 +204,23 @@ class QueueClient:
     async def ack(
         self, queue: str, receipts: Sequence[str], holder: str | None = None
     ) -> list[dict[str, Any]]:
-        return await self.batch(ops.ACK.raw({"queue": queue}, _held({"receipts": list(receipts)}, holder)))
+        return await self.batch(ops.ACK.raw({"queue": queue}, wire.encode_receipts(receipts, holder)))
 
     async def ack_ids(
         self, queue: str, ids: Sequence[str], token: int | None = None, holder: str | None = None
     ) -> list[dict[str, Any]]:
-        body = _held({"ids": list(ids), "token": token}, holder)
-        return await self.batch(ops.ACK.raw({"queue": queue}, body))
+        return await self.batch(ops.ACK.raw({"queue": queue}, wire.encode_ids(ids, token, holder)))
 
     async def renew(
         self, queue: str, receipts: Sequence[str], ttl: float, mode: str = "extend", holder: str | None = None
     ) -> list[dict[str, Any]]:
-        body = {"receipts": list(receipts), "ttl": ttl, "mode": mode}
-        return await self.batch(ops.RENEW.raw({"queue": queue}, _held(body, holder)))
+        body = wire.encode_receipts(receipts, holder, ttl=ttl, mode=mode)
+        return await self.batch(ops.RENEW.raw({"queue": queue}, body))
 
     async def release(
         self, queue: str, receipts: Sequence[str], holder: str | None = None
     ) -> list[dict[str, Any]]:
-        body = _held({"receipts": list(receipts)}, holder)
-        return await self.batch(ops.RELEASE.raw({"queue": queue}, body))
+        return await self.batch(ops.RELEASE.raw({"queue": queue}, wire.encode_receipts(receipts, holder)))
 
     async def unclaim_all(self, queue: str) -> int:
         return int((await self.call(ops.UNCLAIM_ALL.bind(queue)))["released"])
