@@ -472,6 +472,7 @@ FLEET_HEARTBEAT = Operation(
     doc="a worker's heartbeat a gateway forwards (queue_core.fleet_remote), queues by core names",
 )  # fmt: skip
 
+# Every operation above, in the order written (the server mounts them so: same paths stay together).
 OPERATIONS: tuple[Operation[..., Any], ...] = tuple(
     value for value in list(globals().values()) if isinstance(value, Operation)
 )
