@@ -57,7 +57,7 @@ class Serving(enum.Enum):
     NODE = "per node"  # each node answers for itself (liveness, readiness): never routed to a partition
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per request, and frozen dataclasses are slower to make
 class Request:
     """What a client sends: the path template's values, the query and the JSON body (None: no body)."""
 
@@ -94,13 +94,12 @@ class Operation[**P, R]:
 
     def target(self, values: Mapping[str, str]) -> str:
         """The path with each `{name}` filled in as one quoted segment (every `/` quoted)."""
-        path = self.path
-        for name, value in values.items():
-            path = path.replace("{" + name + "}", quote(value, safe=""))
-        return path
+        if not values:
+            return self.path
+        return self.path.format_map({name: quote(value, safe="") for name, value in values.items()})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen, as Request
 class Call[R]:
     """An operation bound to its request: what the clients' one call path sends and decodes."""
 
