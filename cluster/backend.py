@@ -17,6 +17,10 @@ reach it; a receive pass offers the caller's region's partitions first.
 A move between queues runs on every partition at once under one id (a group's messages stay in one
 partition whatever the queue); its status is the partitions' merged. The retry workflow's operations go to
 the group's partition; the queue's parked groups are every partition's, merged.
+
+How each operation is served (by group, by message, fan-out, any partition) is written once in the
+internal API's table (queue_core.operations, `Serving`); tests/test_operations_table.py holds this module to
+it by counting the requests it sends per partition (`calls`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import itertools
 import logging
 import secrets
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -224,6 +228,15 @@ class ClusterBackend:
             self._starting.add(task)
             task.add_done_callback(self._starting.discard)
         return remote
+
+    def calls(self) -> dict[int, Counter[str]]:
+        """Requests sent so far, by partition and by operation of the internal API's table: how this
+        backend spread its calls over the partitions, which tests hold to each operation's `serving`
+        (queue_core.operations)."""
+        found: dict[int, Counter[str]] = {}
+        for (_, partition), remote in self._remotes.items():
+            found.setdefault(partition, Counter()).update(remote.calls)
+        return found
 
     # ---------------------------------------------------------------------------------- plumbing
     def _owner_url(self, partition: int) -> str | None:

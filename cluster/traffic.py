@@ -28,6 +28,8 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KeyValue
 
+from queue_core.operations import READYZ
+
 from .layout import ClusterLayout
 from .ownership import NodeInfo, RecordError
 
@@ -378,7 +380,7 @@ class EdgePublisher:
         loop = asyncio.get_running_loop()
         started = loop.time()
         timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT)
-        async with self._session.get(url + "/readyz", timeout=timeout) as response:
+        async with self._session.get(url + READYZ.path, timeout=timeout) as response:
             seconds = loop.time() - started  # any answer (503 too) is a round trip
             await response.read()
         return seconds

@@ -7,12 +7,11 @@ key ring and cuts every answer to their scope (queue_core.remote_admin), with th
 routes in one process. The worker ids are the gateway's key file's, so nothing here checks them against the
 queue server's. The gateway's one client for all of it is queue_core.remote.RemoteQueueService.
 
-- `GET /v1/admin/control`: the control stream, unscoped (docs/control-stream.md), what the gateway relays;
-- `GET /v1/admin/fences`, `PUT|DELETE /v1/admin/fences/{worker}`;
-- `GET /v1/admin/failures`: the status document, every event and the probes out (who they are for);
-  `POST /v1/admin/failures/{suspend,resume,unblacklist,alert}` (`resumed`, `lifted`: whether there was one);
-- `GET /v1/admin/fleet`, `POST /v1/admin/fleet/targets`, `POST /v1/admin/fleet/control`,
-  `PUT|DELETE /v1/admin/fleet/policies/{queue}`.
+The operations (their methods and paths: queue_core.operations, the table's admin part): `control` (the
+control stream, unscoped: docs/control-stream.md, what the gateway relays); `fences`, `put_fence`,
+`delete_fence`; `failures` (the status document, every event and the probes out: who they are for),
+`suspend`, `resume`, `unblacklist`, `alert` (`resumed`, `lifted`: whether there was one); `fleet`,
+`fleet_targets`, `fleet_control`, `put_fleet_policy`, `delete_fleet_policy`.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from .http_errors import json_response
 from .machine import InvalidArgument, NotFound, QueueNotFound
 from .machine.rebalance import RebalancePolicy
 from .machine.text import INTEGER_RE
+from .operations import Handler, add_routes
 
 HUB = web.AppKey("strictq_internal_hub", ControlHub)
 MANAGER = web.AppKey("strictq_internal_failures", FailureManager)
@@ -194,6 +194,25 @@ async def delete_policy(request: web.Request) -> web.StreamResponse:
     return json_response({"deleted": True})
 
 
+# The handlers of the admin state's operations (queue_core.operations: their methods and paths).
+HANDLERS: dict[str, Handler] = {
+    "control": control,
+    "fences": fences,
+    "put_fence": put_fence,
+    "delete_fence": delete_fence,
+    "failures": failures,
+    "suspend": suspend,
+    "resume": resume,
+    "unblacklist": unblacklist,
+    "alert": alert,
+    "fleet": fleet,
+    "fleet_targets": fleet_targets,
+    "fleet_control": fleet_control,
+    "put_fleet_policy": put_policy,
+    "delete_fleet_policy": delete_policy,
+}
+
+
 def add_internal_admin_routes(
     app: web.Application, hub: ControlHub, manager: FailureManager | None, fleet_service: FleetService
 ) -> None:
@@ -203,18 +222,4 @@ def add_internal_admin_routes(
     if manager is not None:
         app[MANAGER] = manager
     app[FLEET_SERVICE] = fleet_service
-    add = app.router
-    add.add_get("/v1/admin/control", control)
-    add.add_get("/v1/admin/fences", fences)
-    add.add_put("/v1/admin/fences/{worker}", put_fence)
-    add.add_delete("/v1/admin/fences/{worker}", delete_fence)
-    add.add_get("/v1/admin/failures", failures)
-    add.add_post("/v1/admin/failures/suspend", suspend)
-    add.add_post("/v1/admin/failures/resume", resume)
-    add.add_post("/v1/admin/failures/unblacklist", unblacklist)
-    add.add_post("/v1/admin/failures/alert", alert)
-    add.add_get("/v1/admin/fleet", fleet)
-    add.add_post("/v1/admin/fleet/targets", fleet_targets)
-    add.add_post("/v1/admin/fleet/control", fleet_control)
-    add.add_put("/v1/admin/fleet/policies/{queue}", put_policy)
-    add.add_delete("/v1/admin/fleet/policies/{queue}", delete_policy)
+    add_routes(app, HANDLERS)

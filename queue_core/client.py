@@ -1,9 +1,12 @@
-"""A small asyncio client for the queue server's internal API (tests, benchmarks, CLI, worker SDK)."""
+"""A small asyncio client for the queue server's internal API (tests, benchmarks, CLI, worker SDK).
+
+Every method is an operation of the table (queue_core.operations) sent over the transport the gateway's
+RemoteQueueService uses too (queue_core.internal_client); its answers are the server's JSON as it came.
+"""
 
 from __future__ import annotations
 
 import os
-import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -15,10 +18,12 @@ import orjson
 from protocol.errors import BAD_RESPONSE, error_body, parse_error
 from protocol.headers import API_KEY as API_KEY_HEADER
 
+from . import operations as ops
+from . import wire
 from .internal_auth import InternalSecret, load_secret
-from .machine.errors import error_class
-from .wire import ReceiveRequest, encode_move_request, encode_receive
-from .wire import held as _held
+from .internal_client import InternalClient, client_session
+from .machine.errors import QueueError, error_class
+from .operations import Call
 
 
 class QueueClientError(Exception):
@@ -79,10 +84,14 @@ class QueueClient:
         timeout: float = 60.0,
     ) -> None:
         self.config = config or ClientConfig.from_env()
-        self.url = (url or self.config.url).rstrip("/")
+        self._client = InternalClient(url or self.config.url)  # the transport RemoteQueueService shares
         self._own_session = session is None
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=timeout)
+
+    @property
+    def url(self) -> str:
+        return self._client.url
 
     async def __aenter__(self) -> QueueClient:
         return self
@@ -99,49 +108,29 @@ class QueueClient:
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            ssl_context: ssl.SSLContext | bool = True
-            if self.config.ca_file:
-                ssl_context = ssl.create_default_context(cafile=self.config.ca_file)
             headers = {API_KEY_HEADER: self.config.api_key} if self.config.api_key else {}
-            if self.config.internal_secret is not None:  # every request: the internal API's credential
-                headers.update(self.config.internal_secret.headers)
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=ssl_context, limit=0),
-                timeout=self._timeout,
-                headers=headers,
-                json_serialize=lambda obj: orjson.dumps(obj).decode(),
+            self._session = client_session(
+                self.config.ca_file, headers, secret=self.config.internal_secret, timeout=self._timeout
             )
         return self._session
+
+    async def call(self, call: Call[Any]) -> Any:
+        """The one call path: an operation of the table (queue_core.operations) with its request, sent
+        over the transport RemoteQueueService uses too; the server's JSON answer, or QueueClientError."""
+        async with self._client.request(self._get_session(), call) as response:
+            return await _answer(response)
 
     async def request(
         self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
     ) -> Any:
-        data = None if body is None else orjson.dumps(body)
-        headers = {"Content-Type": "application/json"} if data is not None else None
-        async with self._get_session().request(
-            method, self.url + path, data=data, params=params, headers=headers
-        ) as response:
-            raw = await response.read()
-            try:
-                payload = orjson.loads(raw) if raw else {}
-            except orjson.JSONDecodeError:
-                payload = error_body(BAD_RESPONSE, raw[:200].decode(errors="replace"))
-            if response.status >= 400:
-                error = parse_error(payload)
-                raise QueueClientError(
-                    response.status,
-                    error.code,
-                    error.message or response.reason or "",
-                    error.details,
-                    payload.get("results") if isinstance(payload, dict) else None,
-                    retriable=error.retriable,
-                )
-            return payload
+        """A request of the caller's own making (a test's malformed input), on the same transport."""
+        async with self._client.send(self._get_session(), method, path, body, params) as response:
+            return await _answer(response)
 
-    async def batch(self, path: str, body: Any) -> list[dict[str, Any]]:
+    async def batch(self, call: Call[Any]) -> list[dict[str, Any]]:
         """Per-item results of a batch call, also when every item failed (the server then answers 4xx)."""
         try:
-            result = await self.request("POST", path, body)
+            result = await self.call(call)
         except QueueClientError as exc:
             if exc.results is None:
                 raise
@@ -150,32 +139,33 @@ class QueueClient:
 
     # ----------------------------------------------------------------------------------- queues
     async def create_queue(self, queue: str, **attributes: Any) -> dict[str, Any]:
-        result: dict[str, Any] = await self.request("PUT", f"/v1/queues/{queue}", {"attributes": attributes})
+        result: dict[str, Any] = await self.call(ops.CREATE_QUEUE.bind(queue, attributes))
         return result
 
     async def queue_info(self, queue: str) -> dict[str, Any]:
-        result: dict[str, Any] = await self.request("GET", f"/v1/queues/{queue}")
+        result: dict[str, Any] = await self.call(ops.GET_QUEUE.bind(queue))
         return result
 
     async def set_attributes(self, queue: str, **attributes: Any) -> dict[str, Any]:
-        result: dict[str, Any] = await self.request(
-            "PATCH", f"/v1/queues/{queue}", {"attributes": attributes}
-        )
+        result: dict[str, Any] = await self.call(ops.SET_ATTRIBUTES.bind(queue, attributes))
         return result
 
     async def delete_queue(self, queue: str) -> None:
-        await self.request("DELETE", f"/v1/queues/{queue}")
+        await self.call(ops.DELETE_QUEUE.bind(queue))
 
     async def list_queues(self, prefix: str = "") -> list[str]:
-        result = await self.request("GET", "/v1/queues", params={"prefix": prefix} if prefix else None)
+        call = ops.LIST_QUEUES.raw(prefix=prefix) if prefix else ops.LIST_QUEUES.raw()
+        result = await self.call(call)
         return list(result["queues"])
 
     # --------------------------------------------------------------------------------- messages
+    # The bodies below carry the callers' JSON as they gave it (`raw`, with the tool forms of queue_core.
+    # wire): the server, not this client, checks it, and tests send it malformed on purpose.
     async def send(
         self, queue: str, messages: Sequence[dict[str, Any]], *, create: bool = True
     ) -> list[dict[str, Any]]:
         """Send a batch of {"body"|"json"|"body_b64", "group"?, "dedup_id"?, "id"?, "delay"?} entries."""
-        return await self.batch(f"/v1/queues/{queue}/send", {"messages": list(messages), "create": create})
+        return await self.batch(ops.SEND.raw({"queue": queue}, wire.encode_entries(messages, create)))
 
     async def send_one(
         self, queue: str, body: str, group: str | None = None, **fields: Any
@@ -203,11 +193,10 @@ class QueueClient:
     ) -> list[dict[str, Any]]:
         """`capabilities`: what this poller declares (["results", "probes"]: it takes part in failure
         management, docs/failure-management.md); None: plain queue semantics."""
-        polled = ReceiveRequest(limit, ttl, worker or self.config.worker_id or "", wait)
-        body = encode_receive(polled)
-        if capabilities is not None:  # as given: the server decides what it makes of them
-            body["capabilities"] = list(capabilities)
-        result = await self.request("POST", f"/v1/queues/{queue}/receive", body)
+        polled = wire.ReceiveRequest(limit, ttl, worker or self.config.worker_id or "", wait)
+        result = await self.call(
+            ops.RECEIVE.raw({"queue": queue}, wire.encode_declared(polled, capabilities))
+        )
         return list(result["messages"])
 
     # `holder`: act as that worker, so the server ends or extends only claims that went to it (what the
@@ -215,58 +204,78 @@ class QueueClient:
     async def ack(
         self, queue: str, receipts: Sequence[str], holder: str | None = None
     ) -> list[dict[str, Any]]:
-        return await self.batch(f"/v1/queues/{queue}/ack", _held({"receipts": list(receipts)}, holder))
+        return await self.batch(ops.ACK.raw({"queue": queue}, wire.encode_receipts(receipts, holder)))
 
     async def ack_ids(
         self, queue: str, ids: Sequence[str], token: int | None = None, holder: str | None = None
     ) -> list[dict[str, Any]]:
-        return await self.batch(f"/v1/queues/{queue}/ack", _held({"ids": list(ids), "token": token}, holder))
+        return await self.batch(ops.ACK.raw({"queue": queue}, wire.encode_ids(ids, token, holder)))
 
     async def renew(
         self, queue: str, receipts: Sequence[str], ttl: float, mode: str = "extend", holder: str | None = None
     ) -> list[dict[str, Any]]:
-        body = {"receipts": list(receipts), "ttl": ttl, "mode": mode}
-        return await self.batch(f"/v1/queues/{queue}/renew", _held(body, holder))
+        body = wire.encode_receipts(receipts, holder, ttl=ttl, mode=mode)
+        return await self.batch(ops.RENEW.raw({"queue": queue}, body))
 
     async def release(
         self, queue: str, receipts: Sequence[str], holder: str | None = None
     ) -> list[dict[str, Any]]:
-        return await self.batch(f"/v1/queues/{queue}/release", _held({"receipts": list(receipts)}, holder))
+        return await self.batch(ops.RELEASE.raw({"queue": queue}, wire.encode_receipts(receipts, holder)))
 
     async def unclaim_all(self, queue: str) -> int:
-        return int((await self.request("POST", f"/v1/queues/{queue}/unclaimall"))["released"])
+        return int((await self.call(ops.UNCLAIM_ALL.bind(queue)))["released"])
 
     async def purge(self, queue: str) -> int:
-        return int((await self.request("POST", f"/v1/queues/{queue}/purge"))["purged"])
+        return int((await self.call(ops.PURGE.bind(queue)))["purged"])
 
     async def peek(self, queue: str, limit: int = 10) -> list[dict[str, Any]]:
-        result = await self.request("GET", f"/v1/queues/{queue}/peek", params={"limit": limit})
-        return list(result["messages"])
+        return list((await self.call(ops.PEEK.bind(queue, limit)))["messages"])
 
     async def size(self, queue: str) -> int:
-        return int((await self.request("GET", f"/v1/queues/{queue}/size"))["size"])
+        return int((await self.call(ops.SIZE.bind(queue)))["size"])
 
     async def claim_count(self, queue: str) -> int:
-        return int((await self.request("GET", f"/v1/queues/{queue}/claimcount"))["claimcount"])
+        return int((await self.call(ops.CLAIM_COUNT.bind(queue)))["claimcount"])
 
     async def group(self, queue: str, group: str) -> dict[str, Any]:
-        result: dict[str, Any] = await self.request(
-            "GET", f"/v1/queues/{queue}/group", params={"name": group}
-        )
+        result: dict[str, Any] = await self.call(ops.GROUP_METRICS.bind(queue, group))
         return result
 
     async def start_move(self, source: str, destination: str) -> dict[str, Any]:
-        body = encode_move_request(source, destination)
-        result: dict[str, Any] = await self.request("POST", "/v1/moves", body)
+        result: dict[str, Any] = await self.call(ops.START_MOVE.bind(source, destination))
         return result
 
     async def move_status(self, move_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = await self.request("GET", f"/v1/moves/{move_id}")
+        try:
+            call = ops.MOVE_STATUS.bind(move_id)
+        except QueueError as exc:  # a reference no move can have ('.', '..'): as the server answers it
+            raise QueueClientError(exc.status, exc.code, exc.message, exc.to_dict().get("details")) from None
+        result: dict[str, Any] = await self.call(call)
         return result
 
     async def ready(self) -> bool:
         try:
-            await self.request("GET", "/readyz")
+            await self.call(ops.READYZ.bind())
         except (QueueClientError, aiohttp.ClientError):
             return False
         return True
+
+
+async def _answer(response: aiohttp.ClientResponse) -> Any:
+    """The server's JSON answer; a 4xx or 5xx as QueueClientError (its code, message, details, results)."""
+    raw = await response.read()
+    try:
+        payload = orjson.loads(raw) if raw else {}
+    except orjson.JSONDecodeError:
+        payload = error_body(BAD_RESPONSE, raw[:200].decode(errors="replace"))
+    if response.status >= 400:
+        error = parse_error(payload)
+        raise QueueClientError(
+            response.status,
+            error.code,
+            error.message or response.reason or "",
+            error.details,
+            payload.get("results") if isinstance(payload, dict) else None,
+            retriable=error.retriable,
+        )
+    return payload

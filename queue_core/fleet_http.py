@@ -28,6 +28,7 @@ from .http_errors import json_response
 from .machine import InvalidArgument, NotFound
 from .machine.fleet import heartbeat_from_json
 from .machine.rebalance import RebalancePolicy
+from .operations import add_routes
 from .scope import Scope
 
 FLEET = web.AppKey("strictq_fleet", FleetAdmin)
@@ -197,8 +198,8 @@ def _core_name(name: str) -> str:
 
 
 def add_internal_heartbeat_route(app: web.Application) -> None:
-    """`POST /v1/fleet/heartbeat` on the queue server's internal API (after `add_fleet_routes`)."""
-    app.router.add_post("/v1/fleet/heartbeat", internal_heartbeat)
+    """The `fleet_heartbeat` operation on the queue server's internal API (after `add_fleet_routes`)."""
+    add_routes(app, {"fleet_heartbeat": internal_heartbeat})
 
 
 def add_fleet_routes(app: web.Application, fleet: FleetAdmin) -> None:

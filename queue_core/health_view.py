@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from access.tenancy import tenant_of
 
+from . import operations as ops
 from .admin_http import existing_queue
 from .failures import FailureManager
 from .remote import RemoteQueueService
@@ -211,26 +212,25 @@ class RemoteHealthView:
         self.remote = remote
 
     async def status(self, scope: Scope, latest: int) -> dict[str, Any]:
-        state = await self.remote.admin("GET", "failures", params={"events": str(latest)})
+        state = await self.remote.call(ops.FAILURES.bind(latest))
         return scope_status(state["view"], state["events"], state["probes"], scope, latest)
 
     async def events(self, since: int) -> EventPage:
-        params = {"events": "0", "since": str(since)}
-        state = await self.remote.admin("GET", "failures", params=params)
+        state = await self.remote.call(ops.FAILURES.bind(0, since))
         return EventPage(list(state["events"]), int(state["last"]))
 
     async def queue(self, scope: Scope, name: str, face: str) -> str:
         return await existing_queue(scope, self.remote, name, face)
 
     async def suspend(self, queue: str, reason: str) -> None:
-        await self.remote.admin("POST", "failures/suspend", {"queue": queue, "reason": reason})
+        await self.remote.call(ops.SUSPEND.bind(queue, reason))
 
     async def resume(self, queue: str, reason: str) -> bool:
-        answer = await self.remote.admin("POST", "failures/resume", {"queue": queue, "reason": reason})
+        answer = await self.remote.call(ops.RESUME.bind(queue, reason))
         return answer.get("resumed") is True
 
     async def lift_blacklist(self, worker: str) -> bool:
-        answer = await self.remote.admin("POST", "failures/unblacklist", {"worker": worker})
+        answer = await self.remote.call(ops.UNBLACKLIST.bind(worker))
         return answer.get("lifted") is True
 
     async def alert(self, scope: Scope, alert: Alert) -> list[str]:
@@ -242,7 +242,7 @@ class RemoteHealthView:
             "tenant": scope.tenant,
             "prefixes": None if scope.operator else list(scope.credential.prefixes),
         }
-        answer = await self.remote.admin("POST", "failures/alert", body)
+        answer = await self.remote.call(ops.ALERT.bind(body))
         return [str(q) for q in answer["suspended"]]
 
     async def error_cases(self, scope: Scope, now: float) -> ErrorCases | None:

@@ -41,13 +41,14 @@ from protocol.headers import INTERNAL_SECRET as HEADER
 from wirelog.files import StartupError, write_private
 
 from .http_errors import json_response
+from .operations import HEALTHZ, READYZ
 
 log = logging.getLogger("strictq.internal_auth")
 
 ENV = "STRICTQ_INTERNAL_SECRET_FILE"
 FLAG = "--internal-secret"
 FILE_NAME = "internal.secret"  # in a queue server's data dir, and in the data dir of `strictq cluster up`
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+OPEN_PATHS = frozenset({HEALTHZ.path, READYZ.path})  # their operations (queue_core.operations)
 KEYED_PREFIXES = ("/admin/", "/metrics")  # authenticated per caller by the key file (access.keys)
 SECRET_RE = re.compile(r"[!-~]{16,512}")  # printable ASCII, no spaces: a header value as it is
 REFUSAL_LOG_EVERY = 60.0  # seconds between two WARNING lines about refused requests

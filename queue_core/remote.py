@@ -1,19 +1,19 @@
 """A queue server in another process, behind the same interface as the in-process `QueueService`.
 
 `strictq serve --queue-server URL` puts this behind the gateway instead of a local core: every call
-becomes one request to the internal API of `strictq queue-server` (queue_core/server.py), and the
-server's typed JSON errors become the same `QueueError` subclasses the core raises, so the faces map
-them exactly as they do in-process.
+becomes one request to the internal API of `strictq queue-server` (queue_core/server.py), built from the
+operations' table (queue_core.operations: `call` of an operation bound to its arguments, the one call
+path), and the server's typed JSON errors become the same `QueueError` subclasses the core raises, so the
+faces map them exactly as they do in-process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
-from urllib.parse import quote
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
@@ -21,8 +21,8 @@ import orjson
 from protocol.errors import StrictqError
 from protocol.headers import PARTITION
 
-from . import figures as figures_wire
-from . import wire
+from . import internal_client
+from . import operations as ops
 from .backend import DedupReach
 from .fences import Fence
 from .figures import Figures
@@ -31,7 +31,6 @@ from .machine import (
     AckOutcome,
     GroupPolicy,
     MoveStatus,
-    NotFound,
     PeekItem,
     QueueAttributes,
     QueueError,
@@ -49,10 +48,12 @@ from .machine.groups import DEFAULT_PARTITIONS
 from .machine.handover import HandoverPolicy
 from .machine.inputs import AttemptResult
 from .machine.routing import VersionFigures
+from .operations import Call
 from .service import MAX_WAIT, Received
 
 log = logging.getLogger("strictq.remote")
 PROBE_INTERVAL = 1.0
+R = TypeVar("R")
 
 
 class Unreachable(Unavailable):
@@ -100,11 +101,13 @@ class RemoteQueueService:
         session: aiohttp.ClientSession | None = None,
         secret: InternalSecret | None = None,
     ) -> None:
-        self.url = url.rstrip("/")
         self.partitions = partitions
         self.dedup_reach: DedupReach = "queue"  # one core holds every group (queue_core.backend)
         self.partition = partition
-        self._headers = {} if partition is None else {PARTITION: str(partition)}
+        # Every request: an operation of the table over the one transport (queue_core.internal_client).
+        headers = {} if partition is None else {PARTITION: str(partition)}
+        self._client = internal_client.InternalClient(url, headers)
+        self.calls: Counter[str] = Counter()  # requests sent, by operation (how a cluster spread its calls)
         self._ca_file = ca_file
         self._secret = secret  # sent by the session it makes (a shared session carries its own)
         self.refused: str | None = None  # why the server refuses our internal secret (None: it does not)
@@ -119,6 +122,15 @@ class RemoteQueueService:
         # State transfer: the groups the last poll answer to a donor named for upload, by (queue, worker);
         # set only when named, taken by `export_requests` right after that poll (so it stays small).
         self._exports: dict[tuple[str, str], list[str]] = {}
+
+    @property
+    def url(self) -> str:
+        """The queue server's base URL (a test points the client at a restarted server by setting it)."""
+        return self._client.url
+
+    @url.setter
+    def url(self, url: str) -> None:
+        self._client.url = url.rstrip("/")
 
     # ------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -158,11 +170,8 @@ class RemoteQueueService:
     async def _check_ready(self) -> None:
         try:
             assert self._session is not None
-            async with self._session.get(
-                self.url + "/readyz",
-                headers=self._request_headers(),
-                timeout=aiohttp.ClientTimeout(total=max(1.0, self._probe_interval)),
-            ) as response:
+            timeout = aiohttp.ClientTimeout(total=max(1.0, self._probe_interval))
+            async with self._client.request(self._session, ops.READYZ.bind(), timeout=timeout) as response:
                 ready = response.status == 200
                 if response.status in (401, 403):
                     self._refused(response.status)
@@ -189,41 +198,31 @@ class RemoteQueueService:
         return CredentialRefused(f"queue server {self.url} refused the gateway's internal credential")
 
     # ---------------------------------------------------------------------------------- plumbing
-    async def _call(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        params: dict[str, Any] | None = None,
-        *,
-        deadline: float | None = None,
-        batch: bool = False,
-        passed_on: bool = False,
-    ) -> Any:
-        """One request. Errors come back as the core's typed errors; with `batch`, a 4xx that still
-        carries per-item results (every item failed) returns them instead of raising; with `passed_on`,
-        a 4xx is `Refused`, carrying the queue server's status and error body unchanged (the admin
-        routes a gateway serves from the queue server: queue_core.remote_admin)."""
+    async def call(self, call: Call[R], *, deadline: float | None = None) -> R:
+        """The one call path: an operation of the table (queue_core.operations) bound to its arguments,
+        sent, and its answer decoded by the operation. `deadline`: seconds to wait at most (default: the
+        client's timeout)."""
+        return call.operation.decode(await self._payload(call, deadline))
+
+    async def _payload(self, call: Call[Any], deadline: float | None) -> Any:
+        """One request; its JSON answer. Errors come back as the core's typed errors; for a `batch`
+        operation, a 4xx that still carries per-item results (every item failed) returns them instead of
+        raising; for a `passed_on` one, a 4xx is `Refused`, carrying the queue server's status and error
+        body unchanged (the admin routes a gateway serves from the queue server: queue_core.remote_admin)."""
         if self._session is None:
             raise Unavailable("the gateway's queue-server client is not started")
-        data = None if body is None else orjson.dumps(body)
+        operation = call.operation
+        self.calls[operation.name] += 1
+        timeout = aiohttp.ClientTimeout(total=deadline or self._timeout)
         try:
-            async with self._session.request(
-                method,
-                self.url + path,
-                data=data,
-                params=params,
-                headers=self._request_headers(json_body=data is not None),
-                timeout=aiohttp.ClientTimeout(total=deadline or self._timeout),
-            ) as response:
-                raw = await response.read()
-                status = response.status
+            answer = await self._client.exchange(self._session, call, limit=timeout)
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:  # never sent
             self._ready = False
             raise Unreachable(f"queue server {self.url} did not answer: {_why(exc)}") from None
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             self._ready = False
             raise Unavailable(f"queue server {self.url} did not answer: {_why(exc)}") from None
+        status, raw = answer.status, answer.raw
         try:
             payload = orjson.loads(raw) if raw else {}
         except orjson.JSONDecodeError:
@@ -234,64 +233,47 @@ class RemoteQueueService:
             return payload
         if status in (401, 403):  # the internal API's credential, not the gateway client's request
             raise self._refused(status)
-        if batch and isinstance(payload, dict) and isinstance(payload.get("results"), list):
+        if operation.batch and isinstance(payload, dict) and isinstance(payload.get("results"), list):
             return payload
         error = payload.get("error") if isinstance(payload, dict) else None
         if status >= 500 or not isinstance(error, dict):
             raise Unavailable(f"queue server {self.url} answered HTTP {status}: {raw[:200]!r}")
-        if passed_on:  # an admin route's refusal, as the queue server gave it (its status, its body)
+        if operation.passed_on:  # an admin route's refusal, as the queue server gave it (status, body)
             raise Refused(status, error)
         raise error_from_dict(error)
 
-    def _request_headers(self, *, json_body: bool = False) -> dict[str, str]:
-        """The headers of every request to the queue server, built in this one place (the partition of a
-        cluster node; a JSON body's content type): `_call`, the probe and the control stream use it."""
-        if not json_body:
-            return self._headers
-        return {**self._headers, "Content-Type": "application/json"}
-
-    @staticmethod
-    def _q(name: str) -> str:
-        return "/v1/queues/" + quote(name, safe="")
-
     # ------------------------------------------------------------------------------------ queues
     async def create_queue(self, name: str, attributes: dict[str, Any] | None = None) -> QueueAttributes:
-        payload = await self._call("PUT", self._q(name), {"attributes": attributes or {}})
-        return wire.decode_attributes(payload)
+        return await self.call(ops.CREATE_QUEUE.bind(name, attributes))
 
     async def set_attributes(self, name: str, changes: dict[str, Any]) -> QueueAttributes:
-        payload = await self._call("PATCH", self._q(name), {"attributes": changes})
-        return wire.decode_attributes(payload)
+        return await self.call(ops.SET_ATTRIBUTES.bind(name, changes))
 
     async def delete_queue(self, name: str) -> None:
-        await self._call("DELETE", self._q(name))
+        await self.call(ops.DELETE_QUEUE.bind(name))
 
     async def list_queues(self, prefix: str = "") -> list[str]:
-        payload = await self._call("GET", "/v1/queues", params={"prefix": prefix})
-        return list(payload["queues"])
-
-    async def _info(self, name: str) -> wire.QueueInfo:
-        return wire.decode_queue_info(await self._call("GET", self._q(name)))
+        return await self.call(ops.LIST_QUEUES.bind(prefix))
 
     async def attributes(self, name: str) -> QueueAttributes:
-        return (await self._info(name)).attributes
+        return (await self.call(ops.GET_QUEUE.bind(name))).attributes
 
     async def created_at(self, name: str) -> float:
-        return (await self._info(name)).created_at
+        return (await self.call(ops.GET_QUEUE.bind(name))).created_at
 
     async def metrics(self, name: str) -> QueueMetrics:
-        return (await self._info(name)).metrics
+        return (await self.call(ops.GET_QUEUE.bind(name))).metrics
 
     async def group_metrics(self, name: str, group: str) -> dict[str, Any]:
-        metrics: dict[str, Any] = await self._call("GET", self._q(name) + "/group", params={"name": group})
-        return metrics
+        return await self.call(ops.GROUP_METRICS.bind(name, group))
 
     async def figures(self, top: int = TOP_GROUPS, *, deadline: float | None = None) -> Figures:
-        """The queue server's `GET /v1/figures` (queue_core.figures); `deadline`: seconds to wait at most
-        (a scrape should not wait the full request timeout for one slow partition)."""
-        payload = await self._call("GET", "/v1/figures", params={"top": top}, deadline=deadline)
+        """The queue server's figures (queue_core.figures); `deadline`: seconds to wait at most (a scrape
+        should not wait the full request timeout for one slow partition)."""
+        call = ops.FIGURES.bind(top)
+        payload = await self._payload(call, deadline)
         try:
-            return figures_wire.decode(payload)
+            return call.operation.decode(payload)
         except (KeyError, TypeError, ValueError) as exc:
             raise Unavailable(
                 f"queue server {self.url} answered figures that cannot be read: {exc}"
@@ -301,9 +283,7 @@ class RemoteQueueService:
     async def send(
         self, queue: str, requests: Sequence[SendRequest], *, create: bool = False
     ) -> list[SendResult | QueueError]:
-        body = wire.encode_send(requests, create)
-        payload = await self._call("POST", self._q(queue) + "/send", body, batch=True)
-        return [wire.decode_send_result(item) for item in payload["results"]]
+        return await self.call(ops.SEND.bind(queue, requests, create))
 
     async def receive(
         self,
@@ -316,17 +296,16 @@ class RemoteQueueService:
         capabilities: Capabilities = PLAIN,
     ) -> list[Received]:
         wait = min(max(wait, 0.0), MAX_WAIT)
-        body = wire.encode_receive(wire.ReceiveRequest(limit, ttl, worker, wait, probes, capabilities))
-        path = self._q(queue) + "/receive"
+        call = ops.RECEIVE.bind(queue, limit, ttl, worker, wait, probes, capabilities)
         if wait <= 0:
-            payload = await self._call("POST", path, body)
+            polled = await self.call(call)
         else:  # a long poll: shutting down cancels it (see stop_waiting)
             if self._stopping:
                 return []
-            task = asyncio.ensure_future(self._call("POST", path, body, deadline=self._timeout + wait))
+            task = asyncio.ensure_future(self.call(call, deadline=self._timeout + wait))
             self._polls.add(task)
             try:
-                payload = await asyncio.shield(task)
+                polled = await asyncio.shield(task)
             except asyncio.CancelledError:
                 if task.cancelled() and not _current_task_cancelling():
                     return []
@@ -334,36 +313,21 @@ class RemoteQueueService:
                 raise
             finally:
                 self._polls.discard(task)
-        exports = payload.get("exports")
-        if capabilities.state and worker and isinstance(exports, list) and exports:
-            self._exports[(queue, worker)] = [str(group) for group in exports]
-        return [wire.decode_received(item) for item in payload["messages"]]
+        if capabilities.state and worker and polled.exports:
+            self._exports[(queue, worker)] = polled.exports
+        return polled.messages
 
     async def wait_ready(self, queue: str, wait: float, worker: str = "") -> bool:
-        """The server's `POST .../wait` (QueueService.wait_ready): whether `queue` may have something to
+        """The server's `wait_ready` (QueueService.wait_ready): whether `queue` may have something to
         receive, waiting up to `wait` seconds; it claims nothing, so cancelling it is harmless."""
         wait = min(max(wait, 0.0), MAX_WAIT)
-        body = {"timeout": wait, "worker": worker}
-        payload = await self._call("POST", self._q(queue) + "/wait", body, deadline=self._timeout + wait)
-        return payload.get("ready") is True
-
-    async def _claims(
-        self,
-        queue: str,
-        action: str,
-        items: Sequence[tuple[str, int | None]],
-        holder: str | None,
-        **extra: Any,
-    ) -> list[AckOutcome]:
-        # With a holder, the server's core ends only claims that went to this worker.
-        body = wire.encode_claims(items, holder, **extra)
-        payload = await self._call("POST", self._q(queue) + "/" + action, body, batch=True)
-        return [wire.decode_ack_outcome(r) for r in payload["results"]]
+        return await self.call(ops.WAIT_READY.bind(queue, wait, worker), deadline=self._timeout + wait)
 
     async def ack(
         self, queue: str, items: Sequence[tuple[str, int | None]], holder: str | None = None
     ) -> list[AckOutcome]:
-        return await self._claims(queue, "ack", items, holder)
+        # With a holder, the server's core ends only claims that went to this worker.
+        return await self.call(ops.ACK.bind(queue, items, holder))
 
     async def renew(
         self,
@@ -373,75 +337,61 @@ class RemoteQueueService:
         mode: RenewMode = "extend",
         holder: str | None = None,
     ) -> list[AckOutcome]:
-        return await self._claims(queue, "renew", items, holder, ttl=ttl, mode=mode)
+        return await self.call(ops.RENEW.bind(queue, items, ttl, mode, holder))
 
     async def report(
         self, queue: str, worker: str, results: Sequence[AttemptResult], holder: str | None = None
     ) -> list[AckOutcome]:
-        body = wire.encode_report(worker, results, holder)
-        payload = await self._call("POST", self._q(queue) + "/results", body)
-        return [wire.decode_report_outcome(item) for item in payload["results"]]
+        return await self.call(ops.REPORT.bind(queue, worker, results, holder))
 
     async def release(
         self, queue: str, items: Sequence[tuple[str, int | None]], holder: str | None = None
     ) -> list[AckOutcome]:
-        return await self._claims(queue, "release", items, holder)
+        return await self.call(ops.RELEASE.bind(queue, items, holder))
 
     async def unclaim_all(self, queue: str) -> int:
-        return int((await self._call("POST", self._q(queue) + "/unclaimall"))["released"])
+        return await self.call(ops.UNCLAIM_ALL.bind(queue))
 
     async def purge(self, queue: str) -> int:
-        return int((await self._call("POST", self._q(queue) + "/purge"))["purged"])
+        return await self.call(ops.PURGE.bind(queue))
 
     async def peek(self, queue: str, limit: int = 10) -> list[tuple[PeekItem, bytes, str, bytes]]:
-        payload = await self._call("GET", self._q(queue) + "/peek", params={"limit": limit})
-        return [wire.decode_peek(item) for item in payload["messages"]]
+        return await self.call(ops.PEEK.bind(queue, limit))
 
     async def fleet_heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:
         """A worker's heartbeat for the queue server's fleet (queue_core.fleet_remote): its answer."""
-        answer = await self._call("POST", "/v1/fleet/heartbeat", body)
-        return answer if isinstance(answer, dict) else {}
+        return await self.call(ops.FLEET_HEARTBEAT.bind(body))
 
     # ---------------------------------------------------------------------------- the retry workflow
     async def release_group(self, queue: str, group: str) -> int:
-        payload = await self._call("POST", self._q(queue) + "/groups/release", params={"group": group})
-        return int(payload["released"])
+        return await self.call(ops.RELEASE_GROUP.bind(queue, group))
 
     async def redrive_group(self, queue: str, group: str) -> Redriven:
-        payload = await self._call("POST", self._q(queue) + "/groups/redrive", params={"group": group})
-        return wire.decode_redriven(payload)
+        return await self.call(ops.REDRIVE_GROUP.bind(queue, group))
 
     async def parked_groups(self, queue: str) -> list[str]:
-        return [str(g) for g in (await self._call("GET", self._q(queue) + "/parked"))["groups"]]
+        return await self.call(ops.PARKED_GROUPS.bind(queue))
 
     async def group_policy(self, queue: str, group: str) -> GroupPolicy:
-        payload = await self._call("GET", self._q(queue) + "/groups/policy", params={"group": group})
-        return wire.decode_group_policy(payload)
+        return await self.call(ops.GROUP_POLICY.bind(queue, group))
 
     async def set_group_policy(self, queue: str, group: str, override: dict[str, Any] | None) -> GroupPolicy:
-        path = self._q(queue) + "/groups/policy"
-        payload = await self._call("PUT", path, {"override": override}, params={"group": group})
-        return wire.decode_group_policy(payload)
+        return await self.call(ops.SET_GROUP_POLICY.bind(queue, group, override))
 
     async def group_log(self, queue: str, group: str, limit: int = 50) -> list[dict[str, Any]]:
-        params = {"group": group, "limit": str(limit)}
-        payload = await self._call("GET", self._q(queue) + "/groups/log", params=params)
-        return list(payload["attempts"])
+        return await self.call(ops.GROUP_LOG.bind(queue, group, limit))
 
     # ------------------------------------------------------------------------------------ handovers
     async def hand_over(
         self, queue: str, groups: Sequence[str] | None, from_worker: str, policy: HandoverPolicy | None = None
     ) -> tuple[list[str], list[str]]:
-        body = {"from": from_worker, "groups": None if groups is None else list(groups), "policy": policy}
-        payload = await self._call("POST", self._q(queue) + "/handover", body)
-        return list(payload["groups"]), list(payload["already"])
+        return await self.call(ops.HAND_OVER.bind(queue, groups, from_worker, policy))
 
     async def release_handover(self, queue: str, groups: Sequence[str]) -> list[str]:
-        payload = await self._call("POST", self._q(queue) + "/handover/release", {"groups": list(groups)})
-        return list(payload["released"])
+        return await self.call(ops.RELEASE_HANDOVER.bind(queue, groups))
 
     async def handovers(self, queue: str) -> list[dict[str, Any]]:
-        return list((await self._call("GET", self._q(queue) + "/handover"))["handovers"])
+        return await self.call(ops.HANDOVERS.bind(queue))
 
     def has_exports(self, queue: str, worker: str) -> bool:
         """Whether the last poll answer to `worker` named groups it has not been told of yet."""
@@ -453,45 +403,33 @@ class RemoteQueueService:
         return self._exports.pop((queue, worker), [])
 
     async def version_figures(self, queue: str, recent: float) -> VersionFigures:
-        payload = await self._call("GET", self._q(queue) + "/routing/figures", params={"recent": str(recent)})
-        return VersionFigures.from_json(payload)
+        return await self.call(ops.VERSION_FIGURES.bind(queue, recent))
 
     async def put_state(self, queue: str, worker: str, states: dict[str, Any]) -> dict[str, str]:
-        payload = await self._call("PUT", self._q(queue) + "/state", {"worker": worker, "states": states})
-        return {str(group): str(status) for group, status in payload["results"].items()}
+        return await self.call(ops.PUT_STATE.bind(queue, worker, states))
 
     # ------------------------------------------------------------------------------------ moves
     async def start_move(self, source: str, destination: str, move_id: str | None = None) -> MoveStatus:
-        body = wire.encode_move_request(source, destination, move_id)
-        return wire.decode_move(await self._call("POST", "/v1/moves", body))
+        return await self.call(ops.START_MOVE.bind(source, destination, move_id))
 
     async def move_status(self, move_id: str) -> MoveStatus:
-        return wire.decode_move(await self._call("GET", "/v1/moves/" + _move_segment(move_id)))
+        return await self.call(ops.MOVE_STATUS.bind(move_id))
 
     async def cancel_move(self, move_id: str) -> MoveStatus:
-        return wire.decode_move(await self._call("POST", "/v1/moves/" + _move_segment(move_id) + "/cancel"))
+        return await self.call(ops.CANCEL_MOVE.bind(move_id))
 
     # ------------------------------------------------------------- the queue server's admin state
-    # Its internal admin routes (queue_core.admin_internal): every tenant's state by core names; the
-    # gateway's admin routes (queue_core.remote_admin, queue_core.control_relay) scope it to their caller.
-    async def admin(
-        self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
-    ) -> Any:
-        """`METHOD /v1/admin/PATH`; a 4xx is `Refused` with the queue server's status and error body."""
-        return await self._call(method, "/v1/admin/" + path, body, params, passed_on=True)
-
+    # Its internal admin operations (queue_core.admin_internal): every tenant's state by core names; the
+    # gateway's admin routes (queue_core.remote_admin, queue_core.control_relay) scope it to their caller,
+    # calling them with `call` (a 4xx is `Refused`, with the queue server's status and error body).
     async def fences(self) -> list[Fence]:
-        payload = await self.admin("GET", "fences")
-        return [Fence.from_dict(item) for item in payload["fences"]]
+        return await self.call(ops.FENCES.bind())
 
     async def put_fence(self, worker: str, mode: str, reason: str, ttl: float | None) -> Fence:
-        body = {"mode": mode, "reason": reason, "ttl": ttl}
-        return Fence.from_dict(await self.admin("PUT", "fences/" + segment(worker), body))
+        return await self.call(ops.PUT_FENCE.bind(worker, mode, reason, ttl))
 
     async def delete_fence(self, worker: str, reason: str) -> Fence:
-        return Fence.from_dict(
-            await self.admin("DELETE", "fences/" + segment(worker), params={"reason": reason})
-        )
+        return await self.call(ops.DELETE_FENCE.bind(worker, reason))
 
     async def control_events(self, last_event_id: str | None, *, idle: float) -> AsyncIterator[ControlEvent]:
         """The queue server's whole control stream (docs/control-stream.md), after `last_event_id` (None:
@@ -499,13 +437,12 @@ class RemoteQueueService:
         nothing (not even a keepalive) came for `idle` seconds."""
         if self._session is None:
             raise Unavailable("the gateway's queue-server client is not started")
-        headers = dict(self._request_headers())
-        if last_event_id:
-            headers["Last-Event-ID"] = last_event_id
+        extra = {"Last-Event-ID": last_event_id} if last_event_id else None
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=idle)
+        self.calls[ops.CONTROL.name] += 1
         try:
-            async with self._session.get(
-                self.url + "/v1/admin/control", headers=headers, timeout=timeout
+            async with self._client.request(
+                self._session, ops.CONTROL.bind(), timeout=timeout, extra=extra
             ) as response:
                 if response.status != 200:
                     raw = await response.read()
@@ -566,29 +503,9 @@ class _EventParser:
 
 
 def client_session(ca_file: str | None = None, secret: InternalSecret | None = None) -> aiohttp.ClientSession:
-    """The pooled session of the internal API (TLS verified against `ca_file` when given). Every request
-    of it carries `secret` (queue_core.internal_auth), set here once as the session's default header."""
-    ssl_context: ssl.SSLContext | bool = True
-    if ca_file:
-        ssl_context = ssl.create_default_context(cafile=ca_file)
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(ssl=ssl_context, limit=0),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0),
-        headers=None if secret is None else secret.headers,
-    )
-
-
-def segment(text: str) -> str:
-    """`text` as one path segment (every `/` quoted)."""
-    return quote(text, safe="")
-
-
-def _move_segment(move_id: str) -> str:
-    """A move reference as one path segment: quoted (`/` included), and never `.` or `..`, which quote()
-    keeps and the URL would resolve (`/v1/moves/..` is `/v1/`): such a reference is no move, as locally."""
-    if move_id in ("", ".", ".."):
-        raise NotFound(f"no move {move_id!r}", reference=move_id)
-    return quote(move_id, safe="")
+    """The pooled session of the internal API (queue_core.internal_client.client_session): TLS verified
+    against `ca_file` when given, `secret` on every request."""
+    return internal_client.client_session(ca_file, secret=secret)
 
 
 def _current_task_cancelling() -> bool:

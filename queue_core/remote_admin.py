@@ -6,10 +6,10 @@ every topology (queue_core.routing_http).
 
 The state is the queue server's (its core and fleet); the gateway authenticates the caller with its own key
 file, names its queues and checks its workers (another tenant's: 404, as if they did not exist), asks the
-queue server's internal admin routes (queue_core.admin_internal) by core names through its one client
-(queue_core.remote.RemoteQueueService.admin), and cuts the answer to the caller's scope with the same
-functions as in one process (`scope_fleet`). These routes only read and forward, so
-they are a short explicit list of paths and methods rather than a typed port of their own. The queue
+queue server's internal admin operations (queue_core.operations, served by queue_core.admin_internal) by
+core names through its one client (`RemoteQueueService.call`), and cuts the answer to the caller's scope
+with the same functions as in one process (`scope_fleet`). These routes only read and forward, so they
+are a short explicit list of paths and methods rather than a typed port of their own. The queue
 server unreachable: 503 `unavailable`; its 4xx passed on with its status and body. The control stream and
 the fences are queue_core.control_relay's.
 """
@@ -22,12 +22,13 @@ from aiohttp import web
 
 from access.permissions import READ_ROLES, WRITE_ROLES
 
+from . import operations as ops
 from .admin_http import errors_as_json, existing_queue, known_worker, queue_in_path, scope_of
 from .fleet_http import _body as fleet_body
 from .fleet_http import control_targets, no_workers, scope_fleet
 from .http_errors import json_response
 from .machine import NotFound
-from .remote import RemoteQueueService, segment
+from .remote import RemoteQueueService
 
 REMOTE = web.AppKey("strictq_remote_admin", RemoteQueueService)
 
@@ -40,7 +41,7 @@ def _remote(request: web.Request) -> RemoteQueueService:
 @errors_as_json
 async def list_fleet(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request, READ_ROLES)
-    return json_response(scope_fleet(await _remote(request).admin("GET", "fleet"), scope))
+    return json_response(scope_fleet(await _remote(request).call(ops.FLEET.bind()), scope))
 
 
 @errors_as_json
@@ -57,13 +58,12 @@ async def fleet_control(request: web.Request) -> web.StreamResponse:
     else:
         assert queue is not None
         internal = await existing_queue(scope, remote, queue)
-        found = await remote.admin("POST", "fleet/targets", {"queue": internal, "version": version})
+        found = await remote.call(ops.FLEET_TARGETS.bind(internal, version))
         targets = [w for w in found["workers"] if scope.sees_worker(w)]
         if not targets:
             raise no_workers(queue, version)
-    body = {"kind": data.get("kind"), "args": data.get("args"), "workers": targets}
-    body.update(ttl=data.get("ttl"), queue=internal)
-    answer = await remote.admin("POST", "fleet/control", body)
+    control = ops.FLEET_CONTROL.bind(data.get("kind"), data.get("args"), targets, data.get("ttl"), internal)
+    answer = await remote.call(control)
     shown: list[dict[str, Any]] = [
         {**row, "queue": queue if internal is not None else None} for row in answer["controls"]
     ]
@@ -73,16 +73,14 @@ async def fleet_control(request: web.Request) -> web.StreamResponse:
 @errors_as_json
 async def put_policy(request: web.Request) -> web.StreamResponse:
     name, queue = await queue_in_path(request, _remote(request), WRITE_ROLES)
-    answer = await _remote(request).admin(
-        "PUT", "fleet/policies/" + segment(queue), await fleet_body(request)
-    )
+    answer = await _remote(request).call(ops.PUT_FLEET_POLICY.bind(queue, await fleet_body(request)))
     return json_response({"queue": name, "policy": answer["policy"]})
 
 
 @errors_as_json
 async def delete_policy(request: web.Request) -> web.StreamResponse:
     name, queue = await queue_in_path(request, _remote(request), WRITE_ROLES)
-    answer = await _remote(request).admin("DELETE", "fleet/policies/" + segment(queue))
+    answer = await _remote(request).call(ops.DELETE_FLEET_POLICY.bind(queue))
     if answer.get("deleted") is not True:
         raise NotFound(f"queue {name!r} has no rebalancing policy", queue=name)
     return json_response({"queue": name, "policy": None})

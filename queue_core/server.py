@@ -36,6 +36,7 @@ from .machine import (
 )
 from .machine.gauges import TOP_GROUPS
 from .machine.text import check_name, check_value
+from .operations import add_routes
 from .service import QueueService
 
 log = logging.getLogger("strictq.server")
@@ -424,6 +425,46 @@ async def put_state(request: web.Request) -> web.Response:
     return json_response({"results": outcomes})
 
 
+# The handlers of the internal API's data plane, by operation (queue_core.operations: methods and paths).
+HANDLERS: dict[str, Handler] = {
+    "healthz": healthz,
+    "readyz": readyz,
+    "list_queues": list_queues,
+    "create_queue": put_queue,
+    "get_queue": get_queue,
+    "set_attributes": patch_queue,
+    "delete_queue": delete_queue,
+    "send": send,
+    "receive": receive,
+    "wait_ready": wait_ready,
+    "ack": ack,
+    "report": results,
+    "renew": renew,
+    "release": release,
+    "unclaim_all": unclaim_all,
+    "purge": purge,
+    "peek": peek,
+    "size": size,
+    "claim_count": claimcount,
+    "group_metrics": group_info,
+    "figures": figures,
+    "release_group": release_group,
+    "redrive_group": redrive_group,
+    "group_policy": get_group_policy,
+    "set_group_policy": put_group_policy,
+    "group_log": group_log,
+    "parked_groups": parked_groups,
+    "hand_over": hand_over,
+    "release_handover": release_handover,
+    "handovers": list_handovers,
+    "put_state": put_state,
+    "version_figures": version_figures,
+    "start_move": start_move,
+    "move_status": move_status,
+    "cancel_move": cancel_move,
+}
+
+
 def make_app(
     service: QueueService | None,
     source: ServiceSource | None = None,
@@ -445,44 +486,5 @@ def make_app(
         assert source is not None and ready is not None, "a node's app needs its source and readiness"
         app[SERVICE_SOURCE_KEY] = source
         app[READY_KEY] = ready
-    q = "/v1/queues/{queue}"
-    app.add_routes(
-        [
-            web.get("/healthz", healthz),
-            web.get("/readyz", readyz),
-            web.get("/v1/queues", list_queues),
-            web.put(q, put_queue),
-            web.get(q, get_queue),
-            web.patch(q, patch_queue),
-            web.delete(q, delete_queue),
-            web.post(q + "/send", send),
-            web.post(q + "/receive", receive),
-            web.post(q + "/wait", wait_ready),
-            web.post(q + "/ack", ack),
-            web.post(q + "/results", results),
-            web.post(q + "/renew", renew),
-            web.post(q + "/release", release),
-            web.post(q + "/unclaimall", unclaim_all),
-            web.post(q + "/purge", purge),
-            web.get(q + "/peek", peek),
-            web.get(q + "/size", size),
-            web.get(q + "/claimcount", claimcount),
-            web.get(q + "/group", group_info),
-            web.get("/v1/figures", figures),
-            web.post(q + "/groups/release", release_group),
-            web.post(q + "/groups/redrive", redrive_group),
-            web.get(q + "/groups/policy", get_group_policy),
-            web.put(q + "/groups/policy", put_group_policy),
-            web.get(q + "/groups/log", group_log),
-            web.get(q + "/parked", parked_groups),
-            web.post(q + "/handover", hand_over),
-            web.post(q + "/handover/release", release_handover),
-            web.get(q + "/handover", list_handovers),
-            web.put(q + "/state", put_state),
-            web.get(q + "/routing/figures", version_figures),
-            web.post("/v1/moves", start_move),
-            web.get("/v1/moves/{move}", move_status),
-            web.post("/v1/moves/{move}/cancel", cancel_move),
-        ]
-    )
+    add_routes(app, HANDLERS)
     return app

@@ -196,6 +196,11 @@ def encode_send(requests: Sequence[SendRequest], create: bool) -> dict[str, Any]
     return {"messages": [encode_send_request(r) for r in requests], "create": create}
 
 
+def encode_entries(entries: Sequence[dict[str, Any]], create: bool) -> dict[str, Any]:
+    """A send of entries in their JSON form as a tool gives them (QueueClient): the server checks each."""
+    return {"messages": list(entries), "create": create}
+
+
 def decode_send(data: dict[str, Any]) -> tuple[list[SendRequest | QueueError], bool]:
     """A send request's entries, each parsed on its own (a bad entry is its error, the rest go on)."""
     entries = data.get("messages")
@@ -253,6 +258,15 @@ def encode_receive(request: ReceiveRequest) -> dict[str, Any]:
         body["version"] = request.capabilities.version
     if request.capabilities.max_bytes:
         body["max_bytes"] = request.capabilities.max_bytes
+    return body
+
+
+def encode_declared(request: ReceiveRequest, declared: Sequence[str] | None) -> dict[str, Any]:
+    """A poll with the capabilities as its caller declared them (QueueClient; None: plain semantics):
+    the server decides what it makes of them."""
+    body = encode_receive(request)
+    if declared is not None:
+        body["capabilities"] = list(declared)
     return body
 
 
@@ -325,6 +339,17 @@ def encode_claims(
 ) -> dict[str, Any]:
     """Ack, renew or release by `items`: `[[id, token or null], ...]` (`extra`: renew's ttl and mode)."""
     return held({"items": [[message_id, token] for message_id, token in items], **extra}, holder)
+
+
+def encode_receipts(receipts: Sequence[str], holder: str | None, **extra: Any) -> dict[str, Any]:
+    """Ack, renew or release by receipts as a tool holds them (QueueClient; `extra`: renew's ttl and
+    mode): the server, not the tool, parses them."""
+    return held({"receipts": list(receipts), **extra}, holder)
+
+
+def encode_ids(ids: Sequence[str], token: int | None, holder: str | None) -> dict[str, Any]:
+    """Ack by message ids with one optional fencing token for all (QueueClient)."""
+    return held({"ids": list(ids), "token": token}, holder)
 
 
 def decode_claims(data: dict[str, Any]) -> ClaimItems:

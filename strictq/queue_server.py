@@ -17,7 +17,7 @@ from pathlib import Path
 import uvloop
 from aiohttp import web
 
-from access.keys import write_development_keys
+from access.keys import KeyRing, write_development_keys
 from queue_core.admin_internal import add_internal_admin_routes
 from queue_core.admin_routes import add_admin_routes, add_queue_admin_routes
 from queue_core.control import ControlHub
@@ -84,24 +84,7 @@ async def serve(
     # cycles). Measured: the collector took ~7% of the loop under load with the defaults.
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
-    app = make_app(service, secret=secret)
-    hub = ControlHub(service)  # fences in the store (a legacy <data-dir>/fences.json is migrated)
-    # Failure management (docs/failure-management.md §3); its events go to <data-dir>/wirelog.
-    failures = (
-        FailureManager(service, hub, health, wirelog=data_dir / "wirelog") if health is not None else None
-    )
-    # Its internal API has no tenants: untenanted queues and workers are every admin's (queue_core.scope).
-    add_admin_routes(app, hub, key_ring, failures, untenanted=True)
-    # The retry workflow, handovers and group routing.
-    add_queue_admin_routes(app, service, key_ring, untenanted=True, failures=failures, hub=hub)
-    # The worker fleet (docs/fleet.md): its admin routes, and the heartbeats gateways forward.
-    fleet_service = FleetService(service, failures, fleet)
-    add_fleet_routes(app, fleet_service)
-    add_internal_heartbeat_route(app)
-    # The same state for the gateway in front (`strictq serve --queue-server`), which serves the admin
-    # routes to its callers within their scope (queue_core.admin_internal, queue_core.remote_admin).
-    add_internal_admin_routes(app, hub, failures, fleet_service)
-    add_queue_metrics(app, service, hub, key_ring)  # GET /metrics, scoped per key
+    app = compose_app(service, secret, key_ring, data_dir, health, fleet)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, **limits.handler_args())
     await runner.setup()
     # A head timeout per connection, memory back after slow readers (queue_core.http_guard).
@@ -133,6 +116,37 @@ async def serve(
         service.stop_waiting()  # long polls answer now instead of holding the shutdown for up to 20 s
         await runner.cleanup()
         await service.close()
+
+
+def compose_app(
+    service: QueueService,
+    secret: InternalSecret,
+    key_ring: KeyRing,
+    data_dir: Path,
+    health: HealthSettings | None,
+    fleet: FleetSettings | None,
+) -> web.Application:
+    """The queue server's one app: the internal API (its operations: queue_core.operations) and the
+    admin routes the key file authenticates (/admin/..., /metrics); tests list its routes from here."""
+    app = make_app(service, secret=secret)
+    hub = ControlHub(service)  # fences in the store (a legacy <data-dir>/fences.json is migrated)
+    # Failure management (docs/failure-management.md §3); its events go to <data-dir>/wirelog.
+    failures = (
+        FailureManager(service, hub, health, wirelog=data_dir / "wirelog") if health is not None else None
+    )
+    # Its internal API has no tenants: untenanted queues and workers are every admin's (queue_core.scope).
+    add_admin_routes(app, hub, key_ring, failures, untenanted=True)
+    # The retry workflow, handovers and group routing.
+    add_queue_admin_routes(app, service, key_ring, untenanted=True, failures=failures, hub=hub)
+    # The worker fleet (docs/fleet.md): its admin routes, and the heartbeats gateways forward.
+    fleet_service = FleetService(service, failures, fleet)
+    add_fleet_routes(app, fleet_service)
+    add_internal_heartbeat_route(app)
+    # The same state for the gateway in front (`strictq serve --queue-server`), which serves the admin
+    # routes to its callers within their scope (queue_core.admin_internal, queue_core.remote_admin).
+    add_internal_admin_routes(app, hub, failures, fleet_service)
+    add_queue_metrics(app, service, hub, key_ring)  # GET /metrics, scoped per key
+    return app
 
 
 def internal_tls(files: tuple[Path, Path] | None) -> ssl.SSLContext | None:
