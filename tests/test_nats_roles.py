@@ -99,7 +99,7 @@ def test_a_data_dir_made_before_roles_keeps_its_one_login(tmp_path: Path) -> Non
     assert cluster.gateway_credentials == cluster.credentials == ("strictq", "p" * 24)
     assert cluster.cluster_id is None
     assert not gateway_credentials_path(tmp_path).exists()
-    assert "permissions" not in cluster.config_path(0).read_text()
+    assert f'user: "{GATEWAY_USER}"' not in cluster.config_path(0).read_text()
 
 
 def test_cluster_up_gives_the_edge_the_gateway_login_and_the_nodes_theirs(tmp_path: Path) -> None:
