@@ -9,8 +9,8 @@ ports picked once and kept in `<data-dir>/nats/ports.json` (a restart is the sam
 addresses, so clients and routes find it again), a bounded wait until JetStream answers, and errors that
 point at the server's log. No server opens nats-server's HTTP monitoring port: it has no login, and
 would hand every local user the streams' layout and leaders; the start-up checks ask over NATS as the
-system account (cluster.nats_system). Servers run in their own process group, so a Ctrl-C in a terminal reaches the
-process that owns them, which stops them in order.
+system account (cluster.nats_system). Servers run in their own process group, so a Ctrl-C in a terminal
+reaches the process that owns them, which stops them in order.
 
 Servers are indexed from 0 (`client_urls[i]`); their names are n1..nN.
 """
@@ -312,7 +312,9 @@ class NatsCluster:
         its client port; None if it does not answer. NatsClusterError if it refuses the login."""
         user, password = self.system_credentials
         try:
-            return ask(self._connect_host, self.ports[i].client, SystemLogin(user, password), endpoint, options)
+            return ask(
+                self._connect_host, self.ports[i].client, SystemLogin(user, password), endpoint, options
+            )
         except SystemLoginRefused as exc:
             raise NatsClusterError(
                 f"{exc}: nats-server {self.names[i]} does not run with {self.config_path(i)}'s system "

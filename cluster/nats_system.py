@@ -38,7 +38,12 @@ class SystemLogin:
 
 
 def ask(
-    host: str, port: int, login: SystemLogin, endpoint: str, options: dict[str, Any] | None = None, *,
+    host: str,
+    port: int,
+    login: SystemLogin,
+    endpoint: str,
+    options: dict[str, Any] | None = None,
+    *,
     timeout: float = 1.0,
 ) -> dict[str, Any] | None:
     """The `data` of the server at host:port's answer to `$SYS.REQ.SERVER.<its id>.<endpoint>` (HEALTHZ,
@@ -69,9 +74,13 @@ def ask(
                 "headers": False,
             }
             sock.sendall(
-                b"CONNECT " + json.dumps(connect).encode() + b"\r\n"
+                b"CONNECT "
+                + json.dumps(connect).encode()
+                + b"\r\n"
                 + f"SUB {inbox} 1\r\n".encode()
-                + f"PUB $SYS.REQ.SERVER.{server_id}.{name} {inbox} {len(body)}\r\n".encode() + body + b"\r\n"
+                + f"PUB $SYS.REQ.SERVER.{server_id}.{name} {inbox} {len(body)}\r\n".encode()
+                + body
+                + b"\r\n"
                 + b"PING\r\n"
             )
             return _answer(reader, sock)
