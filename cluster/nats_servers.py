@@ -322,7 +322,7 @@ class NatsCluster:
             ) from None
 
     def healthy(self, i: int) -> bool:
-        """Server `i` answers /healthz with ok (JetStream enabled and current)."""
+        """Server `i` answers HEALTHZ with ok (JetStream enabled and current)."""
         answer = self.monitor(i, "healthz")
         return answer is not None and answer.get("status") == "ok"
 

@@ -206,9 +206,10 @@ def listening_ports(pid: int) -> set[int]:
     return ports
 
 
-def test_no_server_opens_a_monitoring_port_yet_start_up_checks_answer(nats3: NatsCluster) -> None:
+async def test_no_server_opens_a_monitoring_port_yet_start_up_checks_answer(nats3: NatsCluster) -> None:
     """Issue 27: no HTTP monitoring port (it has no login) on any server, only its client and route
-    ports; what the start-up checks need comes over NATS as the system account."""
+    ports; what the start-up checks and the tests need (health, the meta group, a stream's leader) comes
+    over NATS as the system account."""
     for i, ports in enumerate(nats3.ports):
         pid = nats3.pid(i)
         assert pid is not None
@@ -219,6 +220,22 @@ def test_no_server_opens_a_monitoring_port_yet_start_up_checks_answer(nats3: Nat
     assert set(nats3.jetstream_peers()) == set(nats3.names)
     routes = nats3.monitor(0, "routez")
     assert routes is not None and routes["num_routes"] == nats3.count - 1
+    stream = f"T{uuid.uuid4().hex[:8]}"
+    async with nats_client(nats3, "test-leader") as nc:
+        js = nc.jetstream()
+        await js.add_stream(name=stream, subjects=[f"t.{stream}"], num_replicas=3)
+        try:
+            info = await js.stream_info(stream)
+            assert info.cluster is not None and info.cluster.leader in nats3.names
+            leaders = {
+                detail["name"]: (detail.get("cluster") or {}).get("leader")
+                for i in range(nats3.count)
+                for account in (nats3.monitor(i, "jsz", {"streams": True}) or {}).get("account_details") or []
+                for detail in account.get("stream_detail") or []
+            }
+            assert leaders.get(stream) == info.cluster.leader
+        finally:
+            await js.delete_stream(stream)
     saved = json.loads((nats3.root / "ports.json").read_text())["servers"]
     assert all(set(server) == {"name", "client", "cluster"} for server in saved)
 
