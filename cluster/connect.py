@@ -33,6 +33,7 @@ log = logging.getLogger("strictq.cluster.nats")
 
 CREDENTIALS_FILE = Path("nats") / "credentials"  # under the data dir of `strictq cluster up`
 GATEWAY_CREDENTIALS_FILE = Path("nats") / "gateway.credentials"  # the edges' restricted login (nats_roles)
+SYSTEM_CREDENTIALS_FILE = Path("nats") / "system.credentials"  # the system account's (nats_system)
 DEFAULT_PORT = 4222
 SCHEMES = ("nats", "tls")
 
@@ -94,6 +95,12 @@ def read_credentials(path: Path | str) -> tuple[str, str]:
 def gateway_credentials_path(data_dir: Path | str) -> Path:
     """Where `strictq cluster up` keeps the edges' (gateway role's) JetStream login for a data dir."""
     return Path(data_dir) / GATEWAY_CREDENTIALS_FILE
+
+
+def system_credentials_path(data_dir: Path | str) -> Path:
+    """Where `strictq cluster up` keeps the system account's login (servers' health and JetStream state,
+    asked over NATS instead of an HTTP monitoring port without a login) for a data dir."""
+    return Path(data_dir) / SYSTEM_CREDENTIALS_FILE
 
 
 def read_cluster_id(path: Path | str) -> str | None:

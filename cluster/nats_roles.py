@@ -5,15 +5,21 @@ NATS and what the servers let it do, and they name the cluster's subjects and bu
 they are written from the cluster's id, which `strictq cluster up` fixes before the first node creates
 the layout (`cluster` in the credentials file; `ensure_layout` takes it).
 
-- `strictq` (the queue servers, their master, `strictq cluster` commands): every right. They create and
-  trim the streams and buckets, append partition frames and write the owner map.
+- `strictq` (the queue servers, their master, `strictq cluster` commands): every right in the cluster's
+  account but the system account's requests (`$SYS.REQ.>`). They create and trim the streams and
+  buckets, append partition frames and write the owner map.
 - `gateway` (the edges, `strictq serve --cluster`): reads what it needs (KV gets and watches, stream info,
   the floors), writes only the buckets an edge keeps (its traffic reports, and the control and fleet state
   shared by every edge), asks failure management's decider on `sq.<id>.decider.api`, and may not append to
   a partition's stream (a forged frame would be applied by every replica as the owner's), report attempts
   on the health stream or publish events (`sq.<id>.health`, `sq.<id>.events`), write the owner map, the
   nodes', master's, placement, decider lease or layout records, the snapshots, nor create, change, purge
-  or delete any stream.
+  or delete any stream, nor ask the system account's requests (`$SYS.REQ.>`).
+- `system` (account `SYS`, nats-server's system account; cluster.nats_system): asks a server about
+  itself (HEALTHZ, JSZ: is JetStream current, who leads the meta group and each stream) instead of the
+  HTTP monitoring port, which has no login and so is not opened. Only `cluster up` and the test kit use
+  it (`<data-dir>/nats/system.credentials`, 0600); it has no rights in the cluster's account (no stream,
+  no bucket, no message).
 
 A gateway's credentials leaking therefore cannot rewrite the queue behind the owners' back; it can still
 read what it serves anyway (every message body passes through an edge).
@@ -26,6 +32,11 @@ from dataclasses import dataclass
 
 SERVER_USER = "strictq"
 GATEWAY_USER = "gateway"
+SYSTEM_USER = "system"
+SYSTEM_ACCOUNT = "SYS"
+# The system account's requests (server and account monitoring, user info): no role of the cluster's
+# account needs them, and an account's users are given some (its connections, its statistics) by default.
+SYSTEM_REQUESTS = "$SYS.REQ.>"
 
 # JetStream API calls that change streams, consumers' streams or the servers: refused to a gateway.
 JS_ADMIN = (
@@ -61,6 +72,7 @@ def gateway_publish_denied(cluster_id: str, layout_bucket: str) -> list[str]:
         f"$KV.{layout_bucket}.>",
         f"$O.{prefix}snapshots.>",
         *JS_ADMIN,
+        SYSTEM_REQUESTS,
     ]
 
 
@@ -70,14 +82,31 @@ def authorization_lines(
     cluster_id: str | None,
     layout_bucket: str,
     q: Callable[[str], str],
+    system: RoleLogin | None = None,
 ) -> list[str]:
     """nats-server's `authorization { users: [...] }` block (`q` quotes a string for its config format);
-    without a cluster id (a data dir made before roles) or a gateway login, the one server user."""
-    users = [f"    {{user: {q(server.user)}, password: {q(server.password)}}}"]
+    without a cluster id (a data dir made before roles) or a gateway login, the one server user. With a
+    `system` login, also the system account holding it (`accounts`, `system_account`); the users of the
+    `authorization` block stay in the global account, where the cluster's streams have always been."""
+    server_denied = q(SYSTEM_REQUESTS)
+    users = [
+        f"    {{user: {q(server.user)}, password: {q(server.password)}, "
+        f"permissions: {{publish: {{deny: [{server_denied}]}}}}}}"
+    ]
     if gateway is not None and cluster_id is not None:
         denied = ", ".join(q(subject) for subject in gateway_publish_denied(cluster_id, layout_bucket))
         users.append(
             f"    {{user: {q(gateway.user)}, password: {q(gateway.password)}, "
             f"permissions: {{publish: {{deny: [{denied}]}}}}}}"
         )
-    return ["authorization {", "  users: [", *users, "  ]", "}"]
+    lines = ["authorization {", "  users: [", *users, "  ]", "}"]
+    if system is not None:
+        lines += [
+            "accounts {",
+            f"  {SYSTEM_ACCOUNT}: {{",
+            f"    users: [{{user: {q(system.user)}, password: {q(system.password)}}}]",
+            "  }",
+            "}",
+            f"system_account: {SYSTEM_ACCOUNT}",
+        ]
+    return lines

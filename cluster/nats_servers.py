@@ -3,17 +3,21 @@
 Why a module of its own: the replicated queue stands on NATS JetStream (Debian's `nats-server`, installed
 by the Makefile), and everything that starts servers needs the same things: one private config per server
 under `<data-dir>/nats/n<K>/` (0700 directories, 0600 files, and the servers run with umask 077 so their
-own stores are private too), a random password made once and kept in `<data-dir>/nats/credentials`,
+own stores are private too), a random password made once and kept in `<data-dir>/nats/credentials`
+(the system account's, for health checks over NATS, in `<data-dir>/nats/system.credentials`),
 ports picked once and kept in `<data-dir>/nats/ports.json` (a restart is the same cluster at the same
 addresses, so clients and routes find it again), a bounded wait until JetStream answers, and errors that
-point at the server's log. Servers run in their own process group, so a Ctrl-C in a terminal reaches the
-process that owns them, which stops them in order.
+point at the server's log. No server opens nats-server's HTTP monitoring port: it has no login, and
+would hand every local user the streams' layout and leaders; the start-up checks ask over NATS as the
+system account (cluster.nats_system). Servers run in their own process group, so a Ctrl-C in a terminal
+reaches the process that owns them, which stops them in order.
 
 Servers are indexed from 0 (`client_urls[i]`); their names are n1..nN.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -24,8 +28,6 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -33,10 +35,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from cluster.connect import credentials_path, gateway_credentials_path
+from cluster.connect import credentials_path, gateway_credentials_path, system_credentials_path
 from cluster.layout import LAYOUT_BUCKET
 from cluster.names import check_node_name
-from cluster.nats_roles import GATEWAY_USER, RoleLogin, authorization_lines
+from cluster.nats_roles import GATEWAY_USER, SYSTEM_USER, RoleLogin, authorization_lines
+from cluster.nats_system import SystemLogin, SystemLoginRefused, ask
 from wirelog.files import StartupError, file_faults, open_private, private_dir, write_private
 
 BINARY = "nats-server"
@@ -51,7 +54,6 @@ PID_FILE = "server.pid"
 CLUSTER_NAME = "sq"
 CLIENT_USER = "strictq"
 ROUTE_USER = "route"
-MONITOR_HOST = "127.0.0.1"  # the monitoring endpoint has no login: never beyond loopback
 MAX_MEMORY_STORE = "64MB"
 MAX_FILE_STORE = "2GB"
 MAX_PAYLOAD = "8MB"
@@ -113,7 +115,6 @@ def nats_server_version(binary: str) -> str:
 @dataclass(frozen=True)
 class ServerPorts:
     client: int
-    http: int  # monitoring, on MONITOR_HOST
     cluster: int | None  # routes; None for a single server
 
 
@@ -127,6 +128,8 @@ class _Secrets:
     # data dir made before roles existed (one user for everything, as then).
     gateway_password: str | None = None
     cluster_id: str | None = None
+    # The system account's login (cluster.nats_system), in a file of its own: made for old data dirs too.
+    system_password: str | None = None
 
 
 class NatsCluster:
@@ -181,8 +184,12 @@ class NatsCluster:
         return [f"nats://{self._url_host}:{p.client}" for p in self.ports]
 
     @property
-    def monitor_urls(self) -> list[str]:
-        return [f"http://{MONITOR_HOST}:{p.http}" for p in self.ports]
+    def system_credentials(self) -> tuple[str, str]:
+        """(user, password) of the system account: the servers' health and JetStream state (`monitor`)."""
+        if self._secrets is None:
+            self._prepare()
+        assert self._secrets is not None and self._secrets.system_password is not None
+        return SYSTEM_USER, self._secrets.system_password
 
     @property
     def credentials(self) -> tuple[str, str]:
@@ -210,6 +217,11 @@ class NatsCluster:
             self._prepare()
         assert self._secrets is not None
         return self._secrets.cluster_id
+
+    @property
+    def _connect_host(self) -> str:
+        """Where this machine reaches the servers (a wildcard listen address is reached on loopback)."""
+        return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
 
     @property
     def _url_host(self) -> str:
@@ -294,18 +306,23 @@ class NatsCluster:
         self.stop()
 
     # ------------------------------------------------------------------------------ monitoring
-    def monitor(self, i: int, endpoint: str) -> dict[str, Any] | None:
-        """GET a monitoring endpoint (`jsz`, `healthz`, `routez`, `varz`...) of server `i`; None if it
-        does not answer 200 with JSON."""
+    def monitor(self, i: int, endpoint: str, options: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """Server `i`'s answer to a monitoring request (`healthz`, `jsz`, `routez`, `varz`...; `options`
+        as the HTTP endpoint's query, e.g. {"streams": True}), asked over NATS as the system account on
+        its client port; None if it does not answer. NatsClusterError if it refuses the login."""
+        user, password = self.system_credentials
         try:
-            with urllib.request.urlopen(f"{self.monitor_urls[i]}/{endpoint}", timeout=1.0) as response:
-                data = json.loads(response.read())
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
+            return ask(
+                self._connect_host, self.ports[i].client, SystemLogin(user, password), endpoint, options
+            )
+        except SystemLoginRefused as exc:
+            raise NatsClusterError(
+                f"{exc}: nats-server {self.names[i]} does not run with {self.config_path(i)}'s system "
+                f"account (restart it, or check {system_credentials_path(self.data_dir)})"
+            ) from None
 
     def healthy(self, i: int) -> bool:
-        """Server `i` answers /healthz with ok (JetStream enabled and current)."""
+        """Server `i` answers HEALTHZ with ok (JetStream enabled and current)."""
         answer = self.monitor(i, "healthz")
         return answer is not None and answer.get("status") == "ok"
 
@@ -335,7 +352,7 @@ class NatsCluster:
             private_dir(self.root)
             for i in range(self.count):
                 private_dir(self.server_dir(i))
-            self._secrets = self._load_secrets()
+            self._secrets = self._with_system_login(self._load_secrets())
             fresh = not self._ports and self._load_ports()
             for i in range(self.count):
                 write_private(self.config_path(i), self._config(i), sync=False)
@@ -382,6 +399,27 @@ class NatsCluster:
         self._write_gateway_credentials(made)
         return made
 
+    def _with_system_login(self, found: _Secrets) -> _Secrets:
+        """`found` with the system account's password: read from its file, or made and written there
+        (a data dir from before the system account gets one at its next start)."""
+        path = system_credentials_path(self.data_dir)
+        if path.exists():
+            try:
+                data = json.loads(path.read_bytes())
+                user, password = data["user"], data["password"]
+                if user != SYSTEM_USER or not isinstance(password, str) or not password:
+                    raise ValueError(f"not the {SYSTEM_USER} user's login")
+            except (OSError, ValueError, TypeError, KeyError) as exc:
+                raise StartupError(
+                    path,
+                    f"is not the system account's credentials file ({exc})",
+                    "remove it (the next start makes a new password and writes it into the servers' configs)",
+                ) from None
+        else:
+            password = secrets.token_urlsafe(24)
+            write_private(path, json.dumps({"user": SYSTEM_USER, "password": password}, indent=1) + "\n")
+        return dataclasses.replace(found, system_password=password)
+
     def _write_gateway_credentials(self, made: _Secrets) -> None:
         """The edges' file (`--nats-credentials` of `strictq serve --cluster`): their login only."""
         if made.gateway_password is None:
@@ -398,7 +436,7 @@ class NatsCluster:
         if path.exists():
             try:
                 data = json.loads(path.read_bytes())
-                servers = [ServerPorts(s["client"], s["http"], s.get("cluster")) for s in data["servers"]]
+                servers = [ServerPorts(s["client"], s.get("cluster")) for s in data["servers"]]
                 host = data["host"]
             except (OSError, ValueError, TypeError, KeyError) as exc:
                 raise StartupError(path, f"is not a ports file ({exc})", "remove it (new ports)") from None
@@ -414,7 +452,7 @@ class NatsCluster:
         record = {
             "host": self.host,
             "servers": [
-                {"name": n, "client": p.client, "http": p.http, "cluster": p.cluster}
+                {"name": n, "client": p.client, "cluster": p.cluster}
                 for n, p in zip(self.names, self._ports, strict=True)
             ],
         }
@@ -429,7 +467,6 @@ class NatsCluster:
             "# Written by strictq (cluster.nats_servers) at each start: edits are overwritten.",
             f"server_name: {_q(self.names[i])}",
             f"listen: {_q(f'{self.host}:{p.client}')}",
-            f"http: {_q(f'{MONITOR_HOST}:{p.http}')}",
             f"max_payload: {MAX_PAYLOAD}",
             f"pid_file: {_q(str(directory / PID_FILE))}",
             "jetstream {",
@@ -445,6 +482,7 @@ class NatsCluster:
                 s.cluster_id,
                 LAYOUT_BUCKET,
                 _q,
+                None if s.system_password is None else RoleLogin(SYSTEM_USER, s.system_password),
             ),
         ]
         if self.count > 1:
@@ -597,19 +635,17 @@ def _q(value: str) -> str:
 
 
 def _pick_ports(host: str, count: int) -> list[ServerPorts]:
-    """Free ports, all held open together while picking so none is picked twice."""
-    per_server = 3 if count > 1 else 2
+    """Free ports (a client port, and a route port when clustered), all held open together while picking
+    so none is picked twice. No monitoring port: the servers answer health checks over NATS."""
+    per_server = 2 if count > 1 else 1
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with ExitStack() as stack:
         picked: list[int] = []
-        for n in range(count * per_server):
-            on_monitor = n % per_server == 1
-            sock = stack.enter_context(
-                socket.socket(socket.AF_INET if on_monitor else family, socket.SOCK_STREAM)
-            )
-            sock.bind((MONITOR_HOST if on_monitor else host, 0))
+        for _ in range(count * per_server):
+            sock = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
+            sock.bind((host, 0))
             picked.append(sock.getsockname()[1])
     return [
-        ServerPorts(ports[0], ports[1], ports[2] if count > 1 else None)
+        ServerPorts(ports[0], ports[1] if count > 1 else None)
         for ports in (picked[k * per_server : (k + 1) * per_server] for k in range(count))
     ]

@@ -487,10 +487,11 @@ class Harness:
         return killed_at
 
     def stream_leader(self, partition: int) -> int | None:
-        """The JetStream server leading the partition's stream (monitoring endpoint), None if none says."""
+        """The JetStream server leading the partition's stream (JSZ, asked as the system account), None
+        if none says."""
         stream = f"SQ_{self.status()['cluster']['id']}_P{partition}"
         for i in range(self.nats.count):
-            answer = self.nats.monitor(i, "jsz?streams=true") or {}
+            answer = self.nats.monitor(i, "jsz", {"streams": True}) or {}
             for account in answer.get("account_details") or []:
                 for detail in account.get("stream_detail") or []:
                     if detail.get("name") == stream:
@@ -691,7 +692,7 @@ def test_jetstream_servers_die_and_come_back(harness: Harness) -> None:
         refused = [load.try_send(load.quick, probe) for _ in range(2)]
         assert refused == [False] * 2, f"a send was acknowledged without a JetStream quorum: {refused}"
         restarted_at = time.monotonic()
-        # Not waiting for /healthz: a restarted server reports every stream "not current" until it has
+        # Not waiting for HEALTHZ: a restarted server reports every stream "not current" until it has
         # caught up, which under load took 30 s and more here; what counts is that writes succeed.
         harness.nats.start_server(first, wait=False)
         harness.nats.start_server(second, wait=False)

@@ -12,13 +12,23 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import nats
+import pytest
 from cluster_support import nats1  # noqa: F401  (a fixture)
+from kit import until
 from nats.aio.client import Client
 
-from cluster.connect import connect, credentials_path, gateway_credentials_path, read_cluster_id
+from cluster.connect import (
+    connect,
+    credentials_path,
+    gateway_credentials_path,
+    read_cluster_id,
+    system_credentials_path,
+)
 from cluster.layout import ClusterLayout, ensure_layout, ensure_streams
-from cluster.nats_roles import GATEWAY_USER
+from cluster.nats_roles import GATEWAY_USER, SYSTEM_USER
 from cluster.nats_servers import NatsCluster
+from cluster.nats_system import SystemLogin, SystemLoginRefused, ask
 
 REFUSED_WITHIN = 2.0  # a refused publish is dropped by the server: its ack never comes
 
@@ -99,7 +109,7 @@ def test_a_data_dir_made_before_roles_keeps_its_one_login(tmp_path: Path) -> Non
     assert cluster.gateway_credentials == cluster.credentials == ("strictq", "p" * 24)
     assert cluster.cluster_id is None
     assert not gateway_credentials_path(tmp_path).exists()
-    assert "permissions" not in cluster.config_path(0).read_text()
+    assert f'user: "{GATEWAY_USER}"' not in cluster.config_path(0).read_text()
 
 
 def test_cluster_up_gives_the_edge_the_gateway_login_and_the_nodes_theirs(tmp_path: Path) -> None:
@@ -114,3 +124,67 @@ def test_cluster_up_gives_the_edge_the_gateway_login_and_the_nodes_theirs(tmp_pa
 
     assert credentials_of(up.gateway_argv()) == str(gateway_credentials_path(tmp_path))
     assert credentials_of(up.node_argv("n1")) == str(credentials_path(tmp_path))
+
+
+# ------------------------------------------------------------------ the servers' own state (issue 27)
+SYSTEM_REQUESTS = (
+    "$SYS.REQ.SERVER.PING.JSZ",  # every stream's layout and leader
+    "$SYS.REQ.SERVER.PING.HEALTHZ",
+    "$SYS.REQ.SERVER.PING.VARZ",
+    "$SYS.REQ.SERVER.PING.CONNZ",  # imported into every account by default: its connections
+    "$SYS.REQ.ACCOUNT.PING.CONNZ",
+    "$SYS.REQ.ACCOUNT.PING.STATZ",
+    "$SYS.REQ.USER.INFO",
+)
+
+
+async def system_requests_of(cluster: NatsCluster, credentials: tuple[str, str]) -> tuple[list[str], int]:
+    """Send every system request with a login: the errors the server sends back (one per subject once
+    all have come) and how many answers came."""
+    errors: list[str] = []
+
+    async def record(error: Exception) -> None:
+        errors.append(str(error).lower())
+
+    client = await nats.connect(
+        cluster.client_urls, user=credentials[0], password=credentials[1], error_cb=record
+    )
+    try:
+        subjects = (*SYSTEM_REQUESTS, f"$SYS.REQ.SERVER.{client._server_info['server_id']}.JSZ")
+        inbox = await client.subscribe(client.new_inbox())
+        for subject in subjects:
+            await client.publish(subject, b'{"streams": true}', reply=inbox.subject)
+        await until(lambda: len(errors) >= len(subjects), what="a permission error per system request")
+        await client.flush()
+        return errors, inbox.pending_msgs
+    finally:
+        await client.close()
+
+
+async def test_only_the_system_login_learns_the_servers_state(nats1: NatsCluster) -> None:  # noqa: F811
+    """The cluster's own logins (a gateway's, a queue server's) get a permissions violation on the system
+    account's requests and no answer; the system login, in its own 0600 file, gets the layout and leaders,
+    and is no user of the cluster's account (it cannot read a stream)."""
+    layout = await layout_of(nats1)
+    path = system_credentials_path(nats1.data_dir)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert tuple(json.loads(path.read_text()).values()) == nats1.system_credentials
+    assert nats1.system_credentials[0] == SYSTEM_USER
+
+    for role, credentials in (("gateway", nats1.gateway_credentials), ("server", nats1.credentials)):
+        errors, answers = await system_requests_of(nats1, credentials)
+        assert answers == 0, f"the {role} login was answered"
+        assert all(e.startswith('nats: permissions violation for publish to "$sys.req.') for e in errors)
+        # The one-shot asker of cluster.nats_system, with this login: no answer either.
+        host, port = nats1.client_urls[0].removeprefix("nats://").rsplit(":", 1)
+        assert ask(host, int(port), SystemLogin(*credentials), "jsz", {"streams": True}) is None
+
+    answer = nats1.monitor(0, "jsz", {"streams": True})
+    assert answer is not None
+    streams = [d["name"] for a in answer.get("account_details") or [] for d in a.get("stream_detail") or []]
+    assert layout.stream(0) in streams  # what the start-up checks and the tests may know
+    with pytest.raises(SystemLoginRefused):
+        ask(host, int(port), SystemLogin(SYSTEM_USER, "not-the-password"), "healthz")
+    # The system login has no rights in the cluster's account: no stream of the queue is visible to it.
+    async with login(nats1, nats1.system_credentials, "system") as system:
+        assert await refused(system.jetstream(timeout=REFUSED_WITHIN).stream_info(layout.stream(0)))

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import stat
 import uuid
 from pathlib import Path
@@ -20,6 +22,7 @@ from cluster.connect import (
     connect,
     credentials_from,
     credentials_path,
+    system_credentials_path,
 )
 from cluster.nats_servers import NatsCluster, NatsClusterError, NatsServerMissing, find_nats_server
 from wirelog.files import StartupError
@@ -185,3 +188,68 @@ def test_settings_from_url_arg(tmp_path: Path) -> None:
     creds.write_text("not json")
     with pytest.raises(StartupError, match="not a JetStream credentials file"):
         NatsSettings.from_url_arg("nats://h:1", creds)
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports process `pid` listens on (its socket inodes matched in /proc/net/tcp and tcp6)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if (target := os.readlink(fd)).startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = row.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+async def test_no_server_opens_a_monitoring_port_yet_start_up_checks_answer(nats3: NatsCluster) -> None:
+    """Issue 27: no HTTP monitoring port (it has no login) on any server, only its client and route
+    ports; what the start-up checks and the tests need (health, the meta group, a stream's leader) comes
+    over NATS as the system account."""
+    for i, ports in enumerate(nats3.ports):
+        pid = nats3.pid(i)
+        assert pid is not None
+        assert listening_ports(pid) == {ports.client, ports.cluster}
+        config = nats3.config_path(i).read_text()
+        assert not re.search(r"^\s*(http|https|http_port|https_port)\s*:", config, re.MULTILINE), config
+    assert all(nats3.healthy(i) for i in range(nats3.count))
+    assert set(nats3.jetstream_peers()) == set(nats3.names)
+    routes = nats3.monitor(0, "routez")
+    assert routes is not None and routes["num_routes"] == nats3.count - 1
+    stream = f"T{uuid.uuid4().hex[:8]}"
+    async with nats_client(nats3, "test-leader") as nc:
+        js = nc.jetstream()
+        await js.add_stream(name=stream, subjects=[f"t.{stream}"], num_replicas=3)
+        try:
+            info = await js.stream_info(stream)
+            assert info.cluster is not None and info.cluster.leader in nats3.names
+            leaders = {
+                detail["name"]: (detail.get("cluster") or {}).get("leader")
+                for i in range(nats3.count)
+                for account in (nats3.monitor(i, "jsz", {"streams": True}) or {}).get("account_details") or []
+                for detail in account.get("stream_detail") or []
+            }
+            assert leaders.get(stream) == info.cluster.leader
+        finally:
+            await js.delete_stream(stream)
+    saved = json.loads((nats3.root / "ports.json").read_text())["servers"]
+    assert all(set(server) == {"name", "client", "cluster"} for server in saved)
+
+
+def test_a_data_dir_from_before_keeps_its_ports_and_drops_the_monitoring_one(tmp_path: Path) -> None:
+    """ports.json written when servers had a monitoring port: the same client port, no `http` port
+    opened, and a system login made for the start-up checks."""
+    with running_nats(tmp_path / "old", 1) as first:
+        client = first.ports[0].client
+    record = json.loads((first.root / "ports.json").read_text())
+    record["servers"][0]["http"] = 1  # as older versions wrote it (port 1: never one to listen on)
+    (first.root / "ports.json").write_text(json.dumps(record))
+    system_credentials_path(first.data_dir).unlink()
+    with running_nats(first.data_dir, 1) as again:
+        pid = again.pid(0)
+        assert pid is not None and listening_ports(pid) == {client}
+        assert again.healthy(0) and again.system_credentials[1] in again.config_path(0).read_text()
