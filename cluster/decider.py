@@ -71,7 +71,9 @@ from .layout import DECIDER_TTL, EVENTS_KEPT, ClusterLayout, retrying
 log = logging.getLogger("strictq.health")
 DECIDER_KEY = "decider"
 QUIET = frozenset({"probe-cancelled", "probe-delivered"})  # not events (queue_core.failures.QUIET)
-EDGE_EVENTS = frozenset({"sleep", "wake"})  # with `control-*`: the fleet's, decided at an edge
+# Decided at an edge: the fleet's (`sleep`, `wake`, `control-*`) and a rollout's steps (`rollout-*`).
+EDGE_EVENTS = frozenset({"sleep", "wake"})
+EDGE_EVENT_PREFIXES = ("control-", "rollout-")
 MAX_WAIT = 0.25  # seconds the holder waits for reports before it looks at its timers and lease again
 
 
@@ -474,12 +476,13 @@ class DeciderRole:
 
 
 def edge_decision(event: Any) -> Decision | None:
-    """The Decision of an event an edge decided (the fleet's: `control-*`, `sleep`, `wake`), checked;
+    """The Decision of an event an edge decided (the fleet's: `control-*`, `sleep`, `wake`; a rollout's step:
+    `rollout-*`), checked;
     None for anything else, so an edge's request cannot pass for the decider's own decisions."""
     if not isinstance(event, dict):
         return None
     kind, reason, at = event.get("event"), event.get("reason"), event.get("at")
-    if not isinstance(kind, str) or not (kind in EDGE_EVENTS or kind.startswith("control-")):
+    if not isinstance(kind, str) or not (kind in EDGE_EVENTS or kind.startswith(EDGE_EVENT_PREFIXES)):
         return None
     if not isinstance(reason, str) or not isinstance(at, int | float) or isinstance(at, bool):
         return None

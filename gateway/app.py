@@ -109,7 +109,7 @@ def make_gateway_app(
     if hub is not None:  # failure management's routes over `health`, wherever it runs
         add_admin_routes(app, hub, keys, failures, health=health)
     # The retry workflow, handovers and group routing, over the port: in every topology.
-    add_queue_admin_routes(app, service, keys, failures=failures, hub=hub)
+    add_queue_admin_routes(app, service, keys, failures=failures, hub=hub, health=health)
     fleet_admin = fleet.admin() if fleet is not None else None
     if fleet_admin is not None:  # the fleet's admin routes where this edge holds the registry (docs/fleet.md)
         add_fleet_routes(app, fleet_admin)

@@ -32,6 +32,9 @@ from .machine.rebalance import RebalancePolicy
 from .machine.text import INTEGER_RE
 from .operations import Handler, add_routes
 
+EDGE_EVENT_PREFIX = "rollout-"  # the events a gateway decides and failure management publishes
+MAX_EVENT_NAME = 64
+
 HUB = web.AppKey("strictq_internal_hub", ControlHub)
 MANAGER = web.AppKey("strictq_internal_failures", FailureManager)
 FLEET_SERVICE = web.AppKey("strictq_internal_fleet", FleetService)
@@ -151,6 +154,18 @@ async def alert(request: web.Request) -> web.StreamResponse:
 
 
 # --------------------------------------------------------------------------------------------- fleet
+async def record_event(request: web.Request) -> web.StreamResponse:
+    """An event the gateway decided (a rollout's step: queue_core.routing_http), published beside failure
+    management's own; only the kinds an edge decides, so the caller cannot pass for the monitor."""
+    manager = _manager(request)
+    data = await _body(request)
+    event, reason, queue = _text(data, "event"), _text(data, "reason"), _text(data, "queue")
+    if not event.startswith(EDGE_EVENT_PREFIX) or len(event) > MAX_EVENT_NAME:
+        raise InvalidArgument(f"an edge records only {EDGE_EVENT_PREFIX}* events", field="event")
+    await LocalHealthView(manager).record(event, reason, _queue(manager, queue))
+    return json_response({"recorded": True})
+
+
 async def fleet(request: web.Request) -> web.StreamResponse:
     return json_response(await fleet_document(request.app[FLEET_SERVICE]))
 
@@ -205,6 +220,7 @@ HANDLERS: dict[str, Handler] = {
     "resume": resume,
     "unblacklist": unblacklist,
     "alert": alert,
+    "record_event": record_event,
     "fleet": fleet,
     "fleet_targets": fleet_targets,
     "fleet_control": fleet_control,

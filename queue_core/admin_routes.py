@@ -78,30 +78,35 @@ def add_queue_admin_routes(
     untenanted: bool = False,
     failures: FailureManager | None = None,
     hub: ControlHub | None = None,
+    health: HealthView | None = None,
 ) -> None:
     """Serve the retry workflow's routes (release, redrive, group policies, the group log, parked groups),
     the handover routes (queue_core.handover_http) and group routing's (queue_core.routing_http) from
     `app` over `backend`: the same routes in process, in front of a queue server and of a cluster. `keys`
     authenticate them (the same ring as `add_admin_routes`'); `untenanted`: see UNTENANTED. `failures`
-    (where failure management runs beside the core) or else `hub` tell routing which workers are fenced."""
+    (where failure management runs beside the core) or else `hub` tell routing which workers are fenced;
+    `health` (failure management wherever it runs) takes the rollouts' events."""
     app[ADMIN_KEYS] = keys
     app[UNTENANTED] = untenanted or app.get(UNTENANTED, False)
     add_retry_routes(app, backend)
     add_handover_routes(app, backend)  # moving groups between workers with their local state
-    add_routing_routes(app, backend, routing_hooks(failures, hub))  # pins and rollouts (docs/rollouts.md)
+    # Pins and rollouts (docs/rollouts.md).
+    add_routing_routes(app, backend, routing_hooks(failures, hub, health))
 
 
-def routing_hooks(failures: FailureManager | None, hub: ControlHub | None) -> RoutingHooks:
-    """Failure management's view of who is blocked and its event stream where it runs here; else the
-    hub's fences (a fenced worker takes nothing wherever it polls) and no events."""
+def routing_hooks(
+    failures: FailureManager | None, hub: ControlHub | None, health: HealthView | None
+) -> RoutingHooks:
+    """Who is blocked: failure management's view where it runs here, else the hub's fences (a fenced
+    worker takes nothing wherever it polls). The rollouts' events go to failure management's events
+    wherever it runs (`health`: here, the queue server's, the cluster's decider); none without it."""
+    if health is None and failures is not None:
+        health = LocalHealthView(failures)
+    record = None if health is None else health.record
     if failures is not None:
         manager = failures
-
-        def record(event: str, reason: str, queue: str) -> None:
-            manager.record(event, reason, queue=queue)
-
-        return RoutingHooks(lambda worker: manager.monitor.blocked(worker), record, manager.settled)
+        return RoutingHooks(lambda worker: manager.monitor.blocked(worker), record)
     if hub is not None:
         fences = hub.registry
-        return RoutingHooks(lambda worker: fences.get(worker) is not None)
-    return RoutingHooks(lambda worker: False)
+        return RoutingHooks(lambda worker: fences.get(worker) is not None, record)
+    return RoutingHooks(lambda worker: False, record)

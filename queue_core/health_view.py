@@ -89,6 +89,11 @@ class HealthView(Protocol):
         """Raise `alert` within `scope`'s queues; the core queues it suspended."""
         ...
 
+    async def record(self, event: str, reason: str, queue: str) -> None:
+        """A step decided at the edge (a rollout's, `rollout-*`: queue_core.routing_http) into failure
+        management's events beside its own decisions, durable when this returns."""
+        ...
+
     async def error_cases(self, scope: Scope, now: float) -> ErrorCases | None:
         """None where failure management keeps no such tally for this caller to read."""
         ...
@@ -196,6 +201,10 @@ class LocalHealthView:
         await self.manager.settled()
         return suspended
 
+    async def record(self, event: str, reason: str, queue: str) -> None:
+        self.manager.record(event, reason, queue=queue)
+        await self.manager.settled()
+
     async def error_cases(self, scope: Scope, now: float) -> ErrorCases | None:
         within = None if scope.operator else scope.sees_queue
         found = self.manager.monitor.failure_signatures(now, within)
@@ -244,6 +253,9 @@ class RemoteHealthView:
         }
         answer = await self.remote.call(ops.ALERT.bind(body))
         return [str(q) for q in answer["suspended"]]
+
+    async def record(self, event: str, reason: str, queue: str) -> None:
+        await self.remote.call(ops.RECORD_EVENT.bind(event, reason, queue))
 
     async def error_cases(self, scope: Scope, now: float) -> ErrorCases | None:
         return None  # the queue server's tally stays there; the index's error cases are shown instead

@@ -246,6 +246,10 @@ def _queue_reason(queue: str, reason: str) -> Request:
     return Request(body={"queue": queue, "reason": reason})
 
 
+def _event(event: str, reason: str, queue: str) -> Request:
+    return Request(body={"event": event, "reason": reason, "queue": queue})
+
+
 def _worker(worker: str) -> Request:
     return Request(body={"worker": worker})
 
@@ -453,6 +457,10 @@ UNBLACKLIST = Operation(
     "unblacklist", "POST", "/v1/admin/failures/unblacklist", C, _worker, _json, passed_on=True
 )
 ALERT = Operation("alert", "POST", "/v1/admin/failures/alert", C, _body, _json, passed_on=True)
+RECORD_EVENT = Operation(
+    "record_event", "POST", "/v1/admin/failures/record", C, _event, _json, passed_on=True,
+    doc="an event decided at the edge (a rollout's step) into failure management's events, durable on answer",
+)  # fmt: skip
 FLEET = Operation("fleet", "GET", "/v1/admin/fleet", C, _nothing, _json, passed_on=True)
 FLEET_TARGETS = Operation(
     "fleet_targets", "POST", "/v1/admin/fleet/targets", C, _fleet_targets, _json, passed_on=True

@@ -48,12 +48,12 @@ MAX_BODY = 64 * 1024
 @dataclass(frozen=True, slots=True)
 class RoutingHooks:
     """What the routes need beside the port: `blocked(worker)` (it takes no real message now: fenced,
-    probing or blacklisted), `record(event, reason, queue)` publishing a rollout's step (None: no event
-    stream here), `settled()` awaited before answering so the event is durable."""
+    probing or blacklisted), `record(event, reason, queue)` publishing a rollout's step in failure
+    management's events, durable when it returns (queue_core.health_view.HealthView.record; None:
+    failure management does not run)."""
 
     blocked: Callable[[str], bool]
-    record: Callable[[str, str, str], None] | None = None
-    settled: Callable[[], Awaitable[None]] | None = None
+    record: Callable[[str, str, str], Awaitable[None]] | None = None
 
 
 ROUTING_BACKEND = web.AppKey("strictq_routing_backend", QueueBackend)
@@ -136,13 +136,11 @@ async def put_rollout(request: web.Request) -> web.StreamResponse:
     record = {**data, "updated_at": round(time.time(), 3)}
     await backend.set_attributes(internal, {"routing": routing, "rollout": record})
     if hooks.record is not None:
-        hooks.record(
+        await hooks.record(
             f"rollout-{state}",
             f"version {version} at {percent:g}% of groups" + (f": {reason}" if reason else ""),
             internal,
         )
-    if hooks.settled is not None:
-        await hooks.settled()
     return json_response(await _view(request, name, internal))
 
 

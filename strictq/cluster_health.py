@@ -31,6 +31,7 @@ from queue_core.alert_records import ALERT_POLL, WireAlert, follow_alerts
 from queue_core.backend import QueueBackend
 from queue_core.control import ControlHub
 from queue_core.health_view import Alert, ErrorCases, EventPage, scope_status
+from queue_core.machine.health import Decision
 from queue_core.scope import Scope
 
 log = logging.getLogger("strictq.health")
@@ -103,6 +104,11 @@ class ClusterHealthView:
             tenant=tenant,
         )
         return [str(q) for q in answer.get("suspended", [])]
+
+    async def record(self, event: str, reason: str, queue: str) -> None:
+        # Answered once the decider published it to the events stream (cluster.decider, `record`).
+        decision = Decision(event, reason, time.time(), queue=queue)
+        await self.client.request("record", event=decision.to_event())
 
     async def error_cases(self, scope: Scope, now: float) -> ErrorCases | None:
         return None  # the decider's tally stays on its node; the index's error cases are shown instead

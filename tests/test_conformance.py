@@ -431,7 +431,8 @@ async def test_fleet_heartbeat_is_listed(edge: Edge) -> None:
 @gapped("routing")
 async def test_routing_pins_versions_and_a_rollout_step(edge: Edge) -> None:
     """Group routing over the port: a pin set through the admin route reads back, a worker's polled
-    version is counted (from whichever partition it polled), and a rollout step sets the canary share."""
+    version is counted (from whichever partition it polled), and a rollout step sets the canary share and
+    is one event in failure management's events."""
     queue = queue_name("routing")
     worker = edge.credential("worker").id
     await send_emodb(edge, queue, "g", [{"n": 1}])
@@ -456,6 +457,11 @@ async def test_routing_pins_versions_and_a_rollout_step(edge: Edge) -> None:
     assert status == 200, body
     assert body["routing"]["canary"] == {"version": "2.0", "percent": 25}, body
     assert body["rollout"]["state"] == "running", body
+    # The step is in failure management's events wherever it runs (durable before the answer).
+    status, body = await call(edge, "GET", "/admin/v1/events")
+    assert status == 200, body
+    steps = [e for e in body["events"] if e["event"] == "rollout-running" and e.get("queue") == queue]
+    assert len(steps) == 1 and "version 2.0 at 25% of groups: canary" in steps[0]["reason"], body
     status, body = await call(edge, "PUT", f"/admin/v1/queues/{queue}/rollout", json={**step, "state": "x"})
     assert status == 400 and body["error"]["code"] == "bad_state", body
 
