@@ -122,7 +122,6 @@ class ClusterBackend:
         self.meter = meter
         self.reach: dict[str, str] = dict(reach or {})
         self._on_close = on_close
-        self.edge_health: Any = None  # failure management at this edge (strictq.cluster_health.EdgeHealth)
         self.partitions = owners.partitions
         # Each partition deduplicates its own sends: two groups of different partitions are never compared.
         self.dedup_reach: DedupReach = "partition"

@@ -75,6 +75,7 @@ from wirelog.redaction import load_or_create_key
 
 if TYPE_CHECKING:
     from cluster.traffic import EdgeIdentity, EdgePublisher
+    from strictq.cluster_health import EdgeHealth
 
 log = logging.getLogger("strictq.gateway")
 
@@ -302,10 +303,9 @@ async def serve(options: ServeOptions) -> None:
     failures: FailureManager | None = None
     remote: RemoteQueueService | None = None
     if options.cluster is not None:
-        service, control, publisher, cluster_state, fleet = await cluster_backend(
-            options.cluster, data_dir, options, limiter, secret
-        )
-        edge_health = getattr(service, "edge_health", None)
+        edge = await cluster_backend(options.cluster, data_dir, options, limiter, secret)
+        service, control, publisher, cluster_state = edge.backend, edge.hub, edge.publisher, edge.source
+        fleet, edge_health = edge.fleet, edge.health
     elif options.queue_server is None:
         core = QueueService(data_dir / "queue", partitions=options.partitions)
         await start_service(core, data_dir)
@@ -530,13 +530,27 @@ def edge_identity(options: ServeOptions, port: int, url: str) -> EdgeIdentity:
     return EdgeIdentity(options.edge_name_for(port), options.edge_region, options.zone, url)
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterEdge:
+    """What a cluster edge is composed of: the backend over the partitions' owners, the control state's
+    hub, the traffic publisher, the cluster's state for the dashboard, the fleet and, with `--health`,
+    failure management's part (the decider's client, the probe bridge, alerts and events)."""
+
+    backend: QueueBackend
+    hub: ControlHub
+    publisher: EdgePublisher
+    source: ClusterSource
+    fleet: FleetBackend
+    health: EdgeHealth | None
+
+
 async def cluster_backend(
     settings: NatsSettings,
     data_dir: Path,
     options: ServeOptions | None = None,
     limiter: TenantRateLimiter | None = None,
     secret: InternalSecret | None = None,
-) -> tuple[QueueBackend, ControlHub, EdgePublisher, ClusterSource, FleetBackend]:
+) -> ClusterEdge:
     """The gateway of a cluster: every group's operations go to its partition's owner (cluster.backend),
     read from the cluster's KV buckets (cluster.kv_owners), through `options.reach` where given; its
     control stream relays the owners' floors (cluster.floors) and serves the cluster's one set of fences,
@@ -637,7 +651,6 @@ async def cluster_backend(
     if refused is not None:  # the nodes are there, and say our secret is not the cluster's
         await backend.close()
         raise StartupLine(data_dir, refused)
-    backend.edge_health = health
     if health is not None:
         health.bridge.backend = backend  # a probe of a `probe_safe` queue passes at the proxies
         health.backend = backend
@@ -645,7 +658,8 @@ async def cluster_backend(
     fleet = ClusterFleet(
         js, layout, backend, options.fleet, events=None if health is None else health.events.fleet
     )
-    return backend, hub, publisher, KvClusterSource(js, layout, tuple(settings.urls)), fleet
+    source = KvClusterSource(js, layout, tuple(settings.urls))
+    return ClusterEdge(backend, hub, publisher, source, fleet, health)
 
 
 def run(options: ServeOptions) -> None:
