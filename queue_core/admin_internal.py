@@ -3,9 +3,10 @@ its internal API: the whole control stream, the fences, failure management and t
 by core names (routing has its own routes over the port: queue_core.routing_http).
 
 No key file here, as for the rest of the internal API: the gateway authenticates its callers with its own
-key ring and cuts every answer to their scope (queue_core.remote_admin), with the same rules as the admin
-routes in one process. The worker ids are the gateway's key file's, so nothing here checks them against the
-queue server's. The gateway's one client for all of it is queue_core.remote.RemoteQueueService.
+key ring and cuts every answer to their scope (queue_core.health_view, queue_core.fleet_remote), with
+the same rules as the admin routes in one process. The worker ids are the gateway's key file's, so
+nothing here checks them against the queue server's. The gateway's one client for all of it is
+queue_core.remote.RemoteQueueService.
 
 The operations (their methods and paths: queue_core.operations, the table's admin part): `control` (the
 control stream, unscoped: docs/control-stream.md, what the gateway relays); `fences`, `put_fence`,

@@ -71,7 +71,8 @@ class Operation[**P, R]:
     """One operation of the internal API. `encode`: a client's typed arguments as a `Request`; `decode`:
     the server's JSON answer as the typed value. `batch`: a 4xx that still carries per-item results (every
     item failed) is an answer, not an error. `passed_on`: a 4xx is handed to the gateway's caller as the
-    queue server gave it (its admin state: queue_core.remote_admin), not mapped to a core error."""
+    queue server gave it (its admin state: queue_core.health_view, queue_core.fleet_remote), not mapped to
+    a core error."""
 
     name: str
     method: str
@@ -434,8 +435,9 @@ MOVE_STATUS = Operation("move_status", "GET", "/v1/moves/{move}", F, _move, wire
 CANCEL_MOVE = Operation("cancel_move", "POST", "/v1/moves/{move}/cancel", F, _move, wire.decode_move)
 
 # A queue server's admin state, every tenant's by core names, for the gateway in front of it, which cuts
-# each answer to its caller's scope (queue_core.admin_internal, queue_core.remote_admin); its 4xx are
-# passed on as they are. A cluster keeps this state once for the cluster (control buckets, the decider).
+# each answer to its caller's scope (queue_core.admin_internal, queue_core.health_view,
+# queue_core.fleet_remote); its 4xx are passed on as they are. A cluster keeps this state once for the
+# cluster (control buckets, the decider).
 CONTROL = Operation(
     "control", "GET", "/v1/admin/control", C, _nothing, _ignored, passed_on=True,
     doc="the control stream as server-sent events: read as a stream (RemoteQueueService.control_events)",

@@ -208,7 +208,8 @@ class RemoteQueueService:
         """One request; its JSON answer. Errors come back as the core's typed errors; for a `batch`
         operation, a 4xx that still carries per-item results (every item failed) returns them instead of
         raising; for a `passed_on` one, a 4xx is `Refused`, carrying the queue server's status and error
-        body unchanged (the admin routes a gateway serves from the queue server: queue_core.remote_admin)."""
+        body unchanged (the admin routes a gateway serves from the queue server: queue_core.health_view,
+        queue_core.fleet_remote)."""
         if self._session is None:
             raise Unavailable("the gateway's queue-server client is not started")
         operation = call.operation
@@ -420,7 +421,8 @@ class RemoteQueueService:
 
     # ------------------------------------------------------------- the queue server's admin state
     # Its internal admin operations (queue_core.admin_internal): every tenant's state by core names; the
-    # gateway's admin routes (queue_core.remote_admin, queue_core.control_relay) scope it to their caller,
+    # gateway's admin routes (queue_core.health_view, queue_core.fleet_remote, queue_core.control_relay)
+    # scope it to their caller,
     # calling them with `call` (a 4xx is `Refused`, with the queue server's status and error body).
     async def fences(self) -> list[Fence]:
         return await self.call(ops.FENCES.bind())

@@ -143,7 +143,8 @@ def compose_app(
     add_fleet_routes(app, fleet_service)
     add_internal_heartbeat_route(app)
     # The same state for the gateway in front (`strictq serve --queue-server`), which serves the admin
-    # routes to its callers within their scope (queue_core.admin_internal, queue_core.remote_admin).
+    # routes to its callers within their scope (queue_core.admin_internal, queue_core.health_view,
+    # queue_core.fleet_remote).
     add_internal_admin_routes(app, hub, failures, fleet_service)
     add_queue_metrics(app, service, hub, key_ring)  # GET /metrics, scoped per key
     return app

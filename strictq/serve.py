@@ -54,7 +54,6 @@ from queue_core.internal_auth import InternalSecret, missing_secret_line
 from queue_core.machine.fleet import FleetSettings
 from queue_core.machine.health import HealthSettings
 from queue_core.remote import RemoteQueueService
-from queue_core.remote_admin import add_remote_admin_routes
 from queue_core.service import QueueService
 from queue_core.startup import (
     check_output_file,
@@ -103,8 +102,8 @@ def make_edge_app(
     SQS requests may be signed for (gateway.sqs_regions); empty: any. `regions`: each request's client
     region is set for the backend (gateway.client_region; an edge of a cluster). `health`: failure
     management where it runs elsewhere (a cluster's decider), for its admin routes and the dashboard.
-    `remote`: the queue server this gateway fronts (its failure management and fleet are served from it:
-    queue_core.health_view.RemoteHealthView, queue_core.remote_admin)."""
+    `remote`: the queue server this gateway fronts (its failure management is served from it:
+    queue_core.health_view.RemoteHealthView; its fleet through `fleet`, queue_core.fleet_remote)."""
     if health is None and remote is not None:
         health = RemoteHealthView(remote)
     app = make_gateway_app(
@@ -121,8 +120,6 @@ def make_edge_app(
         cluster=cluster,  # an edge of a cluster: its partitions, owners and lag (strictq.cluster_source)
         health=health,
     )
-    if remote is not None:  # the fleet: the queue server's
-        add_remote_admin_routes(app, remote)
     if index is not None:
         add_search_route(app, index, SearchGate(*search_gate(app, keys)))
     if regions is not None:

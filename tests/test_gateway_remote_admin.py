@@ -1,6 +1,6 @@
 """The admin routes of `strictq serve --queue-server URL`: the gateway serves the queue server's control
 stream, fences, failure management, routing and fleet within each caller's scope, checked against the
-gateway's own key file (queue_core.control_relay, queue_core.remote_admin).
+gateway's own key file (queue_core.control_relay, queue_core.health_view, queue_core.fleet_remote).
 
 Real processes: a `strictq queue-server` and a `strictq serve --queue-server` with its egress proxy child
 (which now follows the gateway's stream), a two-tenant key file with an operator, real HTTP backends.
