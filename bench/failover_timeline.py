@@ -172,10 +172,12 @@ def main(argv: list[str] | None = None) -> int:
                 return done, await probe.drain(60.0)
 
             done, drained = asyncio.run(probe.run(body))
-            logs = [*sorted((cluster.data_dir / "logs").glob("*.log")), *sorted(args.out.glob("*.log"))]
         finally:
             nodes.stop()
             cluster.stop()
+        for log in (cluster.data_dir / "logs").glob("*.log"):  # kept: the temporary directory goes
+            (args.out / f"up-{log.name}").write_bytes(log.read_bytes())
+        logs = sorted(args.out.glob("*.log"))
         lines = every_line(logs)
     rows = [timeline(lines, kill) for kill in done]
     lost = sorted(probe.acked - set(probe.received))
