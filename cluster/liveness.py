@@ -98,8 +98,9 @@ class Liveness:
     def is_dead(self, node: str, incarnation: str) -> bool:
         return (node, incarnation) in self._dead
 
-    def dead(self) -> set[tuple[str, str]]:
-        return set(self._dead)
+    def reached(self, node: str, incarnation: str) -> bool:
+        """Whether this process has connected to that incarnation's API (only then can it be proven dead)."""
+        return any(t.node == node and t.incarnation == incarnation for t in self._reached)
 
     async def run(self) -> None:
         try:
