@@ -3,9 +3,10 @@
 Any node can take the role: it creates the `master` key of the lease bucket (TTL cluster.layout.MASTER_TTL)
 and renews it with compare-and-set on its revision; when the holder dies, the key expires and another
 node's create succeeds, or sooner: a holder proven dead (cluster.liveness) is replaced by compare-and-set
-on the revision it last wrote (so a holder that renewed meanwhile keeps the lease). Nodes proven dead are
-not live for the assignments either. Every write of an assignment is compare-and-set on the revision the
-master read, so two masters (one paused past its lease) cannot both move a partition: the later write fails.
+on the revision it last wrote, by the first live node by name (so a holder that renewed meanwhile keeps the
+lease). Nodes proven dead are not live for the assignments either. Every write of an assignment is
+compare-and-set on the revision the master read, so two masters (one paused past its lease) cannot both
+move a partition: the later write fails.
 """
 
 from __future__ import annotations
@@ -185,6 +186,11 @@ class MasterRole:
             except (KeyNotFoundError, orjson.JSONDecodeError, KeyError, TypeError):
                 raise KeyWrongLastSequenceError() from None
             if not incarnation or not self.liveness.is_dead(node, incarnation):
+                raise
+            # One taker, the first live node by name, so two nodes do not race for it (an R3 bucket on
+            # nats-server 2.9.10 may accept both compare-and-sets; see docs/cluster.md). The others wait
+            # for the lease's TTL, or for that node's own takeover.
+            if self._me != min(live_nodes(self._nodes, liveness=self.liveness), default=self._me):
                 raise
             revision = await lease.update(MASTER_KEY, value, last=entry.revision)
             log.warning("%s takes the master lease from %s, which is dead", self._me, node)
