@@ -7,6 +7,7 @@ without the throughput runs before it. For each kill (SIGKILL of the owner of pa
 restarted and the cluster left to settle before the next):
 
 - `notice`: kill -> the master writes the partition's new assignment (its `partition P -> N (epoch E)` line);
+  of which `proof`: kill -> a node proves the death (cluster.liveness' `N ... is dead` line; none: silence);
 - `catch-up`: -> the new owner serves it (its `serves partition P at epoch E` line);
 - `gateway`: -> the first acknowledged send to the partition that started after the kill (the client's clock).
 
@@ -48,6 +49,7 @@ STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 ASSIGNED = re.compile(r"partition (\d+) -> (\S+) \(epoch (\d+)\)")
 SERVES = re.compile(r"(\S+) serves partition (\d+) at epoch (\d+) .*promoted in ([0-9.]+)s")
 MASTER = re.compile(r"(\S+) is the master")
+PROVEN = re.compile(r"(\S+) \(incarnation \S+\) is dead")
 
 
 @dataclass
@@ -75,12 +77,14 @@ def every_line(logs: list[Path]) -> list[tuple[float, str]]:
 def timeline(lines: list[tuple[float, str]], kill: dict[str, Any]) -> dict[str, Any]:
     """The steps of one failover, from the first matching lines after the kill."""
     killed_at, partition = kill["killed_at"], kill["partition"]
-    assigned = serving = None
+    assigned = serving = proven = None
     promoted = float("nan")
     master_change = False
     for at, line in lines:
         if at < killed_at - 0.002:  # log stamps are truncated to the millisecond
             continue
+        if proven is None and (found := PROVEN.search(line)) and found.group(1) == kill["killed"]:
+            proven = at
         if MASTER.search(line) and assigned is None:
             master_change = True
         if assigned is None and (found := ASSIGNED.search(line)) and int(found.group(1)) == partition:
@@ -96,6 +100,7 @@ def timeline(lines: list[tuple[float, str]], kill: dict[str, Any]) -> dict[str, 
     return {
         **kill,
         "master_was_killed": master_change,
+        "proof": (proven - killed_at) if proven else float("nan"),
         "notice": (assigned - killed_at) if assigned else float("nan"),
         "catch_up": (serving - assigned) if assigned and serving else float("nan"),
         "promote_s": promoted,
@@ -147,7 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.failover_timeline", description=__doc__)
     parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--out", type=Path, default=Path("bench/out/failover-timeline"))
+    parser.add_argument("--replay", action="store_true", help="only re-read --out's logs and kills")
     args = parser.parse_args(argv)
+    if args.replay:
+        saved = json.loads((args.out / "failover-timeline.json").read_text())
+        lines = every_line(sorted(args.out.glob("*.log")))
+        show([timeline(lines, row) for row in saved["rows"]])
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     for old in args.out.glob("*.log"):
         old.unlink()
@@ -180,17 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         logs = sorted(args.out.glob("*.log"))
         lines = every_line(logs)
     rows = [timeline(lines, kill) for kill in done]
+    show(rows)
     lost = sorted(probe.acked - set(probe.received))
-    print(f"{'#':>2} {'killed':6} {'p':>1} {'master?':7} {'notice':>7} {'catch-up':>8} {'(promote)':>9}"
-          f" {'gateway':>7} {'total':>6}")  # fmt: skip
-    for i, row in enumerate(rows, 1):
-        print(
-            f"{i:>2} {row['killed']:6} {row['partition']:>1} {'yes' if row['master_was_killed'] else '':7}"
-            f" {row['notice']:7.2f} {row['catch_up']:8.2f} {row['promote_s']:9.2f} {row['gateway']:7.2f}"
-            f" {row['total']:6.2f}"
-        )
-    for key in ("notice", "catch_up", "gateway", "total"):
-        print(f"{key}: {summary([r[key] for r in rows])}")
     redelivered = sum(1 for c in probe.received.values() if c > 1)
     print(
         f"drained in {drained:.1f}s: {len(probe.acked)} acknowledged, {len(set(probe.received))} received,"
@@ -199,6 +201,19 @@ def main(argv: list[str] | None = None) -> int:
     result = {"rows": rows, "acknowledged": len(probe.acked), "lost": len(lost), "errors": dict(probe.errors)}
     (args.out / "failover-timeline.json").write_text(json.dumps(result, indent=1))
     return 1 if lost else 0
+
+
+def show(rows: list[dict[str, Any]]) -> None:
+    print(f"{'#':>2} {'killed':6} {'p':>1} {'master?':7} {'proof':>6} {'notice':>7} {'catch-up':>8}"
+          f" {'(promote)':>9} {'gateway':>7} {'total':>6}")  # fmt: skip
+    for i, row in enumerate(rows, 1):
+        print(
+            f"{i:>2} {row['killed']:6} {row['partition']:>1} {'yes' if row['master_was_killed'] else '':7}"
+            f" {row['proof']:6.2f} {row['notice']:7.2f} {row['catch_up']:8.2f} {row['promote_s']:9.2f}"
+            f" {row['gateway']:7.2f} {row['total']:6.2f}"
+        )
+    for key in ("proof", "notice", "catch_up", "gateway", "total"):
+        print(f"{key}: {summary([r[key] for r in rows])}")
 
 
 if __name__ == "__main__":
