@@ -115,10 +115,12 @@ class Liveness:
         """Start a probe of each node whose heartbeat is late (or not yet reached once); forget marks a
         newer heartbeat contradicts."""
         now = time.monotonic()
+        current: set[tuple[str, str]] = set()
         for name, entry in list(self._nodes.entries.items()):
             info = self._info(name, entry.revision, entry.value)
             if info is None:
                 continue
+            current.add((info.node, info.incarnation))
             marked = self._dead.get((info.node, info.incarnation))
             if marked is not None:
                 if entry.heard_at > marked:
@@ -133,6 +135,15 @@ class Liveness:
                 self._start(where, entry.heard_at, fresh=True)
             elif where in self._reached and age > SUSPECT_AFTER:
                 self._start(where, entry.heard_at, fresh=False)
+        self._forget(current)
+
+    def _forget(self, current: set[tuple[str, str]]) -> None:
+        """Drop what is kept of incarnations no record names any more (restarted nodes), now and then."""
+        if len(self._reached) + len(self._next) + len(self._dead) <= 4 * len(current) + 16:
+            return
+        self._reached = {t for t in self._reached if (t.node, t.incarnation) in current}
+        self._next = {t: at for t, at in self._next.items() if (t.node, t.incarnation) in current}
+        self._dead = {key: at for key, at in self._dead.items() if key in current}
 
     def _info(self, name: str, revision: int, raw: bytes) -> NodeInfo | None:
         cached = self._parsed.get(name)
