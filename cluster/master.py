@@ -163,9 +163,9 @@ class MasterRole:
                         log.exception("master: deciding assignments")
                     await self._owners.changed(TICK)
             else:
-                self._woken.clear()
-                with contextlib.suppress(TimeoutError):
+                with contextlib.suppress(TimeoutError):  # a wake during the try above counts too
                     await asyncio.wait_for(self._woken.wait(), MASTER_TTL / 3)
+                self._woken.clear()
 
     def wake(self) -> None:
         """A node was proven dead (cluster.liveness): if it held the lease, take it now."""
