@@ -35,7 +35,7 @@ SUSPECT_AFTER = 0.4
 LOOK_EVERY = 0.05  # how often the heartbeats' ages are looked at (no I/O unless one is late)
 PROBE_TIMEOUT = 0.5  # a connect that takes longer proves nothing (the next look tries again)
 PROBE_EVERY = 0.1  # at most this often per late node (a paused one accepts, and is probed again)
-REACH_EVERY = 5.0  # at most this often per URL not reached yet (one that never answers costs nothing)
+REACH_EVERY = 1.0  # at most this often per URL not reached yet (one that never answers costs little)
 
 
 @dataclass(frozen=True, slots=True)

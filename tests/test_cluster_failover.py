@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import re
 import signal
 import statistics
 import threading
@@ -59,6 +60,7 @@ BALANCED_WITHIN = 60.0  # a (re)started node alive and given a partition by the 
 NODE_START = 60.0
 RECOVERY_WITHIN = 60.0  # two JetStream servers restarted -> a send acknowledged again
 DRAIN_WITHIN = 60.0
+PROVEN_DEAD = re.compile(r"(n\d+) \(incarnation (\w+)\) is dead: no heartbeat")
 VISIBILITY = 5  # seconds: a message whose delete failed blocks its group this long, then comes again
 
 
@@ -578,6 +580,8 @@ def test_sigkill_of_an_owner_under_load_repeated(harness: Harness) -> None:
     tokens = Tokens(harness.cluster, "tokens", [groups_of(p, 1, "t")[0] for p in range(PARTITIONS)])
     tokens.claim()
     times: list[float] = []
+    victims: Counter[str] = Counter()
+    marks = {name: harness.log_path(name).stat().st_size for name in NODES}
     load.start()
     try:
         for round_ in range(KILL_ROUNDS):
@@ -585,6 +589,7 @@ def test_sigkill_of_an_owner_under_load_repeated(harness: Harness) -> None:
             partition = round_ % PARTITIONS
             victim = owner(data, partition)
             assert victim is not None, summary(data)
+            victims[victim] += 1
             before = tokens.seen[tokens.groups[partition]][-1]
             killed_at = harness.kill_node(victim)
             times.append(load.probe(probes[partition], killed_at))
@@ -609,6 +614,13 @@ def test_sigkill_of_an_owner_under_load_repeated(harness: Harness) -> None:
     )
     load.check()
     tokens.check()
+    # Every death was proven (cluster.liveness), not waited out: each killed incarnation named dead.
+    proven: set[tuple[str, str]] = set()
+    for name, mark in marks.items():
+        with harness.log_path(name).open("rb") as f:
+            f.seek(mark)
+            proven |= set(PROVEN_DEAD.findall(f.read().decode(errors="replace")))
+    assert Counter(node for node, _ in proven) == victims, (sorted(proven), victims)
 
 
 def test_a_paused_owner_is_refused_and_steps_down(harness: Harness) -> None:
