@@ -44,7 +44,7 @@ from .servers import GatewayServer, QueueServer, strictq_command
 FACE = "emodb"  # the single-process gateway figure (gw-emodb, the gateway target) uses the EmoDB face
 PARTITIONS = 3
 R3_TARGET = 0.6  # R3 end-to-end rate / single-process gateway rate, same run
-FAILOVER_TARGET_S = 5.0
+FAILOVER_MEDIAN_S, FAILOVER_MAX_S = 1.0, 2.0  # issue 28: median and max over the kills
 PROBE_QUEUE = "failover"
 PROBE_INTERVAL = 0.05  # one send per partition every 50 ms (open loop: each send its own task)
 PROBE_GROUPS = 4  # groups per partition the probe's sends rotate over
@@ -711,6 +711,10 @@ def failover_and_moves(
     return result
 
 
+def failover_met(fs: dict[str, Any]) -> bool:
+    return bool(fs["median"] <= FAILOVER_MEDIAN_S and fs["max"] <= FAILOVER_MAX_S)
+
+
 def stats(values: list[float]) -> dict[str, Any]:
     clean = [v for v in values if v == v]
     if not clean:
@@ -825,8 +829,8 @@ def cluster_section(results: dict[str, Any], add: Callable[[str], None]) -> None
             (
                 f"Failover: SIGKILL of a partition's owner → first acknowledged send to it ({fs['n']} kills)",
                 f"median {fs['median']:.2f} s, max {fs['max']:.2f} s",
-                f"≤ {FAILOVER_TARGET_S:g} s",
-                "**met**" if fs["max"] <= FAILOVER_TARGET_S else "**missed**",
+                f"median ≤ {FAILOVER_MEDIAN_S:g} s, max ≤ {FAILOVER_MAX_S:g} s",
+                "**met**" if failover_met(fs) else "**missed**",
             )
         )
     rows.append(
@@ -914,10 +918,11 @@ def cluster_section(results: dict[str, Any], add: Callable[[str], None]) -> None
     ms, ml = fo["move_s"], fo["move_longest_send_s"]
     add("| figure | median | max | n | target | status |\n|---|---:|---:|---:|---|---|")
     if fs.get("n"):
-        status = "met" if fs["max"] <= FAILOVER_TARGET_S else "missed"
+        status = "met" if failover_met(fs) else "missed"
         add(
             f"| SIGKILL of the owner → first acknowledged send to its partition | {_s(fs, 'median')} |"
-            f" {_s(fs, 'max')} | {fs['n']} | ≤ {FAILOVER_TARGET_S:g} s | {status} |"
+            f" {_s(fs, 'max')} | {fs['n']} | median ≤ {FAILOVER_MEDIAN_S:g} s, max ≤ {FAILOVER_MAX_S:g} s"
+            f" | {status} |"
         )
     if ms.get("n"):
         add(

@@ -2,8 +2,11 @@
 
 Any node can take the role: it creates the `master` key of the lease bucket (TTL cluster.layout.MASTER_TTL)
 and renews it with compare-and-set on its revision; when the holder dies, the key expires and another
-node's create succeeds. Every write of an assignment is compare-and-set on the revision the master read,
-so two masters (one paused past its lease) cannot both move a partition: the later write fails.
+node's create succeeds, or sooner: a holder proven dead (cluster.liveness) is replaced by compare-and-set
+on the revision it last wrote, by the first live node by name (so a holder that renewed meanwhile keeps the
+lease). Nodes proven dead are not live for the assignments either. Every write of an assignment is
+compare-and-set on the revision the master read, so two masters (one paused past its lease) cannot both
+move a partition: the later write fails.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from collections.abc import Callable
 import orjson
 from nats.js.client import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
 
 from .kv_mirror import KvMirror
 from .layout import MASTER_TTL, NODE_TTL, ClusterLayout, retrying
+from .liveness import Liveness
 from .ownership import Assignment, NodeInfo, RecordError, plan, rebalance
 from .placer import Placer
 from .replica_repair import ReplicaRepair
@@ -70,13 +75,19 @@ def read_moves(owners: KvMirror) -> dict[int, str]:
     return moves
 
 
-def live_nodes(nodes: KvMirror, max_age: float = NODE_TTL) -> dict[str, NodeInfo]:
+def live_nodes(
+    nodes: KvMirror, max_age: float = NODE_TTL, liveness: Liveness | None = None
+) -> dict[str, NodeInfo]:
+    """The nodes heart-beating within `max_age` seconds, less those `liveness` proved dead."""
     live: dict[str, NodeInfo] = {}
     for key, entry in nodes.fresh(max_age).items():
         try:
-            live[key] = NodeInfo.from_json(entry.value)
+            info = NodeInfo.from_json(entry.value)
         except RecordError as exc:
             log.warning("ignoring node record %s: %s", key, exc)
+            continue
+        if liveness is None or not liveness.is_dead(info.node, info.incarnation):
+            live[key] = info
     return live
 
 
@@ -89,6 +100,8 @@ class MasterRole:
         nodes: KvMirror,
         owners: KvMirror,
         clock: Callable[[], float] = time.time,
+        liveness: Liveness | None = None,
+        incarnation: str = "",
     ) -> None:
         self._js = js
         self._layout = layout
@@ -96,6 +109,9 @@ class MasterRole:
         self._nodes = nodes
         self._owners = owners
         self._clock = clock
+        self.liveness = liveness
+        self._incarnation = incarnation
+        self._woken = asyncio.Event()  # a node was proven dead: look at the lease now
         self.is_master = False
         self._deaf_until = 0.0
         self._operator_moved_at = -OPERATOR_QUIET
@@ -116,13 +132,13 @@ class MasterRole:
             lambda: self._js.key_value(self._layout.master_bucket), "the master lease", 3600.0
         )
         revision = 0
-        value = orjson.dumps({"node": self._me})
+        value = orjson.dumps({"node": self._me, "incarnation": self._incarnation})
         while True:
             try:
                 if revision:
                     revision = await lease.update(MASTER_KEY, value, last=revision)
                 else:
-                    revision = await lease.create(MASTER_KEY, value)
+                    revision = await self._take(lease, value)
                     log.info("%s is the master", self._me)
                 self.is_master = True
             except KeyWrongLastSequenceError:
@@ -147,7 +163,38 @@ class MasterRole:
                         log.exception("master: deciding assignments")
                     await self._owners.changed(TICK)
             else:
-                await asyncio.sleep(MASTER_TTL / 3)
+                with contextlib.suppress(TimeoutError):  # a wake during the try above counts too
+                    await asyncio.wait_for(self._woken.wait(), MASTER_TTL / 3)
+                self._woken.clear()
+
+    def wake(self) -> None:
+        """A node was proven dead (cluster.liveness): if it held the lease, take it now."""
+        self._woken.set()
+
+    async def _take(self, lease: KeyValue, value: bytes) -> int:
+        """The lease's new revision: created if free, or taken over from a holder proven dead with
+        compare-and-set on its last revision; KeyWrongLastSequenceError while a live holder has it."""
+        try:
+            return await lease.create(MASTER_KEY, value)
+        except KeyWrongLastSequenceError:
+            if self.liveness is None:
+                raise
+            try:
+                entry = await lease.get(MASTER_KEY)
+                holder = orjson.loads(entry.value or b"{}")
+                node, incarnation = str(holder["node"]), str(holder.get("incarnation", ""))
+            except (KeyNotFoundError, orjson.JSONDecodeError, KeyError, TypeError):
+                raise KeyWrongLastSequenceError() from None
+            if not incarnation or not self.liveness.is_dead(node, incarnation):
+                raise
+            # One taker, the first live node by name, so two nodes do not race for it (an R3 bucket on
+            # nats-server 2.9.10 may accept both compare-and-sets; see docs/cluster.md). The others wait
+            # for the lease's TTL, or for that node's own takeover.
+            if self._me != min(live_nodes(self._nodes, liveness=self.liveness), default=self._me):
+                raise
+            revision = await lease.update(MASTER_KEY, value, last=entry.revision)
+            log.warning("%s takes the master lease from %s, which is dead", self._me, node)
+            return revision
 
     def _hearing(self) -> bool:
         """Whether heartbeats reach this master now. While the nodes bucket has no leader (a NATS server
@@ -198,7 +245,7 @@ class MasterRole:
             return
         assignments, revisions = read_assignments(self._owners)
         moves = read_moves(self._owners)
-        nodes = live_nodes(self._nodes)
+        nodes = live_nodes(self._nodes, liveness=self.liveness)
         owners = self._owners.bucket  # the mirror's handle: no JetStream request per tick
         for partition, target in list(moves.items()):  # done, pointless or stuck: forget it
             current = assignments.get(partition)

@@ -11,7 +11,8 @@ moves between them only on the owners bucket's word (cluster.master writes it):
   serving (requests in flight fail with a retriable 503; everything answered is on the stream), follow.
 
 It tells the cluster it is alive, where its internal API is and how far it has applied each partition in
-a heartbeat (cluster.ownership.NodeInfo) every HEARTBEAT seconds.
+a heartbeat (cluster.ownership.NodeInfo) every HEARTBEAT seconds, and watches the others' (cluster.liveness:
+a silent node whose API refuses connections is dead, for the master and for the master's lease).
 """
 
 from __future__ import annotations
@@ -47,13 +48,16 @@ from .follower import PartitionFollower
 from .health_gates import NodeGates
 from .kv_mirror import KvMirror
 from .layout import ClusterLayout, LayoutError, ensure_streams, retrying
+from .liveness import Liveness
 from .master import MasterRole, live_nodes, read_assignments, read_moves
 from .ownership import NodeInfo, RecordError
 from .replicated_log import WRONG_LAST_SEQUENCE, ReplicatedLog, replicated_logs
 from .snapshots import CatchUp, SnapshotBucket, Snapshotter
 
 log = logging.getLogger("strictq.cluster")
-HEARTBEAT = 0.5
+# Four beats a second: a late one is noticed (cluster.liveness.SUSPECT_AFTER) within half a second of a
+# death; silence alone still takes NODE_TTL (ten beats) to count.
+HEARTBEAT = 0.25
 CATCH_UP_SECONDS = 15.0
 MOVE_LAG = 64  # frames: a planned move's owner steps down once the target is this close
 FOLLOWER_CHECK = 5.0  # seconds between looks for a standby copy that stopped following
@@ -107,6 +111,7 @@ class ClusterNode:
         self.nodes: KvMirror | None = None
         self.owners: KvMirror | None = None
         self.master: MasterRole | None = None
+        self.liveness: Liveness | None = None
         self.floors = FloorPublisher(nc, layout, self._current_floors)
         # The partitions it serves are copied to the snapshot bucket now and then (cluster.snapshots).
         self.snapshots = Snapshotter(SnapshotBucket(self._js, layout), self._serving_stores)
@@ -128,7 +133,17 @@ class ClusterNode:
             await retrying(check, "checking the stores")
         await retrying(self._heartbeat_once, "the first heartbeat")
         await self.floors.start()
-        self.master = MasterRole(self._js, self.layout, self.name, self.nodes, self.owners, self._clock)
+        self.liveness = Liveness(self.nodes, self._on_dead)
+        self.master = MasterRole(
+            self._js,
+            self.layout,
+            self.name,
+            self.nodes,
+            self.owners,
+            self._clock,
+            liveness=self.liveness,
+            incarnation=self.incarnation,
+        )
         if self.health is not None:
             self.control = await KvMirror.open(self._js, self.layout.control_bucket, "control")
             await retrying(self.control.start, "watching the control bucket")
@@ -142,6 +157,7 @@ class ClusterNode:
             asyncio.create_task(self._heartbeat_forever(), name="strictq-heartbeat"),
             asyncio.create_task(self._reconcile_forever(), name="strictq-reconcile"),
             asyncio.create_task(self.master.run(), name="strictq-master"),
+            asyncio.create_task(self.liveness.run(), name="strictq-liveness"),
             asyncio.create_task(self._watch_followers(), name="strictq-follower-watch"),
             asyncio.create_task(self.snapshots.run(), name="strictq-snapshots"),
         ]
@@ -270,7 +286,7 @@ class ClusterNode:
         assert self.owners is not None and self.nodes is not None
         assignments, _ = read_assignments(self.owners)
         moves = read_moves(self.owners)
-        nodes = live_nodes(self.nodes)
+        nodes = live_nodes(self.nodes, liveness=self.liveness)
         for partition, slot in self.slots.items():
             if slot.busy:
                 continue
@@ -548,6 +564,12 @@ class ClusterNode:
         await follower.stop()
         slot.follower = self._follower(slot.partition)
         await slot.follower.start()
+
+    def _on_dead(self, node: str) -> None:
+        """A node was proven dead (cluster.liveness): the master decides now, a lease it held is taken."""
+        if self.master is not None:
+            self.master.wake()
+        self._wake_reconcile()
 
     def _wake_reconcile(self) -> None:
         if self.owners is not None:
