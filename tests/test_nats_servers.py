@@ -216,10 +216,15 @@ async def test_no_server_opens_a_monitoring_port_yet_start_up_checks_answer(nats
         assert listening_ports(pid) == {ports.client, ports.cluster}
         config = nats3.config_path(i).read_text()
         assert not re.search(r"^\s*(http|https|http_port|https_port)\s*:", config, re.MULTILINE), config
-    assert all(nats3.healthy(i) for i in range(nats3.count))
-    assert set(nats3.jetstream_peers()) == set(nats3.names)
-    routes = nats3.monitor(0, "routez")
-    assert routes is not None and routes["num_routes"] == nats3.count - 1
+    # Waited for, not read once: an earlier test of the module may have restarted a server of this cluster.
+    await until(lambda: all(nats3.healthy(i) for i in range(nats3.count)), what="every server healthy")
+    await until(lambda: set(nats3.jetstream_peers()) == set(nats3.names), what="the meta group's peers")
+
+    def routes() -> bool:
+        answer = nats3.monitor(0, "routez")
+        return answer is not None and answer["num_routes"] == nats3.count - 1
+
+    await until(routes, what="server 0's routes to the others")
     stream = f"T{uuid.uuid4().hex[:8]}"
     async with nats_client(nats3, "test-leader") as nc:
         js = nc.jetstream()
@@ -227,13 +232,19 @@ async def test_no_server_opens_a_monitoring_port_yet_start_up_checks_answer(nats
         try:
             info = await js.stream_info(stream)
             assert info.cluster is not None and info.cluster.leader in nats3.names
-            leaders = {
-                detail["name"]: (detail.get("cluster") or {}).get("leader")
-                for i in range(nats3.count)
-                for account in (nats3.monitor(i, "jsz", {"streams": True}) or {}).get("account_details") or []
-                for detail in account.get("stream_detail") or []
-            }
-            assert leaders.get(stream) == info.cluster.leader
+
+            def leaders() -> set[str]:
+                """The stream's leader as each server's JSZ names it (a new stream's may lag a moment)."""
+                return {
+                    (detail.get("cluster") or {}).get("leader")
+                    for i in range(nats3.count)
+                    for account in (nats3.monitor(i, "jsz", {"streams": True}) or {}).get("account_details")
+                    or []
+                    for detail in account.get("stream_detail") or []
+                    if detail["name"] == stream
+                }
+
+            await until(lambda: leaders() == {info.cluster.leader}, what="JSZ naming the stream's leader")
         finally:
             await js.delete_stream(stream)
     saved = json.loads((nats3.root / "ports.json").read_text())["servers"]
