@@ -528,10 +528,13 @@ class ClusterBackend:
             if len(got) >= limit:
                 break
             try:
-                got += await self._take(partition, queue, limit - len(got), ttl, worker, probes, capabilities)
+                want = limit - len(got)
+                topped = await self._take(partition, queue, want, ttl, worker, probes, capabilities)
             except (NotOwner, Unavailable) as exc:
                 if partition not in answers:
                     failed.append((partition, exc))
+                continue
+            got = _topped_up(got, topped)
         return got, failed
 
     async def _take(
@@ -1001,6 +1004,24 @@ def _unavailable(partition: int, why: str) -> Unavailable:
 
 def _key(url: str, partition: int) -> tuple[str, int]:
     return url.rstrip("/"), partition
+
+
+def _topped_up(got: list[Received], more: list[Received]) -> list[Received]:
+    """`got` and then `more`, one copy of each message: a message claimed again by the later take (its
+    first claim ran out in between) keeps its place with the newer claim, whose receipt is the one that
+    holds. One answer never holds a message twice (a client would see its group go backwards)."""
+    if not got:
+        return more
+    places = {item.delivery.message_id: index for index, item in enumerate(got)}
+    out = list(got)
+    for item in more:
+        index = places.get(item.delivery.message_id)
+        if index is None:
+            places[item.delivery.message_id] = len(out)
+            out.append(item)
+        else:
+            out[index] = item
+    return out
 
 
 def _interleaved(answers: list[list[Received]]) -> list[Received]:

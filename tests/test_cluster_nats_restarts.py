@@ -187,10 +187,12 @@ def test_leading_nats_server_killed_and_restarted_under_consumers(harness: Harne
     finally:
         load.stop()
     empty = sum(1 for r in load.receipts if r.count == 0)
+    shown_pauses = ", ".join(f"{t:.2f}" for t in pauses)
+    shown_catch_ups = ", ".join(f"{t:.2f}" for t in catch_ups)
     report(
         f"leading nats-server SIGKILLed and restarted {len(pauses)} times under 2 consumers: publish pause "
-        f"median {statistics.median(pauses):.2f}s, max {max(pauses):.2f}s ({', '.join(f'{t:.2f}' for t in pauses)}); "
-        f"restart -> everything acknowledged before it received: {', '.join(f'{t:.2f}' for t in catch_ups)}s; "
+        f"median {statistics.median(pauses):.2f}s, max {max(pauses):.2f}s ({shown_pauses}); "
+        f"restart -> everything acknowledged before it received: {shown_catch_ups}s; "
         f"{len(load.receipts)} receives ({empty} empty); {load.acknowledged()} sends acknowledged; "
         f"failures seen: {load.failures()}"
     )
