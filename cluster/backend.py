@@ -534,7 +534,7 @@ class ClusterBackend:
                 if partition not in answers:
                     failed.append((partition, exc))
                 continue
-            got = _topped_up(got, topped)
+            got = topped_up(got, topped)
         return got, failed
 
     async def _take(
@@ -1006,7 +1006,7 @@ def _key(url: str, partition: int) -> tuple[str, int]:
     return url.rstrip("/"), partition
 
 
-def _topped_up(got: list[Received], more: list[Received]) -> list[Received]:
+def topped_up(got: list[Received], more: list[Received]) -> list[Received]:
     """`got` and then `more`, one copy of each message: a message claimed again by the later take (its
     first claim ran out in between) keeps its place with the newer claim, whose receipt is the one that
     holds. One answer never holds a message twice (a client would see its group go backwards)."""

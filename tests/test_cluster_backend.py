@@ -21,7 +21,7 @@ from conftest import ServerProcess, start_server
 from kit.secret import internal_secret
 from kit.until import until
 
-from cluster.backend import ClusterBackend, merge_moves
+from cluster.backend import ClusterBackend, merge_moves, topped_up
 from cluster.owners import StaticOwnerMap
 from queue_core.machine import (
     MoveStatus,
@@ -34,6 +34,7 @@ from queue_core.machine import (
 )
 from queue_core.machine.groups import partition_of
 from queue_core.machine.inputs import AttemptResult
+from queue_core.machine.records import Delivery, Received
 from queue_core.remote import RemoteQueueService
 
 P = 3
@@ -330,6 +331,22 @@ def test_merged_move_states() -> None:
     assert lost.state == "failed" and "partition 2 lost the move" in lost.error
     assert merge_moves("mv-cx", [part("cancelled", 1), part("done", 2)], []).state == "cancelled"
     assert merge_moves("mv-cx", [part("done", 1), part("done", 2)], []).state == "done"
+
+
+def test_a_top_up_keeps_one_copy_of_a_message_with_its_newer_claim() -> None:
+    """topped_up: a message the top-up claimed again (its first claim ran out in between, issue 28) keeps
+    its place in the answer with the newer claim; the answer never holds it twice."""
+
+    def item(message_id: str, seq: int, token: int) -> Received:
+        delivery = Delivery(seq, message_id, "g", seq, token, f"{token}:{message_id}", 1, 0.0, 0.0, 9.0)
+        return Received(delivery, b"", "", b"")
+
+    got = [item("a", 1, 5), item("b", 2, 5), item("x", 7, 4)]
+    answer = topped_up(got, [item("a", 1, 6), item("b", 2, 6), item("c", 3, 6)])
+    assert [(r.delivery.message_id, r.delivery.token) for r in answer] == [
+        ("a", 6), ("b", 6), ("x", 4), ("c", 6),
+    ]  # fmt: skip
+    assert topped_up([], got) == got
 
 
 async def test_a_group_the_core_named_is_found_on_its_partition(servers: list[ServerProcess]) -> None:
