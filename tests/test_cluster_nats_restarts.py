@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from cluster_support import settled, start_cluster
+from cluster_support import Cluster, settled, sqs_client, start_cluster
 from kit.until import until_sync
 from test_cluster_failover import PARTITIONS, Harness, Load, groups_of, parse_body, report
 
@@ -48,11 +48,17 @@ class Receipt:
     messages: tuple[str, ...] = ()  # "group:seq@id" in the order answered
 
 
-class LoggedLoad(Load):
-    """`Load` whose consumers log every receive, empty ones and failures too."""
+WAITS = (1, 20)  # each consumer's WaitTimeSeconds: one short poll, one long poll (the gateway's waits)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+
+class LoggedLoad(Load):
+    """`Load` whose consumers log every receive, empty ones and failures too; consumer i long-polls
+    WAITS[i] seconds."""
+
+    def __init__(self, cluster: Cluster, queue: str, groups: list[str]) -> None:
+        super().__init__(cluster, queue, groups, consumers=0)
+        # A long poll's answer may come after its 20 s: the read timeout is longer than any wait.
+        self.consumers = [sqs_client(cluster, "worker", attempts=1, read_timeout=35) for _ in WAITS]
         self.receipts: list[Receipt] = []
         self.receipts_lock = threading.Lock()
 
@@ -73,7 +79,9 @@ class LoggedLoad(Load):
         while self.consuming.is_set():
             started = time.monotonic()
             try:
-                answer = client.receive_message(QueueUrl=self.url, MaxNumberOfMessages=10, WaitTimeSeconds=1)
+                answer = client.receive_message(
+                    QueueUrl=self.url, MaxNumberOfMessages=10, WaitTimeSeconds=WAITS[index]
+                )
             except Exception as exc:
                 self.ledger.failed("receive", exc)
                 self._log(Receipt(index, started, time.monotonic(), 0, (), type(exc).__name__))
