@@ -333,6 +333,30 @@ def test_merged_move_states() -> None:
     assert merge_moves("mv-cx", [part("done", 1), part("done", 2)], []).state == "done"
 
 
+async def test_a_long_poll_waits_again_on_a_partition_whose_wait_ended_early(
+    servers: list[ServerProcess], tmp_path: Path
+) -> None:
+    """Issue 28: a partition's wait that ends early (here its owner dies and comes back at the same URL;
+    in a cluster, an owner that steps down and takes the partition up again) is waited on again, so a
+    message sent there meanwhile reaches the long poll instead of it answering empty at its end."""
+    queue = queue_name()
+    extra = start_server(tmp_path / "extra")
+    port = extra.url.rsplit(":", 1)[1]
+    try:
+        async with cluster([servers[0].url, servers[1].url, extra.url], budget=10.0) as backend:
+            await backend.create_queue(queue)
+            await until(lambda: backend.healthy, what="every partition ready")
+            polling = asyncio.ensure_future(backend.receive(queue, worker="w", wait=20.0))
+            await until(lambda: backend.waiting == 1, what="the long poll waiting on every partition")
+            extra.kill()
+            extra = start_server(tmp_path / "extra", "--port", port)  # the same node, the same URL
+            group = group_in(2, "back-")
+            await backend.send(queue, [SendRequest(b"after", group=group)])
+            assert [r.body for r in await polling] == [b"after"]
+    finally:
+        extra.stop()
+
+
 def test_a_top_up_keeps_one_copy_of_a_message_with_its_newer_claim() -> None:
     """topped_up: a message the top-up claimed again (its first claim ran out in between, issue 28) keeps
     its place in the answer with the newer claim; the answer never holds it twice."""
