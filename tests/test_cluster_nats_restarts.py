@@ -161,14 +161,21 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
 
 
 def leading(harness: Harness) -> tuple[int, list[int]]:
-    """The JetStream server leading the most partition streams, and those partitions."""
-    leaders = {p: harness.stream_leader(p) for p in range(PARTITIONS)}
-    counts = Counter(i for i in leaders.values() if i is not None)
-    assert counts, f"no partition stream has a leader: {leaders}"
-    server = counts.most_common(1)[0][0]
-    return server, [p for p, i in leaders.items() if i == server]
+    """The JetStream server leading the most partition streams, and those partitions (waited for: just
+    after a restart a stream may have no leader for a moment)."""
+
+    def found() -> tuple[int, list[int]] | None:
+        leaders = {p: harness.stream_leader(p) for p in range(PARTITIONS)}
+        counts = Counter(i for i in leaders.values() if i is not None)
+        if not counts:
+            return None
+        server = counts.most_common(1)[0][0]
+        return server, [p for p, i in leaders.items() if i == server]
+
+    return until_sync(found, within=RESTART_WITHIN, interval=0.2, what="a partition stream's leader")
 
 
+@pytest.mark.crash
 def test_leading_nats_server_killed_and_restarted_under_consumers(harness: Harness) -> None:
     harness.heal()
     groups = [g for p in range(PARTITIONS) for g in groups_of(p, 2, "r")]
