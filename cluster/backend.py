@@ -540,10 +540,13 @@ class ClusterBackend:
             if len(got) >= limit:
                 break
             try:
-                got += await self._take(partition, queue, limit - len(got), ttl, worker, probes, capabilities)
+                want = limit - len(got)
+                topped = await self._take(partition, queue, want, ttl, worker, probes, capabilities)
             except (NotOwner, Unavailable) as exc:
                 if partition not in answers:
                     failed.append((partition, exc))
+                continue
+            got = topped_up(got, topped)
         return got, failed
 
     async def _take(
@@ -579,19 +582,32 @@ class ClusterBackend:
 
     async def _wait_any(self, queue: str, worker: str, wait: float) -> bool:
         """Wait on every partition at once until one may have something (True), the owner map changes
-        (True: look again), the wait ends or the gateway stops (False)."""
-        tasks: dict[asyncio.Task[Any], int | None] = {}
-        for partition in range(self.partitions):
+        (True: look again), the wait ends or the gateway stops (False).
+
+        A partition whose wait ends early without news (its owner stepped down and closed the service
+        the wait was on, the node could not be reached, or it answered no before the time was up) is
+        waited on again after RETRY_PAUSE, at whichever node owns it then: an owner that stepped down
+        and took the partition up again (its stream refused an append during a leader's election) has
+        the same URL, so the owner map does not change, and without a new wait on it a message sent
+        there would wake nobody until this wait ended, and the receive would answer empty."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        tasks: dict[asyncio.Task[Any], int] = {}
+
+        def wait_on(partition: int, after: float = 0.0) -> None:
             url = self._owner_url(partition)
-            if url is not None:
-                waiting = self._remote(url, partition).wait_ready(queue, wait, worker)
-                tasks[asyncio.ensure_future(waiting)] = partition
+            left = deadline - loop.time() - after
+            if url is None or left <= 0:
+                return
+            remote = self._remote(url, partition)
+            tasks[asyncio.ensure_future(self._wait_one(remote, queue, worker, left, after))] = partition
+
+        for partition in range(self.partitions):
+            wait_on(partition)
         changed = asyncio.ensure_future(self.owners.changed(wait))
         stopped = asyncio.ensure_future(self._stop_event().wait())
         pending: set[asyncio.Task[Any]] = {*tasks, changed, stopped}
         every = set(pending)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
         self.waiting += 1
         try:
             while pending:
@@ -615,7 +631,12 @@ class ClusterBackend:
                         return True  # no such queue (deleted meanwhile): the pass answers it
                     if error is not None and not isinstance(error, QueueError):
                         raise error
-                    # that partition's wait ended empty or failed: wait on the others
+                    # that partition's wait ended early, empty or failed: wait on it again, a bit later
+                    before = set(tasks)
+                    wait_on(tasks[task], RETRY_PAUSE)
+                    fresh = set(tasks) - before
+                    pending |= fresh
+                    every |= fresh
             return False
         finally:
             self.waiting -= 1
@@ -626,6 +647,16 @@ class ClusterBackend:
             for task in every:  # several may have ended together: read every outcome (no "never retrieved")
                 if task.done() and not task.cancelled():
                     task.exception()
+
+    async def _wait_one(
+        self, remote: RemoteQueueService, queue: str, worker: str, wait: float, after: float
+    ) -> bool:
+        """One partition's wait (`wait_ready`), `after` seconds from now (a wait taken up again)."""
+        if after:
+            await self._sleep(after)
+            if self._stopping:
+                return False
+        return await remote.wait_ready(queue, wait, worker)
 
     def _stop_event(self) -> asyncio.Event:
         if self._stop is None:
@@ -1013,6 +1044,24 @@ def _unavailable(partition: int, why: str) -> Unavailable:
 
 def _key(url: str, partition: int) -> tuple[str, int]:
     return url.rstrip("/"), partition
+
+
+def topped_up(got: list[Received], more: list[Received]) -> list[Received]:
+    """`got` and then `more`, one copy of each message: a message claimed again by the later take (its
+    first claim ran out in between) keeps its place with the newer claim, whose receipt is the one that
+    holds. One answer never holds a message twice (a client would see its group go backwards)."""
+    if not got:
+        return more
+    places = {item.delivery.message_id: index for index, item in enumerate(got)}
+    out = list(got)
+    for item in more:
+        index = places.get(item.delivery.message_id)
+        if index is None:
+            places[item.delivery.message_id] = len(out)
+            out.append(item)
+        else:
+            out[index] = item
+    return out
 
 
 def _interleaved(answers: list[list[Received]]) -> list[Received]:

@@ -457,6 +457,7 @@ class QueueService:
         # Bodies the cache lacks are read by the writer thread right after the claim commits.
         missing = [d.key for d in deliveries if self.cache.get(d.key) is None]
         fetched = await self._durable(self._submit(supervisor.drain_effects(self.clock()), missing))
+        deliveries = self._still_claimed(queue, deliveries, now)
         received = self._with_bodies(deliveries, fetched)
         for item in received:
             if item.delivery.group in states:
@@ -464,6 +465,23 @@ class QueueService:
         if received and (capabilities.results or capabilities.estimates):
             self._estimate(queue, received, capabilities)
         return received
+
+    def _still_claimed(self, queue: str, deliveries: list[Delivery], claimed_at: float) -> list[Delivery]:
+        """The deliveries whose claims still hold now that they are durable (QueueCore.still_claimed): in a
+        cluster the commit waits for the stream's quorum, which an election can hold past the visibility
+        timeout; a claim that ran out meanwhile is left out of the answer (its message is visible again,
+        as the core says), never handed out with a receipt that no longer holds."""
+        if not deliveries:
+            return deliveries
+        try:
+            holds = self.core.still_claimed(queue, deliveries, claimed_at, self.clock())
+        except QueueNotFound:  # deleted while the claim committed
+            return deliveries
+        if all(holds):
+            return deliveries
+        ran_out = holds.count(False)
+        log.info("receive on %s: %d claims ran out while they committed; not handed out", queue, ran_out)
+        return [d for d, held in zip(deliveries, holds, strict=True) if held]
 
     def _estimate(self, queue: str, received: list[Received], capabilities: Capabilities) -> None:
         """Pipelining (machine.estimates): remember the sizes of what goes to a worker that reports its

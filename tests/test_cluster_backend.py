@@ -21,7 +21,7 @@ from conftest import ServerProcess, start_server
 from kit.secret import internal_secret
 from kit.until import until
 
-from cluster.backend import ClusterBackend, merge_moves
+from cluster.backend import ClusterBackend, merge_moves, topped_up
 from cluster.owners import StaticOwnerMap
 from queue_core.machine import (
     MoveStatus,
@@ -34,6 +34,7 @@ from queue_core.machine import (
 )
 from queue_core.machine.groups import partition_of
 from queue_core.machine.inputs import AttemptResult
+from queue_core.machine.records import Delivery, Received
 from queue_core.remote import RemoteQueueService
 
 P = 3
@@ -330,6 +331,46 @@ def test_merged_move_states() -> None:
     assert lost.state == "failed" and "partition 2 lost the move" in lost.error
     assert merge_moves("mv-cx", [part("cancelled", 1), part("done", 2)], []).state == "cancelled"
     assert merge_moves("mv-cx", [part("done", 1), part("done", 2)], []).state == "done"
+
+
+async def test_a_long_poll_waits_again_on_a_partition_whose_wait_ended_early(
+    servers: list[ServerProcess], tmp_path: Path
+) -> None:
+    """Issue 28: a partition's wait that ends early (here its owner dies and comes back at the same URL;
+    in a cluster, an owner that steps down and takes the partition up again) is waited on again, so a
+    message sent there meanwhile reaches the long poll instead of it answering empty at its end."""
+    queue = queue_name()
+    extra = start_server(tmp_path / "extra")
+    port = extra.url.rsplit(":", 1)[1]
+    try:
+        async with cluster([servers[0].url, servers[1].url, extra.url], budget=10.0) as backend:
+            await backend.create_queue(queue)
+            await until(lambda: backend.healthy, what="every partition ready")
+            polling = asyncio.ensure_future(backend.receive(queue, worker="w", wait=20.0))
+            await until(lambda: backend.waiting == 1, what="the long poll waiting on every partition")
+            extra.kill()
+            extra = start_server(tmp_path / "extra", "--port", port)  # the same node, the same URL
+            group = group_in(2, "back-")
+            await backend.send(queue, [SendRequest(b"after", group=group)])
+            assert [r.body for r in await polling] == [b"after"]
+    finally:
+        extra.stop()
+
+
+def test_a_top_up_keeps_one_copy_of_a_message_with_its_newer_claim() -> None:
+    """topped_up: a message the top-up claimed again (its first claim ran out in between, issue 28) keeps
+    its place in the answer with the newer claim; the answer never holds it twice."""
+
+    def item(message_id: str, seq: int, token: int) -> Received:
+        delivery = Delivery(seq, message_id, "g", seq, token, f"{token}:{message_id}", 1, 0.0, 0.0, 9.0)
+        return Received(delivery, b"", "", b"")
+
+    got = [item("a", 1, 5), item("b", 2, 5), item("x", 7, 4)]
+    answer = topped_up(got, [item("a", 1, 6), item("b", 2, 6), item("c", 3, 6)])
+    assert [(r.delivery.message_id, r.delivery.token) for r in answer] == [
+        ("a", 6), ("b", 6), ("x", 4), ("c", 6),
+    ]  # fmt: skip
+    assert topped_up([], got) == got
 
 
 async def test_a_group_the_core_named_is_found_on_its_partition(servers: list[ServerProcess]) -> None:

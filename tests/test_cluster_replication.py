@@ -13,13 +13,14 @@ import asyncio
 import contextlib
 import itertools
 import secrets
+import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from cluster_support import nats3, nats_client
+from cluster_support import heal, nats3, nats_client
 from kit import until
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
@@ -215,6 +216,47 @@ async def test_a_second_owner_fences_the_first_at_the_stream(nats3: NatsCluster,
             await first.service.close()
             if second is not None:
                 await second.service.close()
+
+
+async def test_a_claim_that_runs_out_while_its_append_waits_is_not_handed_out(
+    nats3: NatsCluster, tmp_path: Path
+) -> None:
+    """Issue 28's stalled consumers: a receive's claim counts its visibility timeout from when the core
+    made it, but the answer waits for the stream's quorum, which a leader's election holds for seconds.
+    A claim that ran out meanwhile must not be handed out (its message is visible again: another receive,
+    or the gateway's next pass of the same one, takes it under a newer token, and one answer held a message
+    twice, its group going backwards). Here every nats-server is paused until the claim has run out."""
+    async with partition_stream(nats3) as (_, js, layout):
+        owner = await promote(js, layout, tmp_path / "owner", "a")
+        try:
+            await send(owner.service, "g", b"one", b"two")
+            await owner.service.settled()
+            for i in range(nats3.count):
+                nats3.kill(i, signal.SIGSTOP)
+            try:
+                receiving = asyncio.ensure_future(owner.service.receive(QUEUE, limit=10, ttl=0.3))
+
+                async def ran_out() -> bool:  # the claim made, then expired, its append still waiting
+                    metrics = await owner.service.metrics(QUEUE)
+                    return metrics.in_flight == 0 and metrics.total == 2 and owner.log.frames == 1
+
+                await until(lambda: owner.service.core.queue(QUEUE).received == 2, within=5.0)
+                await until(ran_out, within=5.0, what="the claim ran out while its append waited")
+                assert not receiving.done()
+            finally:
+                for i in range(nats3.count):
+                    nats3.kill(i, signal.SIGCONT)
+            assert await receiving == []  # nothing handed out under a claim that no longer holds
+            again = await owner.service.receive(QUEUE, limit=10, ttl=30)
+            assert [r.body for r in again] == [b"one", b"two"]
+            outcomes = await owner.service.ack(
+                QUEUE, [(r.delivery.message_id, r.delivery.token) for r in again]
+            )
+            assert [o.status for o in outcomes] == ["ok", "ok"], outcomes
+            assert owner.failures == []
+        finally:
+            await owner.service.close()
+            heal(nats3)
 
 
 async def test_a_restarted_follower_resumes_after_its_recorded_position(

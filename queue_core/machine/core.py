@@ -396,6 +396,27 @@ class QueueCore:
         self.handle_timer(now)
         return [queue_gauges(queue, now, top) for queue in self.state.queues.values()]
 
+    def still_claimed(
+        self, queue_name: str, deliveries: Sequence[Delivery], claimed_at: float, now: float
+    ) -> list[bool]:
+        """For each delivery of a receive made at `claimed_at`, whether its claim still holds at `now`: the
+        message is there, claimed under the delivery's token, and not yet due to expire. A receive whose
+        commit waited past the claim's visibility timeout (a stream leader's election in a cluster) must
+        not hand out a claim that has run out: the message may already be another receive's again (or the
+        same receive's next pass's: one answer would hold it twice). A claim given no time (ttl 0, SQS
+        `VisibilityTimeout=0`) was released at once by design (or dead-lettered, at `max_receive_count`)
+        and is handed out as always."""
+        queue = self.state.queues.get(queue_name)
+        found: list[bool] = []
+        for delivery in deliveries:
+            if delivery.claim_expires <= claimed_at:
+                found.append(True)  # ttl 0: released (or dead-lettered) at once, handed out as always
+                continue
+            message = queue.by_id.get(delivery.message_id) if queue is not None else None
+            holds = message is not None and message.token == delivery.token and message.claim_expires > now
+            found.append(holds)  # not: deleted, claimed again since, or run out
+        return found
+
     def count_empty_receive(self, queue_name: str) -> None:
         """A receive that returned nothing (the shell knows when a long poll's wait is over); no effect:
         like the other counters, it starts again at 0 with the process."""
