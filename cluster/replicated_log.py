@@ -220,6 +220,7 @@ def replicated_logs(
     def factory(
         store: SqliteStore, loop: asyncio.AbstractEventLoop, on_commit: Callable[[int], None]
     ) -> CommitLog:
+        store.rely_on_stream()  # the stream is the durable record: no fsync per local commit
         log = ReplicatedLog(
             DurableLog(store, loop, on_commit),
             js,
