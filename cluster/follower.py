@@ -214,8 +214,8 @@ class PartitionFollower:
         position = self.position
         for message in messages:
             sequence = message.metadata.sequence.stream
-            if sequence <= self.position:
-                continue  # already applied (the consumer re-delivered after a reconnect)
+            if sequence <= position:
+                continue  # already applied or in this batch (the consumer re-delivered after a reset)
             if sequence > position + 1:
                 raise StreamGap(
                     f"{self._subject} goes on at frame {sequence} after this store's {position}: the frames "
