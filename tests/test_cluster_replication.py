@@ -449,3 +449,28 @@ async def test_an_owner_killed_right_after_acknowledging_loses_nothing(
             assert [m for m in found if m in set(acked)] == acked  # all of them, in the order sent
         finally:
             await node.close()
+
+
+async def test_only_a_clusters_stores_skip_the_fsync_per_commit(nats3: NatsCluster, tmp_path: Path) -> None:
+    """The owner's and a standby's store commit with synchronous=NORMAL (the stream is the durable
+    record); a queue server on its own keeps FULL (SQLite's PRAGMA values: 1 NORMAL, 2 FULL)."""
+
+    def synchronous(service: QueueService) -> int:
+        return int(service._store.db.execute("PRAGMA synchronous").fetchone()[0])
+
+    async with partition_stream(nats3) as (_, js, layout):
+        owner = await promote(js, layout, tmp_path / "owner", "a")
+        follower = PartitionFollower(tmp_path / "standby" / "queue.sqlite3", js, layout.subject(0))
+        await follower.start()
+        try:
+            assert synchronous(owner.service) == 1
+            assert follower._store is not None
+            assert follower._store.db.execute("PRAGMA synchronous").fetchone()[0] == 1
+        finally:
+            await follower.stop()
+            await owner.service.close()
+    alone = await opened(tmp_path / "alone")
+    try:
+        assert synchronous(alone) == 2
+    finally:
+        await alone.close()
