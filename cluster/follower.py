@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 
@@ -28,6 +27,10 @@ from .snapshots import CatchUp, SnapshotInfo, install
 
 log = logging.getLogger("strictq.cluster")
 MAX_FRAMES_PER_COMMIT = 256
+# A standby lets frames gather this long before applying them in one transaction: under load several
+# frames per commit (one thread hop, one commit for them all); a promotion waits for it at most once.
+GATHER_SECONDS = 0.05
+INBOX_FRAMES = 4 * MAX_FRAMES_PER_COMMIT  # delivered, not yet applied: past it nats-py's own queue holds them
 # A standby opens its store without bumping its epoch (SqliteStore.open: "at least 1" keeps the stored one):
 # only epoch markers move it, so an owner's epoch is the master's number unless a store says otherwise.
 KEEP_EPOCH = 1
@@ -51,6 +54,10 @@ class PartitionFollower:
         self.epoch = 0
         self.frames = 0
         self._advanced = asyncio.Event()
+        # Frames nats-py delivered (its callback), not yet applied: the follow task takes them in batches.
+        self._inbox: list[Msg] = []
+        self._arrived = asyncio.Event()
+        self._room = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.failed: BaseException | None = None
 
@@ -59,6 +66,7 @@ class PartitionFollower:
         if store is None:  # a retried start keeps the store it opened
             store = SqliteStore(self._path)
             await asyncio.to_thread(store.open, time.time(), KEEP_EPOCH)
+            store.rely_on_stream()
             self._store = store
         self.position = store.position()
         self.epoch = store.epoch()
@@ -77,7 +85,18 @@ class PartitionFollower:
             config = ConsumerConfig(
                 deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.position + 1
             )
-        return await self._js.subscribe(self._subject, ordered_consumer=True, config=config)
+        return await self._js.subscribe(
+            self._subject, ordered_consumer=True, config=config, cb=self._delivered
+        )
+
+    async def _delivered(self, message: Msg) -> None:
+        """nats-py's callback, one frame at a time: into the inbox (a callback, not `next_msg`, which makes
+        a task per message). While the inbox is full it waits, and the subscription's own queue fills."""
+        while len(self._inbox) >= INBOX_FRAMES:
+            self._room.clear()
+            await self._room.wait()
+        self._inbox.append(message)
+        self._arrived.set()
 
     async def _restore_then_follow(self, catch_up: CatchUp) -> None:
         """Replace the store by the partition's snapshot, then follow the stream's tail from its position.
@@ -122,6 +141,7 @@ class PartitionFollower:
         await asyncio.to_thread(install, copy, self._path)
         store = SqliteStore(self._path)
         await asyncio.to_thread(store.open, time.time(), KEEP_EPOCH)
+        store.rely_on_stream()
         self._store = store
         self.position = store.position()
         self.epoch = store.epoch()
@@ -163,19 +183,17 @@ class PartitionFollower:
         return True
 
     async def _follow(self, subscription: object) -> None:
-        next_msg = subscription.next_msg  # type: ignore[attr-defined]
+        inbox = self._inbox
         try:
             while True:
-                try:
-                    first: Msg = await next_msg(timeout=1.0)
-                except NatsTimeoutError:
-                    continue
-                batch = [first]
-                while len(batch) < MAX_FRAMES_PER_COMMIT:
-                    try:
-                        batch.append(await next_msg(timeout=0))
-                    except (NatsTimeoutError, TimeoutError):
-                        break
+                if not inbox:
+                    self._arrived.clear()
+                    await self._arrived.wait()
+                    if len(inbox) < MAX_FRAMES_PER_COMMIT:
+                        await asyncio.sleep(GATHER_SECONDS)
+                batch = inbox[:MAX_FRAMES_PER_COMMIT]
+                del inbox[:MAX_FRAMES_PER_COMMIT]
+                self._room.set()
                 await self._apply(batch)
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
@@ -196,8 +214,8 @@ class PartitionFollower:
         position = self.position
         for message in messages:
             sequence = message.metadata.sequence.stream
-            if sequence <= self.position:
-                continue  # already applied (the consumer re-delivered after a reconnect)
+            if sequence <= position:
+                continue  # already applied or in this batch (the consumer re-delivered after a reset)
             if sequence > position + 1:
                 raise StreamGap(
                     f"{self._subject} goes on at frame {sequence} after this store's {position}: the frames "

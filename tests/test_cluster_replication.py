@@ -14,6 +14,8 @@ import contextlib
 import itertools
 import secrets
 import signal
+import sqlite3
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ from pathlib import Path
 import pytest
 from cluster_support import heal, nats3, nats_client
 from kit import until
+from kit.process import launch
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
@@ -31,6 +34,7 @@ from cluster.layout import ClusterLayout, LayoutError, ensure_layout, ensure_str
 from cluster.nats_servers import NatsCluster
 from cluster.node import ClusterNode
 from cluster.replicated_log import Deposed, ReplicatedLog, replicated_logs
+from cluster.snapshots import copy_store, install
 from queue_core.machine import SendRequest, SendResult, Unavailable
 from queue_core.machine.groups import partition_of
 from queue_core.machine.state import TOKEN_SHIFT
@@ -421,3 +425,94 @@ async def test_a_second_node_with_a_live_nodes_name_is_refused(nats3: NatsCluste
         finally:
             await second.close()
             await first.close()
+
+
+WORKER = Path(__file__).with_name("cluster_owner_worker.py")
+KEEP_COPY_AT = 50  # acknowledged sends before the test copies the owner's store (the "older" copy)
+KILL_AT = 150  # acknowledged sends before the SIGKILL
+
+
+def stored_ids(store_path: Path) -> set[str]:
+    """The message ids in a (closed) partition store, read as a plain SQLite file."""
+    db = sqlite3.connect(f"{store_path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        return {message_id for (message_id,) in db.execute("SELECT id FROM messages")}
+    finally:
+        db.close()
+
+
+async def test_an_owner_killed_right_after_acknowledging_loses_nothing(
+    nats3: NatsCluster, tmp_path: Path
+) -> None:
+    """docs/cluster.md, "Guarantees": an owner commits to its own store without an fsync, because the
+    partition's stream is the durable record. A real owner process is SIGKILLed right after acknowledging
+    sends; its store is then replaced by a copy taken earlier (what a power loss may leave of a store
+    written without fsync: a shorter prefix of the stream), and a node restarted on that data dir serves
+    every acknowledged send, in order, caught up from the stream."""
+    async with nats_client(nats3, "sigkill-test") as nc:
+        js = nc.jetstream()
+        layout = ClusterLayout(secrets.token_hex(4), 1, 3)
+        await ensure_streams(js, layout)
+        data_dir = tmp_path / "owner"
+        store_path = data_dir / "p0" / "queue.sqlite3"
+        user, password = nats3.credentials
+        argv = [sys.executable, str(WORKER), "--urls", ",".join(nats3.client_urls), "--user", user,
+                "--layout", layout.id, "--data-dir", str(data_dir), "--name", "doomed"]  # fmt: skip
+        child = launch(
+            argv,
+            tmp_path / "owner.log",
+            wait_for=("serving",),
+            timeout=60.0,
+            env={"STRICTQ_TEST_NATS_PASSWORD": password},
+        )
+        acked: list[str] = []
+        older = tmp_path / "older.sqlite3"
+        try:
+            while len(acked) < KILL_AT:
+                line = await asyncio.to_thread(child.stdout.get, True, 30.0)
+                assert line is not None, f"the owner stopped early; log:\n{child.log()}"
+                if line.startswith("acked "):
+                    acked.append(line.split()[2])
+                if len(acked) == KEEP_COPY_AT:
+                    await asyncio.to_thread(copy_store, store_path, older)
+        finally:
+            child.kill()  # SIGKILL right after the last acknowledgement read
+        assert set(acked) <= stored_ids(store_path), "SIGKILL lost commits the kernel had"
+        assert not set(acked) <= stored_ids(older), "the older copy must lack acknowledged sends"
+
+        install(older, store_path)
+        node = ClusterNode("restarted", data_dir, nc, layout, url="http://restarted")
+        try:
+            await node.start()
+            await until(lambda: serving(node) == {0}, within=30.0, what="the restarted node serves")
+            service = node.slots[0].service
+            assert service is not None
+            found = [item[1] for item in await contents(service)]
+            assert [m for m in found if m in set(acked)] == acked  # all of them, in the order sent
+        finally:
+            await node.close()
+
+
+async def test_only_a_clusters_stores_skip_the_fsync_per_commit(nats3: NatsCluster, tmp_path: Path) -> None:
+    """The owner's and a standby's store commit with synchronous=NORMAL (the stream is the durable
+    record); a queue server on its own keeps FULL (SQLite's PRAGMA values: 1 NORMAL, 2 FULL)."""
+
+    def synchronous(service: QueueService) -> int:
+        return int(service._store.db.execute("PRAGMA synchronous").fetchone()[0])
+
+    async with partition_stream(nats3) as (_, js, layout):
+        owner = await promote(js, layout, tmp_path / "owner", "a")
+        follower = PartitionFollower(tmp_path / "standby" / "queue.sqlite3", js, layout.subject(0))
+        await follower.start()
+        try:
+            assert synchronous(owner.service) == 1
+            assert follower._store is not None
+            assert follower._store.db.execute("PRAGMA synchronous").fetchone()[0] == 1
+        finally:
+            await follower.stop()
+            await owner.service.close()
+    alone = await opened(tmp_path / "alone")
+    try:
+        assert synchronous(alone) == 2
+    finally:
+        await alone.close()
