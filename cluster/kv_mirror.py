@@ -214,8 +214,14 @@ class KvMirror:
                 self.entries.pop(entry.key, None)
                 self._tell(entry.key, None, entry.revision or 0)
             else:
-                self.entries[entry.key] = MirroredEntry(entry.value, entry.revision or 0, time.monotonic())
-                self._tell(entry.key, entry.value, entry.revision or 0)
+                revision = entry.revision or 0
+                known = self.entries.get(entry.key)
+                # A restarted watch delivers every key's last value again: the same revision is not news,
+                # so it keeps the time it was first heard (a dead node's last heartbeat must not look fresh).
+                same = known is not None and known.revision == revision
+                heard = known.heard_at if known is not None and same else time.monotonic()
+                self.entries[entry.key] = MirroredEntry(entry.value, revision, heard)
+                self._tell(entry.key, entry.value, revision)
             self._changed.set()
 
     def _tell(self, key: str, value: bytes | None, revision: int) -> None:

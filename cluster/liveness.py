@@ -10,8 +10,12 @@ SUSPECT_AFTER late is probed with a bare TCP connect to its announced URL, and a
 incarnation dead. Only a refusal counts (a timeout or an unreachable network proves nothing), and only for
 a URL this process has reached before in the same incarnation (a URL that never answered here, say a
 loopback address announced from another machine, proves nothing either). A node without a URL is never
-proven dead: it is judged by NODE_TTL alone, as before. A newer heartbeat of a marked incarnation clears
-the mark (the refusal was wrong, e.g. the API restarted): the master then treats it as any live node.
+proven dead: it is judged by NODE_TTL alone, as before. Two refusals PROBE_EVERY apart are needed (one
+may be a full accept queue on a kernel that resets then), and none counts once a newer heartbeat came
+while probing. A newer heartbeat (a higher revision, not a watch's redelivery of the last one) of a marked
+incarnation clears the mark (the refusal was wrong, e.g. the API restarted): the master then treats it as
+any live node. The proof holds only where the announced URL reaches the node's own listening socket (not a
+proxy or load balancer that refuses for it: docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ SUSPECT_AFTER = 0.4
 LOOK_EVERY = 0.05  # how often the heartbeats' ages are looked at (no I/O unless one is late)
 PROBE_TIMEOUT = 0.5  # a connect that takes longer proves nothing (the next look tries again)
 PROBE_EVERY = 0.1  # at most this often per late node (a paused one accepts, and is probed again)
+REFUSALS_TO_PROVE = 2  # in a row, PROBE_EVERY apart, with no heartbeat between
 REACH_EVERY = 1.0  # at most this often per URL not reached yet (one that never answers costs little)
 
 
@@ -64,9 +69,12 @@ async def refused(where: Target) -> bool | None:
     """True: the connect was refused (nothing listens: the process is gone); False: it connected; None: no
     answer either way in PROBE_TIMEOUT (proves nothing)."""
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(where.host, where.port), PROBE_TIMEOUT)
+        connecting = asyncio.open_connection(where.host, where.port, all_errors=True)
+        _, writer = await asyncio.wait_for(connecting, PROBE_TIMEOUT)
     except ConnectionRefusedError:
         return True
+    except ExceptionGroup as group:  # a name of several addresses: refused only if every one refused
+        return True if all(isinstance(e, ConnectionRefusedError) for e in group.exceptions) else None
     except (OSError, TimeoutError):
         return None
     writer.close()
@@ -89,7 +97,8 @@ class Liveness:
         self._on_dead = on_dead
         self._probe = probe or refused
         self._reached: set[Target] = set()  # connected to while its heartbeat was fresh
-        self._dead: dict[tuple[str, str], float] = {}  # (node, incarnation) -> the heard_at it died after
+        self._dead: dict[tuple[str, str], int] = {}  # (node, incarnation) -> the revision it died after
+        self._refusals: dict[Target, int] = {}  # refusals in a row since the last heartbeat
         self._parsed: dict[str, tuple[int, NodeInfo]] = {}  # node -> (revision, record)
         self._probing: set[Target] = set()
         self._next: dict[Target, float] = {}  # no probe of it before then (monotonic)
@@ -108,8 +117,10 @@ class Liveness:
                 self.look()
                 await asyncio.sleep(LOOK_EVERY)
         finally:
-            for task in list(self._tasks):
+            tasks = list(self._tasks)
+            for task in tasks:
                 task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     def look(self) -> None:
         """Start a probe of each node whose heartbeat is late (or not yet reached once); forget marks a
@@ -123,7 +134,7 @@ class Liveness:
             current.add((info.node, info.incarnation))
             marked = self._dead.get((info.node, info.incarnation))
             if marked is not None:
-                if entry.heard_at > marked:
+                if entry.revision > marked:
                     del self._dead[(info.node, info.incarnation)]
                     log.warning("%s heart-beats again after its API refused connections", info.node)
                 continue
@@ -131,10 +142,12 @@ class Liveness:
             age = now - entry.heard_at
             if where is None or where in self._probing or age > NODE_TTL or now < self._next.get(where, 0):
                 continue  # NODE_TTL judges it anyway
+            if age <= SUSPECT_AFTER:
+                self._refusals.pop(where, None)  # heart-beating: earlier refusals count no more
             if where not in self._reached and age <= SUSPECT_AFTER:
-                self._start(where, entry.heard_at, fresh=True)
+                self._start(name, where, entry.revision, fresh=True)
             elif where in self._reached and age > SUSPECT_AFTER:
-                self._start(where, entry.heard_at, fresh=False)
+                self._start(name, where, entry.revision, fresh=False)
         self._forget(current)
 
     def _forget(self, current: set[tuple[str, str]]) -> None:
@@ -143,6 +156,7 @@ class Liveness:
             return
         self._reached = {t for t in self._reached if (t.node, t.incarnation) in current}
         self._next = {t: at for t, at in self._next.items() if (t.node, t.incarnation) in current}
+        self._refusals = {t: n for t, n in self._refusals.items() if (t.node, t.incarnation) in current}
         self._dead = {key: at for key, at in self._dead.items() if key in current}
 
     def _info(self, name: str, revision: int, raw: bytes) -> NodeInfo | None:
@@ -156,14 +170,15 @@ class Liveness:
         self._parsed[name] = (revision, info)
         return info
 
-    def _start(self, where: Target, heard_at: float, *, fresh: bool) -> None:
+    def _start(self, name: str, where: Target, revision: int, *, fresh: bool) -> None:
         self._probing.add(where)
         self._next[where] = time.monotonic() + (REACH_EVERY if fresh else PROBE_EVERY)
-        task = asyncio.create_task(self._check(where, heard_at, fresh), name=f"strictq-probe-{where.node}")
+        checking = self._check(name, where, revision, fresh)
+        task = asyncio.create_task(checking, name=f"strictq-probe-{where.node}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _check(self, where: Target, heard_at: float, fresh: bool) -> None:
+    async def _check(self, name: str, where: Target, revision: int, fresh: bool) -> None:
         try:
             answer = await self._probe(where)
         except Exception:  # a probe's bug must not stop the watch; NODE_TTL still judges
@@ -176,12 +191,18 @@ class Liveness:
             if fresh:  # reached: a late heartbeat is probed at once from now on
                 self._next.pop(where, None)
         elif answer is True and not fresh:
-            self._dead[(where.node, where.incarnation)] = heard_at
+            now = self._nodes.entries.get(name)
+            if now is None or now.revision != revision:
+                return  # a newer heartbeat came while probing (or the key went): the refusal is stale
+            refusals = self._refusals[where] = self._refusals.get(where, 0) + 1
+            if refusals < REFUSALS_TO_PROVE:
+                return
+            self._dead[(where.node, where.incarnation)] = revision
             log.warning(
                 "%s (incarnation %s) is dead: no heartbeat for %.2fs and %s:%d refuses connections",
                 where.node,
                 where.incarnation,
-                time.monotonic() - heard_at,
+                time.monotonic() - now.heard_at,
                 where.host,
                 where.port,
             )

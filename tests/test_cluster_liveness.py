@@ -10,6 +10,7 @@ import contextlib
 import logging
 import secrets
 import socket
+import time
 from collections.abc import AsyncIterator
 
 import orjson
@@ -17,7 +18,7 @@ import pytest
 from cluster_support import nats1, nats_client
 from kit.until import until
 
-from cluster.kv_mirror import KvMirror
+from cluster.kv_mirror import KvMirror, MirroredEntry
 from cluster.layout import NODE_TTL, ClusterLayout, ensure_streams
 from cluster.liveness import Liveness, Target, refused
 from cluster.master import MASTER_KEY, MasterRole, live_nodes
@@ -118,6 +119,11 @@ async def test_a_killed_node_is_dead_and_a_newer_heartbeat_revives_it(nats1: Nat
             assert liveness.is_dead("a", node.info.incarnation)
             assert "a" not in live_nodes(nodes, 3600.0, liveness)
             assert "a" in live_nodes(nodes, 3600.0)  # its record is still there: only the proof counts
+            # A restarted watch delivers the last heartbeat again (same revision): no news, still dead.
+            last = nodes.entries["a"]
+            nodes.entries["a"] = MirroredEntry(last.value, last.revision, time.monotonic())
+            liveness.look()
+            assert liveness.is_dead("a", node.info.incarnation) and dead == ["a"]
             await node.beat()  # the same incarnation heard again: the refusal was wrong
             await until(lambda: not liveness.is_dead("a", node.info.incarnation), what="a revived")
             assert "a" in live_nodes(nodes, 3600.0, liveness)
