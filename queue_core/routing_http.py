@@ -24,6 +24,8 @@ step is published as an event (failure management's events; none without it).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -39,7 +41,12 @@ from .http_errors import json_response
 from .machine.errors import InvalidArgument
 from .machine.routing import MAX_NAME, figures_of, parse_routing
 
+log = logging.getLogger("strictq.gateway")
 ROLLOUT_STATES = ("running", "completed", "reverted")
+# Seconds a step waits for its event to be recorded. The step is in force (stored) before: an event that
+# cannot be recorded (no decider right now, a queue server without failure management) is logged, and
+# the step answered as done, so a client never retries a change that took effect.
+RECORD_WAIT = 3.0
 RECENT = 30.0  # seconds: a worker that polled since counts as running its version
 MAX_WORKERS_SHOWN = 1000
 MAX_BODY = 64 * 1024
@@ -136,11 +143,13 @@ async def put_rollout(request: web.Request) -> web.StreamResponse:
     record = {**data, "updated_at": round(time.time(), 3)}
     await backend.set_attributes(internal, {"routing": routing, "rollout": record})
     if hooks.record is not None:
-        await hooks.record(
-            f"rollout-{state}",
-            f"version {version} at {percent:g}% of groups" + (f": {reason}" if reason else ""),
-            internal,
-        )
+        event = f"rollout-{state}"
+        told = f"version {version} at {percent:g}% of groups" + (f": {reason}" if reason else "")
+        try:
+            async with asyncio.timeout(RECORD_WAIT):
+                await hooks.record(event, told, internal)
+        except Exception as exc:  # the step stands; only its event is missing
+            log.warning("rollout step on %s applied, its event %s not recorded: %s", internal, event, exc)
     return json_response(await _view(request, name, internal))
 
 

@@ -211,3 +211,45 @@ async def test_a_remote_long_poll_answers_when_a_message_arrives(gateway: Gatewa
             assert r.status == 200
         # Bounded well below the poll's 20 s wait: it must answer because of the send.
         assert await asyncio.wait_for(polling, timeout=5) == [{"n": 1}]
+
+
+async def test_a_rollout_step_stands_where_the_queue_server_has_no_failure_management(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Behind `--queue-server` without `--health` there is no event stream to record the step in: the
+    step is applied and answered 200 (a client must not retry a change that took effect), one WARNING."""
+    from queue_core.control_relay import RelayHub
+    from strictq.serve import make_edge_app
+
+    server = start_server(tmp_path / "queue-server", "--no-health")
+    backend = RemoteQueueService(server.url, probe_interval=0.2, secret=internal_secret())
+    await backend.start()
+    keys = KeyRing(list(CREDENTIALS))
+    app = make_edge_app(backend, keys, control=RelayHub(backend), remote=backend)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    headers = {"X-BV-API-Key": "admin-secret-0123456789"}
+    producer = {"X-BV-API-Key": "producer-secret-0123456789"}
+    try:
+        async with aiohttp.ClientSession(headers=headers) as http:
+            async with http.post(
+                url + "/queue/1/canary/send?group=g", json={"n": 1}, headers=producer
+            ) as answer:
+                assert answer.status in (200, 201), await answer.text()
+            step = {"version": "2.0", "percent": 25, "state": "running", "reason": "canary"}
+            with caplog.at_level("WARNING", logger="strictq.gateway"):
+                async with http.put(url + "/admin/v1/queues/canary/rollout", json=step) as answer:
+                    body = await answer.json()
+                    assert answer.status == 200, body
+            assert body["routing"]["canary"] == {"version": "2.0", "percent": 25}, body
+            assert any("its event rollout-running not recorded" in r.getMessage() for r in caplog.records)
+            async with http.get(url + "/admin/v1/queues/canary/routing") as answer:
+                assert (await answer.json())["rollout"]["state"] == "running"
+    finally:
+        backend.stop_waiting()
+        await runner.cleanup()
+        await backend.close()
+        server.stop()
