@@ -74,6 +74,9 @@ QUIET = frozenset({"probe-cancelled", "probe-delivered"})  # not events (queue_c
 # Decided at an edge: the fleet's (`sleep`, `wake`, `control-*`) and a rollout's steps (`rollout-*`).
 EDGE_EVENTS = frozenset({"sleep", "wake"})
 EDGE_EVENT_PREFIXES = ("control-", "rollout-")
+# Below the edges' request timeout (cluster.decider_client.REQUEST_TIMEOUT): a slow publish is answered
+# as failed before the edge gives up on the answer, and the edge's retry carries the same id.
+PUBLISH_TIMEOUT = 4.0
 MAX_WAIT = 0.25  # seconds the holder waits for reports before it looks at its timers and lease again
 
 
@@ -99,6 +102,9 @@ class DeciderRole:
         self.ring: list[dict[str, Any]] = []  # the newest EVENTS_KEPT events, in stream order
         self.counts: Counter[str] = Counter()
         self.last_event = 0
+        # One publish at a time: events are numbered and remembered in stream order, so a reader paging
+        # `since` the last number it saw never misses one acknowledged out of order.
+        self._publishing = asyncio.Lock()
         self._subscriptions: list[Any] = []
         self._seen_fences: set[str] = set()  # the decider's fences the control bucket showed
         # Fences this holder wrote, by the revision of the write, until its copy of the bucket has heard
@@ -335,14 +341,22 @@ class DeciderRole:
         return read_state({k: e.value for k, e in self.control.entries.items()}).fences.get(worker)
 
     # ---------------------------------------------------------------------------------------- events
-    async def _publish(self, decision: Decision, tenant: str | None = None) -> None:
+    async def _publish(
+        self, decision: Decision, tenant: str | None = None, msg_id: str | None = None
+    ) -> None:
+        """`msg_id`: an edge's id for its event (JetStream drops a repeat of it, the edge's retry)."""
         event = decision.to_event()
         if tenant is not None:
             event["tenant"] = tenant
-        ack = await self._js.publish(self._layout.events_subject, orjson.dumps(event), timeout=5.0)
-        event["n"] = ack.seq
-        self._remember(event)
-        log.info("%s", decision.summary())
+        headers = None if msg_id is None else {"Nats-Msg-Id": msg_id}
+        async with self._publishing:
+            ack = await self._js.publish(
+                self._layout.events_subject, orjson.dumps(event), timeout=PUBLISH_TIMEOUT, headers=headers
+            )
+            event["n"] = ack.seq
+            self._remember(event)
+        if not ack.duplicate:
+            log.info("%s", decision.summary())
 
     def _remember(self, event: dict[str, Any]) -> None:
         """`event` (numbered `n`) into the ring in stream order, once: publishes acknowledged out of order
@@ -448,7 +462,9 @@ class DeciderRole:
             decision = edge_decision(request.get("event"))
             if decision is None:
                 return {"error": {"code": "bad_request", "message": "not an event an edge decides"}}
-            await self._publish(decision)
+            msg_id = request.get("id")
+            edge_id = f"edge-{msg_id[:64]}" if isinstance(msg_id, str) and msg_id else None
+            await self._publish(decision, msg_id=edge_id)
             return {"ok": True}
         return {"error": {"code": "bad_request", "message": f"unknown operation {op!r}"}}
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from typing import Any
 
 from queue_core.machine.fleet import FleetEvent
@@ -34,8 +35,11 @@ CLOSE_WITHIN = 5.0  # seconds close() waits for the queued events to be sent
 class EdgeEvents:
     def __init__(self, client: DeciderClient) -> None:
         self._client = client
-        self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(MAX_QUEUED)
+        # Each event with its id: the decider publishes it with that id, so a retry (an answer lost in a
+        # slow publish) is dropped by JetStream instead of published twice.
+        self._queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue(MAX_QUEUED)
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
 
     def fleet(self, event: FleetEvent) -> None:
         """A fleet event (cluster.fleet_kv's `events` callback)."""
@@ -43,18 +47,21 @@ class EdgeEvents:
 
     def record(self, decision: Decision) -> None:
         log.info("%s", decision.summary())
+        if self._closed:
+            log.warning("edge closing: event %s only logged", decision.event)
+            return
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._send(), name="strictq-edge-events")
         try:
-            self._queue.put_nowait(decision.to_event())
+            self._queue.put_nowait((secrets.token_hex(12), decision.to_event()))
         except asyncio.QueueFull:
             log.warning("no decider for long: event %s only logged", decision.event)
 
     async def _send(self) -> None:
         while True:
-            event = await self._queue.get()
+            event_id, event = await self._queue.get()
             try:
-                await self._client.request("record", event=event)
+                await self._client.request("record", event=event, id=event_id)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -63,6 +70,7 @@ class EdgeEvents:
                 self._queue.task_done()
 
     async def close(self) -> None:
+        self._closed = True
         if self._task is None:
             return
         with contextlib.suppress(TimeoutError):

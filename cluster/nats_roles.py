@@ -30,6 +30,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .nats_system import ENDPOINTS
+
 SERVER_USER = "strictq"
 GATEWAY_USER = "gateway"
 SYSTEM_USER = "system"
@@ -104,7 +106,12 @@ def authorization_lines(
         lines += [
             "accounts {",
             f"  {SYSTEM_ACCOUNT}: {{",
-            f"    users: [{{user: {q(system.user)}, password: {q(system.password)}}}]",
+            # Read-only questions to one server and their answers on an inbox: never RELOAD, KICK or
+            # lame-duck mode, nor any account's traffic.
+            f"    users: [{{user: {q(system.user)}, password: {q(system.password)}, permissions: {{",
+            f"      publish: {{allow: [{', '.join(q(f'$SYS.REQ.SERVER.*.{e}') for e in ENDPOINTS)}]}},",
+            f"      subscribe: {{allow: [{q('_INBOX.>')}]}}",
+            "    }}]",
             "  }",
             "}",
             f"system_account: {SYSTEM_ACCOUNT}",

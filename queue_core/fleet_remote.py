@@ -65,7 +65,8 @@ class RemoteFleetAdmin:
 
     async def registry(self) -> tuple[list[dict[str, Any]], dict[str, RebalancePolicy]]:
         document = await self.remote.call(ops.FLEET.bind())
-        self._settings = FleetSettings(**document["settings"])
+        known = FleetSettings.__slots__  # a queue server of another version may name more or fewer
+        self._settings = FleetSettings(**{k: v for k, v in document["settings"].items() if k in known})
         policies = {queue: RebalancePolicy.from_dict(p) for queue, p in document["policies"].items()}
         return list(document["workers"]), policies
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -108,7 +109,7 @@ class ClusterHealthView:
     async def record(self, event: str, reason: str, queue: str) -> None:
         # Answered once the decider published it to the events stream (cluster.decider, `record`).
         decision = Decision(event, reason, time.time(), queue=queue)
-        await self.client.request("record", event=decision.to_event())
+        await self.client.request("record", event=decision.to_event(), id=secrets.token_hex(12))
 
     async def error_cases(self, scope: Scope, now: float) -> ErrorCases | None:
         return None  # the decider's tally stays on its node; the index's error cases are shown instead

@@ -188,3 +188,27 @@ async def test_only_the_system_login_learns_the_servers_state(nats1: NatsCluster
     # The system login has no rights in the cluster's account: no stream of the queue is visible to it.
     async with login(nats1, nats1.system_credentials, "system") as system:
         assert await refused(system.jetstream(timeout=REFUSED_WITHIN).stream_info(layout.stream(0)))
+
+
+async def test_the_system_login_only_asks_read_only_questions(nats1: NatsCluster) -> None:  # noqa: F811
+    """The system login may ask a server about itself (HEALTHZ, JSZ, ...) and nothing more: a reload, a
+    kick or lame-duck mode is a permissions violation and is never carried out (the server still answers)."""
+    errors: list[str] = []
+
+    async def record(error: Exception) -> None:
+        errors.append(str(error).lower())
+
+    user, password = nats1.system_credentials
+    client = await nats.connect(nats1.client_urls, user=user, password=password, error_cb=record)
+    try:
+        server = client._server_info["server_id"]
+        answer = await client.request(f"$SYS.REQ.SERVER.{server}.HEALTHZ", b"", timeout=5)
+        assert b'"status"' in answer.data
+        forbidden = [f"$SYS.REQ.SERVER.{server}.{what}" for what in ("RELOAD", "KICK", "LDM")]
+        for subject in forbidden:
+            await client.publish(subject, b"{}", reply=client.new_inbox())
+        await until(lambda: len(errors) >= len(forbidden), what="a permission error per forbidden request")
+        assert all(e.startswith('nats: permissions violation for publish to "$sys.req.') for e in errors)
+    finally:
+        await client.close()
+    assert nats1.healthy(0)  # not in lame-duck mode, still serving
