@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -68,14 +69,28 @@ def target(info: NodeInfo) -> Target | None:
 async def refused(where: Target) -> bool | None:
     """True: the connect was refused (nothing listens: the process is gone); False: it connected; None: no
     answer either way in PROBE_TIMEOUT (proves nothing)."""
+    # Each address of the name on its own: a name of several (localhost: ::1 and 127.0.0.1) is refused only
+    # if every one refuses, and the loop's own multi-address error (uvloop's differs) is never parsed.
     try:
-        connecting = asyncio.open_connection(where.host, where.port, all_errors=True)
-        _, writer = await asyncio.wait_for(connecting, PROBE_TIMEOUT)
+        async with asyncio.timeout(PROBE_TIMEOUT):
+            found = await asyncio.get_running_loop().getaddrinfo(
+                where.host, where.port, type=socket.SOCK_STREAM
+            )
+            answers = [await _connect(str(address[4][0]), where.port) for address in found]
+    except (OSError, TimeoutError):
+        return None
+    if False in answers:
+        return False
+    return True if answers and all(answers) else None
+
+
+async def _connect(host: str, port: int) -> bool | None:
+    """True: refused; False: connected; None: another error (proves nothing)."""
+    try:
+        _, writer = await asyncio.open_connection(host, port)
     except ConnectionRefusedError:
         return True
-    except ExceptionGroup as group:  # a name of several addresses: refused only if every one refused
-        return True if all(isinstance(e, ConnectionRefusedError) for e in group.exceptions) else None
-    except (OSError, TimeoutError):
+    except OSError:
         return None
     writer.close()
     with contextlib.suppress(OSError):

@@ -215,3 +215,20 @@ async def test_the_lease_of_a_dead_master_is_taken_at_once(
                 await stopped(task)
             for node in (holder, other):
                 await node.stop()
+
+
+def test_the_probe_answers_alike_on_uvloop_and_asyncio() -> None:
+    """Nodes run on uvloop, the tests above on asyncio's loop: the probe must prove the same on both (a
+    connect option only one loop knows once made every probe of a node an error, and no death proven)."""
+    import uvloop
+
+    async def probe() -> tuple[bool | None, bool | None]:
+        server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        live = await refused(Target("n", "i", "127.0.0.1", port))
+        server.close()
+        await server.wait_closed()
+        return live, await refused(Target("n", "i", "127.0.0.1", port))
+
+    for run in (asyncio.run, uvloop.run):
+        assert run(probe()) == (False, True), run
