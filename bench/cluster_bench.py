@@ -608,6 +608,34 @@ class Probe:
         return time.monotonic() - started
 
 
+@dataclass(frozen=True, slots=True)
+class OwnerKill:
+    """One SIGKILL of a partition's owner: when (monotonic), and the probe's first acknowledged send to the
+    partition that started after it (None: none within a minute)."""
+
+    partition: int
+    owner: str
+    pid: int
+    killed_at: float
+    first_ok: Any
+
+    @property
+    def took(self) -> float:
+        return self.first_ok.finished - self.killed_at if self.first_ok else float("nan")
+
+
+async def kill_owner(cluster: ClusterServer, nodes: Nodes, probe: Probe, partition: int) -> OwnerKill:
+    """SIGKILL the owner of `partition` (its pid from `cluster status`); wait for the probe's next send."""
+    data = await asyncio.to_thread(cluster.status)
+    owner = data["partitions"][partition]["owner"]
+    pid = next(n["pid"] for n in data["nodes"] if n["node"] == owner)
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    nodes.killed(owner)
+    op = await until(functools.partial(probe.first_ok_after, partition, t0), 60.0)
+    return OwnerKill(partition, owner, pid, t0, op)
+
+
 async def until(check: Callable[[], Any], within: float, pause: float = 0.01) -> Any:
     """`check()`'s first true value, polled every `pause` for `within` seconds (None if none came)."""
     deadline = time.monotonic() + within
@@ -632,15 +660,8 @@ def failover_and_moves(
         await asyncio.sleep(2.0)  # the queue exists (first send) and the consumers run
         failovers: list[dict[str, Any]] = []
         for k in range(kills):
-            data = await asyncio.to_thread(cluster.status)
-            partition = k % PARTITIONS
-            owner = data["partitions"][partition]["owner"]
-            pid = next(n["pid"] for n in data["nodes"] if n["node"] == owner)
-            t0 = time.monotonic()
-            os.kill(pid, signal.SIGKILL)
-            nodes.killed(owner)
-            op = await until(functools.partial(probe.first_ok_after, partition, t0), 60.0)
-            took = op.finished - t0 if op else float("nan")
+            kill = await kill_owner(cluster, nodes, probe, k % PARTITIONS)
+            partition, owner, pid, took = kill.partition, kill.owner, kill.pid, kill.took
             after = await asyncio.to_thread(cluster.status)
             new_owner = after["partitions"][partition]["owner"]
             progress(

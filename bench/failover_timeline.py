@@ -21,11 +21,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import functools
 import json
-import os
 import re
-import signal
 import statistics
 import tempfile
 import time
@@ -40,6 +37,7 @@ from .cluster_bench import (
     Nodes,
     Probe,
     cluster_args,
+    kill_owner,
     until,
     wait_settled,
 )
@@ -123,21 +121,15 @@ async def kills(cluster: ClusterServer, nodes: Nodes, probe: Probe, count: int) 
     offset = time.time() - time.monotonic()
     done: list[dict[str, Any]] = []
     for k in range(count):
-        data = await asyncio.to_thread(cluster.status)
-        partition = k % PARTITIONS
-        owner = data["partitions"][partition]["owner"]
-        pid = next(n["pid"] for n in data["nodes"] if n["node"] == owner)
-        t0 = time.monotonic()
-        os.kill(pid, signal.SIGKILL)
-        nodes.killed(owner)
-        op = await until(functools.partial(probe.first_ok_after, partition, t0), 60.0)
-        took = op.finished - t0 if op else float("nan")
+        kill = await kill_owner(cluster, nodes, probe, k % PARTITIONS)
+        partition, owner, op = kill.partition, kill.owner, kill.first_ok
+        took = kill.took
         print(f"kill {k + 1}/{count}: {owner} (p{partition}) -> first acknowledged send after {took:.2f}s")
         done.append(
             {
                 "partition": partition,
                 "killed": owner,
-                "killed_at": t0 + offset,
+                "killed_at": kill.killed_at + offset,
                 "acked_at": (op.finished if op else float("nan")) + offset,
             }
         )

@@ -72,6 +72,20 @@ def running_server(data_dir: Path) -> Iterator[ServerProcess]:
         proc.stop()
 
 
+@contextlib.contextmanager
+def running_servers(root: Path, count: int) -> Iterator[list[ServerProcess]]:
+    """`count` queue servers (`root/node<n>`), one per partition as a cluster's owners would be; every one
+    started is stopped at the end, also when a later one fails to start."""
+    started: list[ServerProcess] = []
+    try:
+        for n in range(count):
+            started.append(start_server(root / f"node{n}"))
+        yield started
+    finally:
+        for server in started:
+            server.stop()
+
+
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
     with running_server(tmp_path / "data") as proc:

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ServerProcess, start_server
+from conftest import ServerProcess, running_servers, start_server
 from kit.secret import internal_secret
 from kit.until import until
 
@@ -43,15 +43,8 @@ names = itertools.count()
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProcess]]:
-    root = tmp_path_factory.mktemp("cluster")
-    started: list[ServerProcess] = []
-    try:
-        for n in range(P):
-            started.append(start_server(root / f"node{n}"))
+    with running_servers(tmp_path_factory.mktemp("cluster"), P) as started:
         yield started
-    finally:
-        for server in started:
-            server.stop()
 
 
 @contextlib.asynccontextmanager

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import orjson
 import pytest
 from cluster_support import nats1, nats_client
-from conftest import ServerProcess, start_server
+from conftest import ServerProcess, running_servers, start_server
 from kit.clock import FakeClock
 from kit.secret import internal_secret
 from kit.until import until
@@ -237,15 +237,8 @@ def test_latency_is_the_median_per_client_region_and_node_region() -> None:
 # ---------------------------------------------------------------------------------------- the backend
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProcess]]:
-    root = tmp_path_factory.mktemp("traffic")
-    started: list[ServerProcess] = []
-    try:
-        for n in range(P):
-            started.append(start_server(root / f"node{n}"))
+    with running_servers(tmp_path_factory.mktemp("traffic"), P) as started:
         yield started
-    finally:
-        for server in started:
-            server.stop()
 
 
 @contextlib.asynccontextmanager

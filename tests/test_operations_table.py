@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from conftest import ServerProcess, start_server
+from conftest import ServerProcess, running_servers
 from kit.secret import internal_secret
 from kit.until import until
 
@@ -97,15 +97,8 @@ P = 2
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ServerProcess]]:
     """One real queue server per partition, as tests/test_cluster_backend.py has them."""
-    root = tmp_path_factory.mktemp("optable")
-    started: list[ServerProcess] = []
-    try:
-        for n in range(P):
-            started.append(start_server(root / f"node{n}"))
+    with running_servers(tmp_path_factory.mktemp("optable"), P) as started:
         yield started
-    finally:
-        for server in started:
-            server.stop()
 
 
 async def test_the_cluster_spreads_each_call_as_the_table_says(servers: list[ServerProcess]) -> None:
